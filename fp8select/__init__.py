@@ -1,0 +1,49 @@
+"""fp8select: choose, explain and run the kernel for block-wise FP8 linear layers.
+
+Importing this package imports no vendor package and no Triton, and initialises no
+device: everything happens when :func:`resolve` (or :func:`detect_capabilities`) is called.
+"""
+
+from fp8select.backends import DEFAULT_ORDER, Backend, PreparedWeight
+from fp8select.capabilities import Capabilities, detect_capabilities
+from fp8select.errors import (
+    BackendRejectedError,
+    CapabilitiesError,
+    Fp8SelectError,
+    InvalidDtypeError,
+    InvalidInputError,
+    NoBackendError,
+    UnknownBackendError,
+)
+from fp8select.layer import Fp8Linear
+from fp8select.plugins import Placement, hookimpl
+from fp8select.problem import Problem
+from fp8select.resolver import choose, resolve
+from fp8select.selection import Candidate, Selection
+from fp8select.verdict import Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_ORDER",
+    "Backend",
+    "BackendRejectedError",
+    "Candidate",
+    "Capabilities",
+    "CapabilitiesError",
+    "Fp8Linear",
+    "Fp8SelectError",
+    "InvalidDtypeError",
+    "InvalidInputError",
+    "NoBackendError",
+    "Placement",
+    "PreparedWeight",
+    "Problem",
+    "Selection",
+    "UnknownBackendError",
+    "Verdict",
+    "choose",
+    "detect_capabilities",
+    "hookimpl",
+    "resolve",
+]

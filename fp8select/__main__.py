@@ -1,0 +1,7 @@
+"""``python -m fp8select``."""
+
+import sys
+
+from fp8select.cli import main
+
+sys.exit(main())

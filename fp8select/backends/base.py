@@ -1,0 +1,124 @@
+"""What every backend declares, and the shared problem-level gate.
+
+A backend is declared data (``name``, ``requires``, block sizes, dtypes, alignment) plus
+``prepare`` (load-time layout work) and ``run`` (the forward). ``requires`` holds pure
+probes evaluated against a :class:`~fp8select.capabilities.Capabilities` value; nothing
+here touches a device or imports a vendor package at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from fp8select.capabilities import Capabilities
+from fp8select.probes import Probe
+from fp8select.problem import Problem, dtype_name
+from fp8select.verdict import Verdict
+
+NOT_IMPLEMENTED = "not implemented in this version"
+
+BLOCK_128x128 = (128, 128)
+BLOCK_1x128 = (1, 128)
+
+
+@dataclass
+class PreparedWeight:
+    """A weight in one backend's layout, made once at load time.
+
+    ``weight_nk`` is a view of the fp8 weight as [N, K] (no copy) when the backend's layout
+    allows one, so a fallback backend can share the weight; ``scale`` is the backend's
+    weight-scale tensor; ``extra`` holds anything else its ``run`` needs.
+    """
+
+    backend: str
+    weight: torch.Tensor
+    scale: torch.Tensor
+    block_size: tuple[int, int]
+    n: int
+    k: int
+    weight_nk: torch.Tensor | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend:
+    """Base of every backend. Subclasses set the class-level declarations and implement
+    :meth:`prepare` and :meth:`run`; they may extend :meth:`supports` / :meth:`supports_m`.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    requires: ClassVar[tuple[Probe, ...]] = ()
+    block_sizes: ClassVar[tuple[tuple[int, int], ...]] = (BLOCK_128x128, BLOCK_1x128)
+    activation_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    out_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    accepts_prequantized: ClassVar[bool] = True
+    n_multiple: ClassVar[int] = 1
+    k_multiple: ClassVar[int] = 1
+    implemented: ClassVar[bool] = True
+    layout: ClassVar[str] = "checkpoint"
+
+    def check(self, caps: Capabilities) -> Verdict:
+        """Device-level gate: every probe in ``requires``, then whether compute exists."""
+        for probe in self.requires:
+            verdict = probe(caps)
+            if not verdict.ok:
+                return verdict
+        if not self.implemented:
+            return Verdict.reject(NOT_IMPLEMENTED)
+        return Verdict.accept(self.accept_reason(caps))
+
+    def accept_reason(self, caps: Capabilities) -> str:
+        if not self.requires:
+            return "no requirements"
+        return "meets " + "; ".join(p(caps).reason for p in self.requires)
+
+    def weight_dtype(self, caps: Capabilities) -> torch.dtype:
+        """The fp8 dtype this backend computes with on this device (e4m3fnuz on gfx942)."""
+        return torch.float8_e4m3fn
+
+    def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
+        """Problem-level gate: block size, dtypes and N/K alignment (M via :meth:`supports_m`)."""
+        if tuple(problem.block_size) not in self.block_sizes:
+            supported = ", ".join(f"[{bn}, {bk}]" for bn, bk in self.block_sizes)
+            bn, bk = problem.block_size
+            return Verdict.reject(f"requires block size {supported}, found [{bn}, {bk}]")
+        if problem.pre_quantized:
+            if not self.accepts_prequantized:
+                return Verdict.reject(f"requires unquantized activations, found pre-quantized {dtype_name(problem.act_dtype)}")
+        elif problem.act_dtype not in self.activation_dtypes:
+            allowed = "/".join(dtype_name(d) for d in self.activation_dtypes)
+            return Verdict.reject(f"requires activations {allowed}, found {dtype_name(problem.act_dtype)}")
+        if problem.out_dtype not in self.out_dtypes:
+            allowed = "/".join(dtype_name(d) for d in self.out_dtypes)
+            return Verdict.reject(f"requires output {allowed}, found {dtype_name(problem.out_dtype)}")
+        if problem.n % self.n_multiple:
+            return Verdict.reject(f"requires N % {self.n_multiple} == 0, found N={problem.n}")
+        if problem.k % self.k_multiple:
+            return Verdict.reject(f"requires K % {self.k_multiple} == 0, found K={problem.k}")
+        if problem.m is not None:
+            return self.supports_m(problem.m, caps)
+        return Verdict.accept(f"supports {problem.describe()}")
+
+    def supports_m(self, m: int, caps: Capabilities) -> Verdict:
+        """Per-call gate on the number of rows; every M by default."""
+        return Verdict.accept(f"any M (found {m})")
+
+    def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
+                caps: Capabilities) -> PreparedWeight:
+        """Load-time layout work. The default keeps the checkpoint layout (no copy)."""
+        return PreparedWeight(self.name, weight, weight_scale, tuple(block_size), weight.shape[0], weight.shape[1], weight)  # type: ignore[arg-type]
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
+        """The forward on a 2-D ``x`` [M, K] (M >= 1): returns [M, N] in ``out_dtype``.
+
+        ``x`` is bf16/fp16 (quantized here, in this backend's scale layout), or fp8 with
+        ``input_scale`` [M, ceil(K/128)] when the caller quantized it already.
+        """
+        raise NotImplementedError(f"{self.name}: {NOT_IMPLEMENTED}")
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"

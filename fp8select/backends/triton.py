@@ -1,0 +1,56 @@
+"""``triton``: fp8select's own Triton block-FP8 GEMM (``fp8select.kernels.triton_gemm``).
+
+Runs where fp8 ``tl.dot`` works: CUDA capability >= 8.9 (Triton errors below), ROCm
+gfx942 (e4m3fnuz: Triton's e4m3fn dot fails there, triton#6542) and gfx950, XPU with
+Triton's Intel backend, and on CPU under ``TRITON_INTERPRET=1`` (the interpreter: correct
+but slow, for tests). Weights stay in the checkpoint layout.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from fp8select.backends.base import Backend, PreparedWeight
+from fp8select.capabilities import Capabilities
+from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, EnvFlag, GfxArch, Package, Probe, TritonTarget
+
+# Below this many rows the activation is quantized inside the GEMM (one launch, no fp8
+# round trip through memory); above it a separate quantization kernel feeds the GEMM.
+FUSED_QUANT_MAX_M = 64
+
+TRITON_DEVICES = AnyOf((
+    AllOf((DeviceKind(("cuda",)), ComputeCapability(minimum=(8, 9)), TritonTarget("nvidia"))),
+    AllOf((DeviceKind(("rocm",)), GfxArch(("gfx942", "gfx950")), TritonTarget("amd"))),
+    AllOf((DeviceKind(("xpu",)), TritonTarget("intel"))),
+    AllOf((DeviceKind(("cpu",)), EnvFlag("TRITON_INTERPRET"))),
+))
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    summary = "fp8select's Triton block-FP8 GEMM, fused activation quantization for small M"
+    requires: ClassVar[tuple[Probe, ...]] = (Package("triton"), TRITON_DEVICES)
+    out_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+
+    def weight_dtype(self, caps: Capabilities) -> torch.dtype:
+        return torch.float8_e4m3fnuz if caps.gfx_arch == "gfx942" else torch.float8_e4m3fn
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
+        from fp8select.kernels import triton_gemm
+
+        m = x.shape[0]
+        config = prepared.extra.get("config")
+        if input_scale is None and m <= FUSED_QUANT_MAX_M:
+            cfg = config or triton_gemm.get_config(prepared.n, prepared.k, m, fused=True)
+            return triton_gemm.w8a8_block_linear_fused(x, prepared.weight, prepared.scale, prepared.block_size,
+                                                       out_dtype=out_dtype, bias=bias, config=cfg)
+        if input_scale is None:
+            from fp8select.kernels.triton_quant import quantize_per_token_group_triton
+
+            x, input_scale = quantize_per_token_group_triton(x, prepared.block_size[1], dtype=prepared.weight.dtype)
+        cfg = config or triton_gemm.get_config(prepared.n, prepared.k, m, fused=False)
+        return triton_gemm.w8a8_block_gemm(x, input_scale, prepared.weight, prepared.scale, prepared.block_size,
+                                           out_dtype=out_dtype, bias=bias, config=cfg)

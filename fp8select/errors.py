@@ -1,0 +1,60 @@
+"""Typed errors. Each subclasses a built-in so callers can catch what they already expect."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fp8select.selection import Candidate
+
+
+def _format_candidates(candidates: Sequence[Candidate]) -> str:
+    return "\n".join(f"  {c.name}: {'accepted' if c.accepted else 'rejected'}: {c.reason}" for c in candidates)
+
+
+class Fp8SelectError(Exception):
+    """Base class of every error fp8select raises on purpose."""
+
+
+class UnknownBackendError(Fp8SelectError, LookupError):
+    """A backend name that is neither built in nor provided by a plugin."""
+
+    def __init__(self, name: str, valid: Sequence[str], parameter: str = "backend") -> None:
+        self.name = name
+        self.valid = tuple(valid)
+        super().__init__(f"{parameter}: unknown backend {name!r}; valid names: {', '.join(self.valid)}")
+
+
+class BackendRejectedError(Fp8SelectError, ValueError):
+    """An explicitly requested backend cannot run here; it is never silently replaced."""
+
+    def __init__(self, name: str, source: str, candidates: Sequence[Candidate]) -> None:
+        self.name = name
+        self.source = source
+        self.candidates = tuple(candidates)
+        reason = next((c.reason for c in self.candidates if c.name == name), "not a candidate")
+        super().__init__(
+            f"backend {name!r} was requested ({source}) but is rejected: {reason}\n"
+            f"all verdicts:\n{_format_candidates(self.candidates)}"
+        )
+
+
+class NoBackendError(Fp8SelectError, RuntimeError):
+    """No candidate accepted this machine (or this problem)."""
+
+    def __init__(self, what: str, candidates: Sequence[Candidate]) -> None:
+        self.candidates = tuple(candidates)
+        super().__init__(f"no backend can run {what}:\n{_format_candidates(self.candidates)}")
+
+
+class CapabilitiesError(Fp8SelectError, ValueError):
+    """A capability snapshot (JSON or an override) that is malformed."""
+
+
+class InvalidInputError(Fp8SelectError, ValueError):
+    """A tensor or argument with the wrong shape, value or device."""
+
+
+class InvalidDtypeError(Fp8SelectError, TypeError):
+    """A tensor or argument of the wrong dtype or type."""

@@ -1,0 +1,36 @@
+"""Decisions as values: every probe and gate answers with a :class:`Verdict`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer of one probe or gate: accepted or rejected, and why.
+
+    ``reason`` always names what was required and what was found, so a rejection can be
+    read on its own in a log line or a bug report.
+    """
+
+    ok: bool
+    reason: str
+
+    @classmethod
+    def accept(cls, reason: str) -> Verdict:
+        return cls(True, reason)
+
+    @classmethod
+    def reject(cls, reason: str) -> Verdict:
+        return cls(False, reason)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def first_rejection(verdicts: list[Verdict] | tuple[Verdict, ...], accepted: str) -> Verdict:
+    """The first rejected verdict, or one acceptance summarising ``accepted``."""
+    for verdict in verdicts:
+        if not verdict.ok:
+            return verdict
+    return Verdict.accept(accepted)
