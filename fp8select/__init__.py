@@ -14,6 +14,7 @@ from fp8select.errors import (
     InvalidInputError,
     NoBackendError,
     UnknownBackendError,
+    UnsupportedProblemError,
 )
 from fp8select.layer import Fp8Linear
 from fp8select.plugins import Placement, hookimpl
@@ -41,6 +42,7 @@ __all__ = [
     "Problem",
     "Selection",
     "UnknownBackendError",
+    "UnsupportedProblemError",
     "Verdict",
     "choose",
     "detect_capabilities",

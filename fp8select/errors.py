@@ -48,6 +48,14 @@ class NoBackendError(Fp8SelectError, RuntimeError):
         super().__init__(f"no backend can run {what}:\n{_format_candidates(self.candidates)}")
 
 
+class UnsupportedProblemError(Fp8SelectError, ValueError):
+    """No backend in the selection's chain accepts this layer or call (block size, dtypes, shape)."""
+
+    def __init__(self, what: str, candidates: Sequence[Candidate]) -> None:
+        self.candidates = tuple(candidates)
+        super().__init__(f"no backend in the chain supports {what}:\n{_format_candidates(self.candidates)}")
+
+
 class CapabilitiesError(Fp8SelectError, ValueError):
     """A capability snapshot (JSON or an override) that is malformed."""
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fp8select.backends.base import Backend, PreparedWeight
-from fp8select.errors import InvalidDtypeError, InvalidInputError, NoBackendError
+from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
 from fp8select.problem import Problem, dtype_name
 from fp8select.selection import Candidate
 
@@ -92,7 +92,7 @@ class Fp8Linear:
         self.candidates = self._gate(problem)
         accepted = [b for b in selection.chain if self.candidates[b.name].accepted]
         if not accepted:
-            raise NoBackendError(problem.describe(), [self.candidates[b.name] for b in selection.chain])
+            raise UnsupportedProblemError(problem.describe(), [self.candidates[b.name] for b in selection.chain])
         self.primary: Backend = accepted[0]
         self.fallback: Backend | None = accepted[1] if len(accepted) > 1 else None
         self.prepared: dict[str, PreparedWeight] = {}
@@ -124,7 +124,7 @@ class Fp8Linear:
             if verdict.ok:
                 return backend
             rejected.append(Candidate(rank + 1, backend.name, False, verdict.reason))
-        raise NoBackendError(problem.describe(), rejected)
+        raise UnsupportedProblemError(problem.describe(), rejected)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                  input_scale: torch.Tensor | None = None) -> torch.Tensor:
