@@ -36,6 +36,8 @@ KNOWN_PACKAGES: Mapping[str, tuple[str, ...]] = {
 ENV_NAMES = ("TRITON_INTERPRET",)
 ENV_PREFIX = "FP8SELECT_"
 
+FLOAT8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -191,7 +193,7 @@ def detect_capabilities() -> Capabilities:
         "xpu_version": getattr(torch.version, "xpu", None),
         "has_scaled_mm": hasattr(F, "scaled_mm"),
         "scaling_types": tuple(scaling.__members__) if scaling is not None else (),
-        "float8_dtypes": tuple(n for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)),
+        "float8_dtypes": tuple(n for n in FLOAT8_NAMES if hasattr(torch, n)),
         "packages": _installed_packages(),
         "env": env,
         "triton_backends": _triton_backends(),

@@ -18,8 +18,8 @@ def quantize_groups(x: torch.Tensor, group: int = 128, dtype: torch.dtype = torc
     """Per-token 1 x ``group`` quantization: (fp8 values [M, K], float64 scales [M, ceil(K/group)])."""
     m, k = x.shape
     groups = -(-k // group)
-    padded = torch.zeros((m, groups * group), dtype=torch.float64)
-    padded[:, :k] = x.detach().to("cpu", torch.float64)
+    padded = torch.zeros((m, groups * group), dtype=torch.float64, device=x.device)
+    padded[:, :k] = x.detach().to(torch.float64)
     blocks = padded.view(m, groups, group)
     scale = blocks.abs().amax(dim=2).clamp_min(1e-10) / fp8_max(dtype)
     q = (blocks / scale[:, :, None]).clamp(-fp8_max(dtype), fp8_max(dtype)).to(torch.float32).to(dtype)
@@ -29,10 +29,10 @@ def quantize_groups(x: torch.Tensor, group: int = 128, dtype: torch.dtype = torc
 def dequant_weight(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     n, k = weight.shape
     bn, bk = block
-    s = scale.detach().to("cpu", torch.float64)
-    rows = torch.arange(n) // bn
-    cols = torch.arange(k) // bk
-    return weight.detach().to("cpu").to(torch.float64) * s[rows][:, cols]
+    s = scale.detach().to(torch.float64)
+    rows = torch.arange(n, device=weight.device) // bn
+    cols = torch.arange(k, device=weight.device) // bk
+    return weight.detach().to(torch.float64) * s[rows][:, cols]
 
 
 def expected(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
@@ -44,18 +44,18 @@ def expected(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: 
     if input_scale is None:
         q, s = quantize_groups(x2, block[1], weight.dtype)
     else:
-        q, s = x2.detach().to("cpu"), input_scale.reshape(-1, input_scale.shape[-1]).detach().to("cpu", torch.float64)
-    cols = torch.arange(k) // block[1]
+        q, s = x2.detach(), input_scale.reshape(-1, input_scale.shape[-1]).detach().to(torch.float64)
+    cols = torch.arange(k, device=x.device) // block[1]
     a = q.to(torch.float64) * s[:, cols]
     out = a @ dequant_weight(weight, scale, block).t()
     if bias is not None:
-        out = out + bias.detach().to("cpu", torch.float64)
+        out = out + bias.detach().to(torch.float64)
     return out.reshape(*lead, weight.shape[0])
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative Frobenius error; NaN anywhere counts as failure (inf)."""
-    diff = out.detach().to("cpu", torch.float64) - ref
+    diff = out.detach().to(ref.device, torch.float64) - ref
     if not torch.isfinite(diff).all():
         return float("inf")
     return float(diff.norm() / ref.norm().clamp_min(1e-30))

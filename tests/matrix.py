@@ -11,6 +11,11 @@ from fp8select import Capabilities
 ALL_SCALING = ("TensorWise", "RowWise", "BlockWise1x16", "BlockWise1x32", "BlockWise1x128", "BlockWise128x128")
 F8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 TRITON = {"triton": "3.5.0"}
+DG = {**TRITON, "deep_gemm": "2.1.1"}
+SGL = {**TRITON, "sgl_kernel": "0.3.9"}
+AITER = {**TRITON, "aiter": "0.1.5"}
+AITER_ON = {"FP8SELECT_USE_AITER": "1"}
+FI = {**TRITON, "flashinfer": "0.6.1"}
 
 
 def _new_api(torch: str) -> bool:
@@ -56,28 +61,28 @@ MATRIX: dict[str, tuple[Capabilities, str]] = {
     "h100-torch2.9": (cuda(**H100, torch="2.9.1+cu128", cuda_version="12.8", packages=TRITON), "triton"),
     "h100-torch2.10": (cuda(**H100, torch="2.10.0+cu129", cuda_version="12.9", packages=TRITON), "cuda-scaled-mm"),
     "h100-torch2.10-cuda12.8": (cuda(**H100, torch="2.10.0+cu128", cuda_version="12.8", packages=TRITON), "triton"),
-    "h100-deepgemm": (cuda(**H100, torch="2.10.0+cu129", cuda_version="12.9", packages={**TRITON, "deep_gemm": "2.1.1"}), "cuda-scaled-mm"),
+    "h100-deepgemm": (cuda(**H100, torch="2.10.0+cu129", cuda_version="12.9", packages=DG), "cuda-scaled-mm"),
     "h200-torch2.9": (cuda(**H200, torch="2.9.1+cu128", cuda_version="12.8", packages=TRITON), "triton"),
     "h200-torch2.11": (cuda(**H200, torch="2.11.0+cu130", cuda_version="13.0", packages=TRITON), "cuda-scaled-mm"),
     "h200-torch2.11-no-triton": (cuda(**H200, torch="2.11.0+cu130", cuda_version="13.0"), "cuda-scaled-mm"),
     "h200-torch2.9-no-triton": (cuda(**H200, torch="2.9.1+cu128", cuda_version="12.8"), "reference"),
-    "h200-sglkernel": (cuda(**H200, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "sgl_kernel": "0.3.9"}), "cuda-scaled-mm"),
-    "h200-flashinfer": (cuda(**H200, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "flashinfer": "0.6.1"}), "cuda-scaled-mm"),
+    "h200-sglkernel": (cuda(**H200, torch="2.11.0+cu130", cuda_version="13.0", packages=SGL), "cuda-scaled-mm"),
+    "h200-flashinfer": (cuda(**H200, torch="2.11.0+cu130", cuda_version="13.0", packages=FI), "cuda-scaled-mm"),
     "b200": (cuda(**B200, torch="2.11.0+cu130", cuda_version="13.0", packages=TRITON), "triton"),
-    "b200-deepgemm": (cuda(**B200, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "deep_gemm": "2.1.1"}), "triton"),
-    "b200-flashinfer": (cuda(**B200, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "flashinfer": "0.6.1"}), "triton"),
+    "b200-deepgemm": (cuda(**B200, torch="2.11.0+cu130", cuda_version="13.0", packages=DG), "triton"),
+    "b200-flashinfer": (cuda(**B200, torch="2.11.0+cu130", cuda_version="13.0", packages=FI), "triton"),
     "rtx5090": (cuda(**RTX5090, torch="2.11.0+cu130", cuda_version="13.0", packages=TRITON), "triton"),
-    "rtx5090-deepgemm": (cuda(**RTX5090, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "deep_gemm": "2.1.1"}), "triton"),
+    "rtx5090-deepgemm": (cuda(**RTX5090, torch="2.11.0+cu130", cuda_version="13.0", packages=DG), "triton"),
     "gb10": (cuda(**GB10, torch="2.11.0+cu130", cuda_version="13.0", packages=TRITON), "triton"),
-    "gb10-flashinfer": (cuda(**GB10, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "flashinfer": "0.6.1"}), "triton"),
+    "gb10-flashinfer": (cuda(**GB10, torch="2.11.0+cu130", cuda_version="13.0", packages=FI), "triton"),
     "a100": (cuda(**A100, torch="2.11.0+cu130", cuda_version="13.0", packages=TRITON), "reference"),
-    "a100-deepgemm": (cuda(**A100, torch="2.11.0+cu130", cuda_version="13.0", packages={**TRITON, "deep_gemm": "2.1.1"}), "reference"),
+    "a100-deepgemm": (cuda(**A100, torch="2.11.0+cu130", cuda_version="13.0", packages=DG), "reference"),
     "l40s": (cuda(**L40S, torch="2.11.0+cu130", cuda_version="13.0", packages=TRITON), "triton"),
     "mi300x": (rocm("AMD Instinct MI300X", "gfx942", packages=TRITON), "triton"),
-    "mi300x-aiter-no-flag": (rocm("AMD Instinct MI300X", "gfx942", packages={**TRITON, "aiter": "0.1.5"}), "triton"),
-    "mi300x-aiter": (rocm("AMD Instinct MI300X", "gfx942", packages={**TRITON, "aiter": "0.1.5"}, env={"FP8SELECT_USE_AITER": "1"}), "triton"),
+    "mi300x-aiter-no-flag": (rocm("AMD Instinct MI300X", "gfx942", packages=AITER), "triton"),
+    "mi300x-aiter": (rocm("AMD Instinct MI300X", "gfx942", packages=AITER, env=AITER_ON), "triton"),
     "mi355x": (rocm("AMD Instinct MI355X", "gfx950", packages=TRITON), "triton"),
-    "mi355x-aiter": (rocm("AMD Instinct MI355X", "gfx950", packages={**TRITON, "aiter": "0.1.5"}, env={"FP8SELECT_USE_AITER": "1"}), "triton"),
+    "mi355x-aiter": (rocm("AMD Instinct MI355X", "gfx950", packages=AITER, env=AITER_ON), "triton"),
     "arc-b580-torch2.11": (xpu("2.11.0", packages={"triton": "3.5.0"}, triton_backends=("intel",)), "triton"),
     "arc-b580-torch2.13": (xpu("2.13.0", packages={"triton": "3.6.0"}, triton_backends=("intel",)), "xpu-scaled-mm"),
     "arc-b580-torch2.11-no-triton": (xpu("2.11.0"), "reference"),

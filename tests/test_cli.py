@@ -58,7 +58,7 @@ def test_explain_set_only(capsys: pytest.CaptureFixture[str]) -> None:
 def test_backend_and_disable(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--set", "env.TRITON_INTERPRET=1", "--set", "packages.triton=3.9.0", "--disable", "triton")
     assert code == 0 and "chose 'reference'" in out and "disabled by disable=triton" in out
-    code, out, err = run(capsys, "--backend", "deepgemm")
+    code, _, err = run(capsys, "--backend", "deepgemm")
     assert code == 1 and "deepgemm" in err and "requires device cuda" in err
 
 
@@ -71,7 +71,7 @@ def test_backend_and_disable(capsys: pytest.CaptureFixture[str]) -> None:
     (["--capabilities", "/nonexistent/snapshot.json"], "cannot read"),
 ])
 def test_malformed_input_gets_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
-    code, out, err = run(capsys, *argv)
+    code, _, err = run(capsys, *argv)
     assert code == 2
     assert fragment in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

@@ -30,7 +30,7 @@ def _round_up(v: int, m: int) -> int:
 
 def _dequant_call(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb_nk: torch.Tensor, block: tuple[int, int],
                   bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    m, k = a.shape
+    k = a.shape[1]
     n = b.shape[1]
     cols = torch.arange(k) // 128
     a64 = a.to(torch.float64) * sa.to(torch.float64)[:, cols]
