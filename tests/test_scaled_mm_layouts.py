@@ -106,12 +106,12 @@ def test_cuda_scaled_mm_layouts(monkeypatch: pytest.MonkeyPatch, block: tuple[in
     w, s = random_problem(n, k, block, seed=n * k)
     layer = selection.prepare(w, s, block)
     assert layer.primary.name == "cuda-scaled-mm" and layer.fallback.name == "reference"
-    for m in (8, 16, 5, 1):
+    for m in (8, 16, 5, 1, 13):
         x = torch.randn(m, k, dtype=torch.bfloat16)
         bias = torch.randn(n, dtype=torch.bfloat16)
         assert rel_err(layer(x, bias=bias), expected(x, w, s, block, bias)) < 1e-2
-    # M=1 and M=5 went to the fallback, the others to cuBLAS
-    assert [c["m"] for c in calls] == [8, 16]
+    # M=1 and M=5 went to the fallback, M=13 to cuBLAS padded to 16
+    assert [c["m"] for c in calls] == [8, 16, 16]
 
 
 def test_cuda_prepare_pads_k_blocks_once() -> None:

@@ -7,8 +7,8 @@ from torch's XPU source):
   128x128 weight scale = the checkpoint's row-major [N/128, K/128] tensor ``.t()``, its
   K-blocks zero-padded to a multiple of 4 (cuBLAS expects that; the private
   ``torch._scaled_mm`` silently returns wrong results without it, so it is never used);
-  1x128 weight scale passed untransposed [N, K/128]. M=1 and some other small M are
-  rejected by cuBLAS: :meth:`CudaScaledMMBackend.supports_m` sends those to the fallback.
+  1x128 weight scale passed untransposed [N, K/128]. cuBLAS rejects M that is not a
+  multiple of 8: M < 8 goes to the fallback, other M are padded.
 * XPU (oneDNN): activation scale row-major [M, K/128]; 128x128 weight scale [K/128, N/128]
   contiguous (the checkpoint's scale transposed-contiguous); 1x128 weight scale a [N, K/128]
   view whose ``.t()`` is contiguous. Anything else is copied by torch on every call, so
@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from fp8select.backends.base import BLOCK_1x128, Backend, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight
 from fp8select.capabilities import Capabilities
 from fp8select.probes import ComputeCapability, DeviceKind, HasScaledMM, Probe, ScalingTypes, ToolkitVersion, TorchVersion
 from fp8select.verdict import Verdict
@@ -109,11 +109,32 @@ class CudaScaledMMBackend(_ScaledMMBackend):
     )
     scale_layout_name = "m_major"
 
+    # Rows below this go to the fallback; rows at or above it that cuBLAS rejects are padded to
+    # the next multiple of CUDA_M_MULTIPLE (a copy of at most 7 activation rows, cheap next to
+    # the GEMM). Which is faster where is measured by `fp8select bench` / `tune`.
+    min_m: int = CUDA_M_MULTIPLE
+
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
-        """M % 8 == 0 (cuBLAS block-wise rejects other M; those go to the fallback)."""
-        if m % CUDA_M_MULTIPLE:
-            return Verdict.reject(f"requires M % {CUDA_M_MULTIPLE} == 0 (cuBLAS block-wise), found M={m}")
-        return Verdict.accept(f"M % {CUDA_M_MULTIPLE} == 0 (found M={m})")
+        """M >= 8 (smaller M go to the fallback; M % 8 != 0 is padded for cuBLAS)."""
+        if m < self.min_m:
+            return Verdict.reject(f"requires M >= {self.min_m} (cuBLAS block-wise needs M % {CUDA_M_MULTIPLE} == 0; "
+                                  f"small M are faster on the fallback than padded), found M={m}")
+        return Verdict.accept(f"M >= {self.min_m} (found M={m})")
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
+        m = x.shape[0]
+        m_pad = _round_up(m, CUDA_M_MULTIPLE)
+        if m_pad == m:
+            return super().run(prepared, x, input_scale=input_scale, bias=bias, out_dtype=out_dtype, caps=caps)
+        padded = x.new_zeros((m_pad, x.shape[1]))
+        padded[:m] = x
+        if input_scale is not None:
+            scale = input_scale.new_ones((m_pad, input_scale.shape[1]))
+            scale[:m] = input_scale
+            input_scale = scale
+        out = super().run(prepared, padded, input_scale=input_scale, bias=bias, out_dtype=out_dtype, caps=caps)
+        return out[:m]
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
