@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from fp8select.bench import DEFAULT_M
 from fp8select.capabilities import Capabilities, detect_capabilities
 from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
 from fp8select.resolver import parse_names, resolve
@@ -24,6 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--backend", metavar="NAME", help="explicit choice (as FP8SELECT_BACKEND)")
     ex.add_argument("--disable", metavar="A,B", default="", help="backends to leave out (as FP8SELECT_DISABLE)")
     ex.add_argument("--no-plugins", action="store_true", help="do not load entry-point plugins")
+    be = sub.add_parser("bench", help="check and time every accepted backend on this GPU, per shape")
+    be.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) or N,K pairs, e.g. 2112,7168,4096,7168")
+    be.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (rows)")
+    be.add_argument("--backends", default="", help="comma list (default: every accepted backend but reference)")
+    be.add_argument("--replays", type=int, default=50, help="CUDA-graph replays per timing (median reported)")
+    be.add_argument("--json", metavar="FILE", help="write the raw rows with device name and versions")
+    be.add_argument("--plot", metavar="FILE.png", help="plot time against M per shape (needs matplotlib)")
     return parser
 
 
@@ -51,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "probe":
             print(detect_capabilities().to_json())
             return 0
+        if args.command == "bench":
+            return _bench(args)
         caps = _snapshot(args)
         selection = resolve(caps, backend=args.backend or None, disable=parse_names(args.disable),
                             plugins=not args.no_plugins)
@@ -66,3 +76,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(json.dumps(selection.to_dict(), indent=2) if args.json else selection.explain())
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from fp8select import bench
+
+    shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
+    if args.replays < 1:
+        raise Fp8SelectError(f"--replays: expected a positive integer, found {args.replays}")
+    if not torch.cuda.is_available():
+        raise Fp8SelectError("bench: needs a CUDA GPU, found none")
+    selection = resolve()
+    backends = parse_names(args.backends) or None
+    print(f"fp8select bench on {torch.cuda.get_device_name(0)}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
+    rows = bench.measure(selection, shapes, ms, backends=backends, replays=args.replays,
+                         progress=lambda line: print(line, flush=True))
+    print(bench.format_table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"environment": bench.environment(), "chain": [b.name for b in selection.chain],
+                       "capabilities": selection.capabilities.to_dict(), "rows": rows}, fh, indent=1)
+    if args.plot:
+        try:
+            bench.plot(rows, args.plot)
+        except ImportError:
+            print("fp8select: --plot needs matplotlib (pip install 'fp8select[plot]')", file=sys.stderr)
+    failed = [r for r in rows if r.get("correct") is False or "error" in r]
+    return 1 if failed else 0

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from fp8select.capabilities import Capabilities
+from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout
 from fp8select.probes import Probe
 from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Verdict
@@ -74,6 +75,11 @@ class Backend:
         if not self.requires:
             return "no requirements"
         return "meets " + "; ".join(p(caps).reason for p in self.requires)
+
+    @property
+    def input_scale_layout(self) -> ScaleLayout:
+        """The activation-scale layout this backend consumes (what the quantizer writes for it)."""
+        return ROW_MAJOR
 
     def weight_dtype(self, caps: Capabilities) -> torch.dtype:
         """The fp8 dtype this backend computes with on this device (e4m3fnuz on gfx942)."""

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight
 from fp8select.capabilities import Capabilities
+from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
 from fp8select.probes import ComputeCapability, DeviceKind, HasScaledMM, Probe, ScalingTypes, ToolkitVersion, TorchVersion
 from fp8select.verdict import Verdict
 
@@ -56,9 +57,8 @@ class _ScaledMMBackend(Backend):
     k_multiple = 16
     scale_layout_name: ClassVar[str] = "row"
 
-    def _act_layout(self) -> Any:
-        from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR
-
+    @property
+    def input_scale_layout(self) -> ScaleLayout:
         return M_MAJOR if self.scale_layout_name == "m_major" else ROW_MAJOR
 
     def _quantize(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,10 +68,10 @@ class _ScaledMMBackend(Backend):
             except ImportError:
                 pass
             else:
-                return quantize_per_token_group_triton(x, 128, dtype=dtype, layout=self._act_layout())
+                return quantize_per_token_group_triton(x, 128, dtype=dtype, layout=self.input_scale_layout)
         from fp8select.kernels.quant import quantize_per_token_group
 
-        return quantize_per_token_group(x, 128, dtype=dtype, layout=self._act_layout())
+        return quantize_per_token_group(x, 128, dtype=dtype, layout=self.input_scale_layout)
 
     def _call(self, prepared: PreparedWeight, x_q: torch.Tensor, x_s: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,307 @@
+"""Measure every accepted backend on this GPU, shape by shape (``python -m fp8select bench``).
+
+Method (BENCHMARKING.md): correctness first (relative Frobenius error against an fp64
+dequantized reference below 1e-2, outputs poisoned with NaN beforehand); then CUDA-graph
+replay of the whole linear op a user calls (bf16 in, activation quantization included, bf16
+out) and separately of the GEMM alone (pre-quantized input), median of >= 50 replays with
+min and max, weights rotated through enough copies to exceed the L2 several times. bf16
+``torch.matmul`` on the dequantized weight is timed in the same run as a yardstick.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp8select.backends.base import Backend
+from fp8select.errors import Fp8SelectError
+from fp8select.selection import Selection
+
+SHAPE_SETS: dict[str, tuple[tuple[int, int], ...]] = {
+    "deepseek-v3": ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
+                    (36864, 7168), (7168, 18432)),
+}
+DEFAULT_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+HBM_BYTES_PER_S = 4.3e12  # device-to-device copy measured on the lent H200 (reads plus writes)
+FP8_PEAK_FLOPS = 1979e12  # H100/H200 SXM dense FP8, datasheet
+L2_BYTES = 60 * 2**20
+REL_ERR_MAX = 1e-2
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    min_us: float
+    max_us: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median_us": round(self.median_us, 3), "min_us": round(self.min_us, 3), "max_us": round(self.max_us, 3)}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``deepseek-v3`` or ``N,K`` pairs (``2112,7168 4096,7168`` or ``2112x7168,4096x7168``)."""
+    if text.strip().lower() in SHAPE_SETS:
+        return list(SHAPE_SETS[text.strip().lower()])
+    tokens = [t for t in text.replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if t]
+    try:
+        numbers = [int(t) for t in tokens]
+    except ValueError:
+        numbers = []
+    if not numbers or len(numbers) % 2 or min(numbers) <= 0:
+        raise Fp8SelectError(f"--shapes: expected {' or '.join(SHAPE_SETS)} or positive N,K pairs, found {text!r}")
+    return list(zip(numbers[::2], numbers[1::2], strict=True))
+
+
+def parse_ms(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.replace(" ", ",").split(",") if t]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise Fp8SelectError(f"--m: expected a comma list of positive integers, found {text!r}")
+    return values
+
+
+def min_bytes(n: int, k: int, m: int) -> int:
+    """The fewest bytes one call must move: fp8 weight, its scales, bf16 input and output."""
+    return n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4 + m * k * 2 + m * n * 2
+
+
+def floors_us(n: int, k: int, m: int) -> tuple[float, float]:
+    """(HBM floor, FP8 compute floor) in microseconds."""
+    return min_bytes(n, k, m) / HBM_BYTES_PER_S * 1e6, 2 * m * n * k / FP8_PEAK_FLOPS * 1e6
+
+
+def rotation_copies(weight_bytes: int, l2_bytes: int = L2_BYTES, cap: int = 32) -> int:
+    """Weight copies to cycle through so one graph replay reads at least 3x the L2 from HBM."""
+    return max(1, min(cap, math.ceil(3 * l2_bytes / max(weight_bytes, 1))))
+
+
+def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50) -> Timing:
+    """Per-call time of ``calls`` captured into one CUDA graph, over ``replays`` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    for _ in range(3):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    per_call = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in zip(starts, ends, strict=True)]
+    del graph
+    return Timing(statistics.median(per_call), min(per_call), max(per_call))
+
+
+def _poison(shape: tuple[int, ...], device: torch.device) -> None:
+    """Leave NaN in the allocator's free blocks of an output's size, so unwritten outputs show."""
+    junk = [torch.full(shape, float("nan"), device=device, dtype=torch.float32) for _ in range(2)]
+    del junk
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = out.to(torch.float64) - ref
+    if not bool(torch.isfinite(diff).all()):
+        return float("inf")
+    return float(diff.norm() / ref.norm().clamp_min(1e-30))
+
+
+def _fp64_reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    from fp8select.backends.reference import dequantize_activation, dequantize_weight
+    from fp8select.kernels.quant import quantize_per_token_group
+
+    xq, xs = quantize_per_token_group(x, block[1], dtype=w.dtype)
+    a = dequantize_activation(xq, xs, block[1], torch.float64)
+    return a @ dequantize_weight(w, s, block, torch.float64).t()
+
+
+def single_backend(selection: Selection, backend: Backend) -> Selection:
+    """A selection whose chain is just ``backend`` (so a call it cannot take fails, not falls back)."""
+    return Selection(backend, selection.verdicts, "argument", selection.capabilities, (backend,))
+
+
+def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
+            backends: Sequence[str] | None = None, replays: int = 50, block: tuple[int, int] = (128, 128),
+            progress: Callable[[str], None] | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per (N, K, M, backend): correctness, whole-op and GEMM-alone timings, roofline.
+
+    ``backends`` defaults to every backend the selection accepted except ``reference``
+    (whose fp32 dequantization is for correctness, not speed). ``bf16`` rows time
+    ``torch.matmul`` on the dequantized weight.
+    """
+    from fp8select.backends.reference import dequantize_weight
+
+    device = torch.device("cuda")
+    names = list(backends) if backends is not None else [b.name for b in selection.chain if b.name != "reference"]
+    by_name = {b.name: b for b in selection.chain}
+    rows: list[dict[str, Any]] = []
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for n, k in shapes:
+        copies = rotation_copies(n * k)
+        base = (torch.randn(n, k, device=device, generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+        scale = torch.rand(math.ceil(n / block[0]), math.ceil(k / block[1]), device=device, generator=gen) * 1e-3 + 1e-4
+        weights = [base] + [base.clone() for _ in range(copies - 1)]
+        layers: dict[str, list[Any]] = {}
+        gemm_layers: dict[str, list[Any]] = {}
+        skipped: dict[str, str] = {}
+        for name in names:
+            backend = by_name.get(name)
+            if backend is None:
+                skipped[name] = "not accepted on this machine"
+                continue
+            sel = single_backend(selection, backend)
+            try:
+                layers[name] = [sel.prepare(w, scale, block) for w in weights]
+                gemm_layers[name] = [sel.prepare(w, scale, block, out_dtype=torch.bfloat16) for w in weights]
+            except Fp8SelectError as exc:
+                skipped[name] = str(exc).splitlines()[0]
+        w_bf16 = dequantize_weight(base, scale, block, torch.bfloat16)
+        bf16_weights = [w_bf16] + [w_bf16.clone() for _ in range(rotation_copies(2 * n * k) - 1)]
+        for m in ms:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+            ref = _fp64_reference(x, base, scale, block)
+            hbm_us, flop_us = floors_us(n, k, m)
+            common = {"n": n, "k": k, "m": m, "hbm_floor_us": round(hbm_us, 3), "fp8_floor_us": round(flop_us, 3)}
+            for name, reason in skipped.items():
+                rows.append({**common, "backend": name, "skipped": reason})
+            for name, per_copy in layers.items():
+                row: dict[str, Any] = {**common, "backend": name}
+                rows.append(row)
+                try:
+                    _poison((m, n), device)
+                    out = per_copy[0](x)
+                    torch.cuda.synchronize()
+                    row["rel_err"] = _rel_err(out, ref)
+                    row["correct"] = row["rel_err"] < REL_ERR_MAX
+                    if not row["correct"]:
+                        continue
+                    whole = time_graph([lambda layer=layer, x=x: layer(x) for layer in per_copy], replays)
+                    row["whole"] = whole.to_dict()
+                    row["hbm_fraction"] = round(hbm_us / whole.median_us, 4)
+                    row["tflops"] = round(2 * m * n * k / whole.median_us / 1e6, 2)
+                    backend = by_name[name]
+                    xq, xs = _quantize_for(backend, x)
+                    gemm = time_graph([lambda layer=layer, xq=xq, xs=xs: layer(xq, input_scale=xs) for layer in gemm_layers[name]],
+                                      replays)
+                    row["gemm"] = gemm.to_dict()
+                except Exception as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            bf = time_graph([lambda w=w, x=x: x @ w.t() for w in bf16_weights], replays)
+            rows.append({**common, "backend": "bf16-matmul", "whole": bf.to_dict(), "gemm": bf.to_dict(),
+                         "hbm_fraction": round((n * k * 2 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6 / bf.median_us, 4)})
+            if progress is not None:
+                progress(_progress_line(n, k, m, rows))
+            del ref
+        del layers, gemm_layers, weights, bf16_weights
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _quantize_for(backend: Backend, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from fp8select.kernels.quant import quantize_per_token_group
+
+    return quantize_per_token_group(x, 128, layout=backend.input_scale_layout)
+
+
+def _progress_line(n: int, k: int, m: int, rows: Sequence[dict[str, Any]]) -> str:
+    mine = [r for r in rows if r["n"] == n and r["k"] == k and r["m"] == m]
+    parts = []
+    for r in mine:
+        if "whole" in r:
+            parts.append(f"{r['backend']} {r['whole']['median_us']:.1f}us")
+        elif "error" in r or r.get("correct") is False:
+            parts.append(f"{r['backend']} FAILED")
+    return f"N={n} K={k} M={m}: " + ", ".join(parts)
+
+
+def winners(rows: Sequence[dict[str, Any]], candidates: Sequence[str] | None = None) -> dict[tuple[int, int, int], str]:
+    """The fastest correct backend (whole op, median) per (N, K, M), among ``candidates``."""
+    best: dict[tuple[int, int, int], tuple[float, str]] = {}
+    for r in rows:
+        if "whole" not in r or r["backend"] == "bf16-matmul" or (candidates is not None and r["backend"] not in candidates):
+            continue
+        key = (r["n"], r["k"], r["m"])
+        t = r["whole"]["median_us"]
+        if key not in best or t < best[key][0]:
+            best[key] = (t, r["backend"])
+    return {key: name for key, (_, name) in best.items()}
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width table: per (N, K, M) each backend's median time, TFLOP/s, HBM fraction, and the winner."""
+    win = winners(rows)
+    lines = [f"{'N':>6} {'K':>6} {'M':>5}  {'backend':<15} {'whole us':>9} {'gemm us':>9} {'TFLOP/s':>8} {'HBM%':>6}  note"]
+    for r in rows:
+        key = (r["n"], r["k"], r["m"])
+        if "whole" in r:
+            note = "WINNER" if win.get(key) == r["backend"] else ""
+            gemm = r.get("gemm", {}).get("median_us", float("nan"))
+            tflops = 2 * r["m"] * r["n"] * r["k"] / r["whole"]["median_us"] / 1e6
+            lines.append(f"{r['n']:>6} {r['k']:>6} {r['m']:>5}  {r['backend']:<15} {r['whole']['median_us']:>9.1f} {gemm:>9.1f} "
+                         f"{tflops:>8.1f} {100 * r.get('hbm_fraction', 0):>5.1f}%  {note}")
+        else:
+            why = r.get("skipped") or r.get("error") or f"rel err {r.get('rel_err')}"
+            lines.append(f"{r['n']:>6} {r['k']:>6} {r['m']:>5}  {r['backend']:<15} {'-':>9} {'-':>9} {'-':>8} {'-':>6}  {why[:80]}")
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    """Device name and versions, for the JSON."""
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
+    """Time against M per shape, one line per backend (needs matplotlib, the ``plot`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["n"], r["k"]) for r in rows})
+    cols = min(4, len(shapes))
+    fig, axes = plt.subplots(math.ceil(len(shapes) / cols), cols, figsize=(4.5 * cols, 3.6 * math.ceil(len(shapes) / cols)),
+                             squeeze=False)
+    for ax, (n, k) in zip(axes.flat, shapes, strict=False):
+        for name in sorted({r["backend"] for r in rows}):
+            pts = sorted((r["m"], r["whole"]["median_us"]) for r in rows if (r["n"], r["k"]) == (n, k)
+                         and r["backend"] == name and "whole" in r)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"N={n} K={k}")
+        ax.set_xlabel("M")
+        ax.set_ylabel("us (median, whole op)")
+        ax.grid(True, alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
