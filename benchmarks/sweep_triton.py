@@ -1,0 +1,718 @@
+#!/usr/bin/env python3
+"""Sweep launch configs of the Triton block-FP8 GEMM on a GPU and write a config table.
+
+Run on the target GPU (H200) from the repository root::
+
+    python benchmarks/sweep_triton.py --out $OUT/sweep.json [--shapes deepseek-v3]
+        [--m 1,8,16,64,128,512,2048,8192] [--budget-s 400] [--quick]
+
+For each (N, K) and M bucket it checks every candidate config against an fp32 dequantized
+reference (relative Frobenius error < 1e-2, output poisoned first), then times it with
+CUDA-graph replay (median of >= 50 replays, weights rotated through enough copies to exceed
+twice the L2), for the separate-quant GEMM and, for M <= 64, the fused-quant path. Search is
+two-stage to fit a few minutes of GPU time: a handful of tile shapes with a split-K sized to
+fill the SMs, then the neighbours of the winner (split-K x2 / /2, pipeline depth, warps).
+Configs are compile-time shared across shapes, so most compiles happen once.
+
+Competitors timed in the same run: cuBLAS block-wise ``torch.nn.functional.scaled_mm``
+(1x128 activation scales M-major, 128x128 weight scales as the checkpoint's ``.t()``; M it
+rejects is retried padded to a multiple of 16 and reported separately) and bf16
+``torch.matmul`` on the dequantized weight.
+
+``--device cpu`` runs the same driver on tiny shapes under ``TRITON_INTERPRET=1`` (wall-clock
+timing, no graphs) to smoke-test it without a GPU; its numbers mean nothing.
+
+The JSON holds the device, versions, per-(N, K, M) results and a ``table`` section in the
+format of ``fp8select/kernels/triton_configs.json``; the table alone is also written beside it
+as ``<out stem>.triton_configs.json``, ready to copy over the packaged file. Both are rewritten after every
+(shape, M) so a run cut short still leaves its results. The run stops within ``--budget-s``
+(measured from process start), sharing the time fairly between the remaining units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+_T0 = time.monotonic()
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+DEEPSEEK_V3_SHAPES: list[tuple[int, int]] = [
+    (2112, 7168),
+    (24576, 1536),
+    (32768, 512),
+    (7168, 16384),
+    (4096, 7168),
+    (7168, 2048),
+    (36864, 7168),
+    (7168, 18432),
+]
+DEFAULT_M: tuple[int, ...] = (1, 8, 16, 64, 128, 512, 2048, 8192)
+QUICK_SHAPES: list[tuple[int, int]] = [(7168, 2048), (2112, 7168)]
+QUICK_M: tuple[int, ...] = (1, 16, 512)
+FUSED_MAX_M = 64
+HBM_BYTES_PER_S = 4.3e12
+REL_ERR_MAX = 1e-2
+SMEM_LIMIT_BYTES = 227 * 1024
+SPLITS = (1, 2, 4, 8, 16)
+STAGES_MIN, STAGES_MAX = 3, 5
+BLOCK_K = 128
+GROUP_M = 8
+RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers (no CUDA): parsing, candidate generation, table building
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``deepseek-v3`` or a list of ``NxK`` / ``N,K`` pairs separated by commas or spaces."""
+    if text.strip().lower() in ("deepseek-v3", "deepseek_v3", "dsv3"):
+        return list(DEEPSEEK_V3_SHAPES)
+    numbers = [int(tok) for tok in text.replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if tok]
+    if not numbers or len(numbers) % 2:
+        raise ValueError(f"--shapes wants 'deepseek-v3' or N,K pairs, got {text!r}")
+    return list(zip(numbers[::2], numbers[1::2], strict=True))
+
+
+def parse_m_list(text: str) -> list[int]:
+    """Comma-separated positive M values."""
+    values = [int(tok) for tok in text.split(",") if tok.strip()]
+    if not values or min(values) < 1:
+        raise ValueError(f"--m wants positive integers, got {text!r}")
+    return values
+
+
+def make_config(block_m: int, block_n: int, warps: int, stages: int, split: int = 1) -> dict[str, int]:
+    """A launch config dict in the table's key order."""
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": BLOCK_K,
+        "GROUP_M": GROUP_M,
+        "SPLIT_K": split,
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+
+
+def smem_bytes(cfg: dict[str, int], fused: bool) -> int:
+    """Shared memory the pipelined A and B tiles need (A is bf16 when fused)."""
+    a_bytes = 2 if fused else 1
+    return cfg["num_stages"] * (cfg["BLOCK_M"] * BLOCK_K * a_bytes + cfg["BLOCK_N"] * BLOCK_K)
+
+
+def fill_split(n: int, k: int, m: int, block_m: int, block_n: int, sms: int) -> int:
+    """Smallest split-K giving at least two programs per SM, keeping >= 4 K blocks per split."""
+    tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
+    k_blocks = math.ceil(k / BLOCK_K)
+    split = 1
+    while split < SPLITS[-1] and tiles * split < 2 * sms and k_blocks // (2 * split) >= 4:
+        split *= 2
+    return split
+
+
+def _tiles_for(m: int) -> list[tuple[int, int, int, int]]:
+    """Stage-1 tile shapes ``(BLOCK_M, BLOCK_N, warps, stages)`` for an M bucket, best guess first."""
+    if m <= 16:
+        return [(16, 64, 4, 4), (16, 128, 4, 4), (16, 32, 4, 4), (16, 128, 8, 4), (16, 256, 8, 3)]
+    if m <= 64:
+        bm = 32 if m <= 32 else 64
+        return [(bm, 64, 4, 4), (bm, 128, 4, 4), (16, 64, 4, 4), (bm, 128, 8, 3), (bm, 256, 8, 3)]
+    if m <= 512:
+        return [(64, 128, 4, 3), (128, 128, 8, 3), (64, 256, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)]
+    return [(128, 128, 8, 3), (128, 256, 8, 3), (64, 256, 8, 3), (128, 128, 8, 4), (64, 128, 4, 3)]
+
+
+def stage1_candidates(n: int, k: int, m: int, *, fused: bool, sms: int, limit: int = 5) -> list[dict[str, int]]:
+    """First-round configs: a few tile shapes, each with the split-K that fills the SMs."""
+    out: list[dict[str, int]] = []
+    for bm, bn, warps, stages in _tiles_for(m):
+        cfg = make_config(bm, bn, warps, stages, fill_split(n, k, m, bm, bn, sms))
+        if smem_bytes(cfg, fused) <= SMEM_LIMIT_BYTES and cfg not in out:
+            out.append(cfg)
+    return out[:limit]
+
+
+def neighbours(cfg: dict[str, int], n: int, k: int, m: int, *, fused: bool, sms: int) -> list[dict[str, int]]:
+    """Second-round configs around a winner: split-K x2 and /2, pipeline depth +-1, warps 4<->8."""
+    k_blocks = math.ceil(k / BLOCK_K)
+    out: list[dict[str, int]] = []
+
+    def add(**change: int) -> None:
+        new = {**cfg, **change}
+        if new != cfg and new not in out and smem_bytes(new, fused) <= SMEM_LIMIT_BYTES:
+            out.append(new)
+
+    split = cfg["SPLIT_K"]
+    if m <= 512:
+        if split * 2 <= SPLITS[-1] and k_blocks // (split * 2) >= 2:
+            add(SPLIT_K=split * 2)
+        if split > 1:
+            add(SPLIT_K=split // 2)
+    for stages in (cfg["num_stages"] + 1, cfg["num_stages"] - 1):
+        if STAGES_MIN <= stages <= STAGES_MAX:
+            add(num_stages=stages)
+    if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 64 * 64:
+        add(num_warps=8 if cfg["num_warps"] == 4 else 4)
+    return out
+
+
+def build_table(results: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Collect each result's best config into the ``triton_configs.json`` format."""
+    table: dict[str, Any] = {"format": 1, "source": dict(meta or {}), "gemm": {}, "fused": {}}
+    for res in results:
+        best = res.get("best")
+        if not best:
+            continue
+        section = table[res["path"]]
+        section.setdefault(f"{res['n']},{res['k']}", {})[str(_bucket(res["m"]))] = best["config"]
+    return table
+
+
+def _bucket(m: int) -> int:
+    return 1 if m <= 1 else min(1 << (m - 1).bit_length(), 8192)
+
+
+def min_bytes(n: int, k: int, m: int) -> int:
+    """Least HBM traffic of the whole linear (BENCHMARKING.md): fp8 W + scales + bf16 in/out."""
+    return n * k + n * k // 16384 * 4 + m * k * 2 + m * n * 2
+
+
+def rotation_copies(bytes_per_call: int, l2_bytes: int, cap: int = 32) -> int:
+    """Distinct operand copies so that one pass over them exceeds twice the L2."""
+    return max(1, min(cap, math.ceil(2 * l2_bytes / max(1, bytes_per_call))))
+
+
+def _fmt_cfg(cfg: dict[str, int]) -> str:
+    return (
+        f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} sk{cfg['SPLIT_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    )
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device side
+# ---------------------------------------------------------------------------------------------
+
+
+class Budget:
+    """Wall-clock budget from process start, shared fairly between the remaining units."""
+
+    def __init__(self, total_s: float) -> None:
+        self.deadline = _T0 + total_s - RESERVE_S
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative once past it)."""
+        return self.deadline - time.monotonic()
+
+    def unit_deadline(self, units_left: int) -> float:
+        """Deadline for the next unit: an equal share of what is left."""
+        return time.monotonic() + max(0.0, self.left()) / max(1, units_left)
+
+
+class Sweeper:
+    """Runs the search on one device; holds what every unit needs.
+
+    ``device`` is ``cuda`` for real runs; ``cpu`` (under ``TRITON_INTERPRET=1``, wall-clock
+    timing instead of CUDA graphs) exists only to smoke-test this driver without a GPU.
+    """
+
+    def __init__(self, args: argparse.Namespace, device: Any, sms: int, l2_bytes: int) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        from fp8select.kernels import triton_gemm
+        from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
+        from fp8select.kernels.triton_quant import quantize_per_token_group_triton
+
+        self.torch = torch
+        self.F = F
+        self.args = args
+        self.dev = device
+        self.cuda = device.type == "cuda"
+        self.sms = sms
+        self.l2_bytes = l2_bytes
+        self.budget = Budget(args.budget_s)
+        self.tg = triton_gemm
+        self.quant = quantize_per_token_group
+        self.quant_triton = quantize_per_token_group_triton
+        self.m_major = M_MAJOR
+        self.scaling = getattr(F, "ScalingType", None) or getattr(F, "_ScalingType", None)
+
+    # -- primitives ------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def time_calls(self, calls: Sequence[Callable[[], object]]) -> dict[str, float]:
+        """Per-call microseconds: median/min/max over ``replays`` replays of all ``calls``.
+
+        On CUDA the calls are captured once into a graph (after a warm-up on a side stream,
+        which also compiles every kernel) and each replay is timed with events.
+        """
+        torch = self.torch
+        replays = self.args.replays
+        if not self.cuda:
+            for call in calls:
+                call()
+            per_call = []
+            for _ in range(replays):
+                t0 = time.perf_counter()
+                for call in calls:
+                    call()
+                per_call.append((time.perf_counter() - t0) * 1e6 / len(calls))
+        else:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for call in calls:
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for call in calls:
+                    call()
+            for _ in range(3):
+                graph.replay()
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+            for start, end in zip(starts, ends, strict=True):
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize()
+            per_call = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in zip(starts, ends, strict=True)]
+            del graph
+        return {
+            "median_us": round(statistics.median(per_call), 2),
+            "min_us": round(min(per_call), 2),
+            "max_us": round(max(per_call), 2),
+            "calls_per_replay": len(calls),
+            "replays": replays,
+        }
+
+    def rel_err(self, out: Any, ref: Any) -> float:
+        """Relative Frobenius error of ``out`` against the fp32 reference."""
+        return float((out.float() - ref).norm() / ref.norm())
+
+    def poisoned(self, call: Callable[[], Any], m: int, n: int, split: int) -> Any:
+        """Run ``call`` right after freeing NaN-filled blocks of its output (and workspace) size.
+
+        The caching allocator hands those blocks to the kernel's ``torch.empty`` outputs, so
+        a kernel that skips part of its output shows up as NaN instead of stale results.
+        """
+        torch = self.torch
+        junk = [torch.full((m, n), float("nan"), device=self.dev, dtype=torch.bfloat16)]
+        if split > 1:
+            junk.append(torch.full((split, m, n), float("nan"), device=self.dev, dtype=torch.float32))
+        del junk
+        return call()
+
+    # -- one (N, K, M) ---------------------------------------------------------------------
+
+    def sweep_unit(self, n: int, k: int, m: int, unit_end: float) -> list[dict[str, Any]]:
+        """Search both paths for one (N, K, M), time the competitors, return result records."""
+        torch = self.torch
+        dev = self.dev
+        g_k = math.ceil(k / BLOCK_K)
+        copies = rotation_copies(n * k + m * k * 2, self.l2_bytes)
+        if not self.cuda:
+            copies = min(copies, 2)
+        base_w = (torch.randn(n, k, device=dev) * 64).clamp(-440, 440).to(torch.float8_e4m3fn)
+        base_ws = torch.rand(math.ceil(n / 128), g_k, device=dev) * 1e-2 + 1e-3
+        w_list = [base_w] + [base_w.clone() for _ in range(copies - 1)]
+        ws_list = [base_ws.clone() for _ in range(copies)]
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        xq, xs = self.quant_triton(x)
+        w_deq = base_w.float() * base_ws.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        ref = (xq.float() * xs.repeat_interleave(128, 1)[:, :k]) @ w_deq.t()
+        del w_deq
+        ctx = _Unit(n=n, k=k, m=m, x=x, xq=xq, xs=xs, w_list=w_list, ws_list=ws_list, ref=ref)
+
+        want_fused = m <= FUSED_MAX_M and not self.args.no_fused
+        # The fused search starts from the GEMM's ranking, so it gets the smaller share.
+        gemm_stop = time.monotonic() + (unit_end - time.monotonic()) * (0.6 if want_fused else 1.0)
+        seeds = stage1_candidates(n, k, m, fused=False, sms=self.sms, limit=self.args.stage1)
+        gemm = self.search(ctx, False, seeds, self.args.max_candidates, gemm_stop)
+        results = [gemm]
+        if gemm["best"]:
+            self.annotate(gemm, n, k, m)
+            if self.budget.left() > 0:
+                gemm["linear_us"] = self.time_linear(ctx, gemm["best"]["config"])
+
+        if want_fused and self.budget.left() > 0:
+            ranked = sorted((r for r in gemm["candidates"] if "median_us" in r), key=lambda r: r["median_us"])
+            seeds = [r["config"] for r in ranked[:3]] or stage1_candidates(n, k, m, fused=True, sms=self.sms, limit=3)
+            seeds = [c for c in seeds if smem_bytes(c, True) <= SMEM_LIMIT_BYTES]
+            fused = self.search(ctx, True, seeds, max(3, self.args.max_candidates // 2 + 1), unit_end)
+            if fused["best"]:
+                self.annotate(fused, n, k, m)
+            results.append(fused)
+
+        if not self.args.no_competitors and self.budget.left() > 0:
+            gemm["cublas"] = self.time_cublas(ctx)
+            gemm["bf16"] = self.time_bf16(ctx, base_w, base_ws)
+        return results
+
+    def search(
+        self, ctx: _Unit, fused: bool, seeds: list[dict[str, int]], limit: int, stop_at: float
+    ) -> dict[str, Any]:
+        """Time ``seeds``, then the neighbours of the fastest: at least one config, then until
+        ``limit`` configs or ``stop_at``."""
+        tried: list[dict[str, Any]] = []
+
+        def best() -> dict[str, Any] | None:
+            ok = [r for r in tried if "median_us" in r]
+            return min(ok, key=lambda r: r["median_us"]) if ok else None
+
+        queue = list(seeds)
+        expanded = False
+        while len(tried) < limit:
+            if not queue:
+                top = best()
+                if expanded or top is None:
+                    break
+                expanded = True
+                seen = [r["config"] for r in tried]
+                queue = [
+                    c
+                    for c in neighbours(top["config"], ctx.n, ctx.k, ctx.m, fused=fused, sms=self.sms)
+                    if c not in seen
+                ]
+                continue
+            if tried and (time.monotonic() > stop_at or self.budget.left() <= 0):
+                break
+            cfg = queue.pop(0)
+            rec = self.try_config(ctx, cfg, fused)
+            tried.append(rec)
+            status = f"{rec['median_us']:.1f} us" if "median_us" in rec else rec.get("error", "?")
+            _log(f"  {'fused' if fused else 'gemm '} {_fmt_cfg(cfg)}: {status}")
+        return {
+            "n": ctx.n,
+            "k": ctx.k,
+            "m": ctx.m,
+            "path": "fused" if fused else "gemm",
+            "best": best(),
+            "candidates": tried,
+            "weight_copies": len(ctx.w_list),
+        }
+
+    def try_config(self, ctx: _Unit, cfg: dict[str, int], fused: bool) -> dict[str, Any]:
+        """Check one config against the reference, then time it; errors become data."""
+        torch = self.torch
+        tg = self.tg
+        record: dict[str, Any] = {"config": cfg}
+        t0 = time.monotonic()
+
+        def run(i: int) -> Any:
+            if fused:
+                return tg.w8a8_block_linear_fused(
+                    ctx.x, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
+                )
+            return tg.w8a8_block_gemm(
+                ctx.xq, ctx.xs, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
+            )
+
+        try:
+            out = self.poisoned(lambda: run(0), ctx.m, ctx.n, cfg["SPLIT_K"])
+            self.sync()
+            record["first_call_s"] = round(time.monotonic() - t0, 2)
+            err = self.rel_err(out, ctx.ref)
+            record["rel_err"] = err
+            if not math.isfinite(err) or err >= REL_ERR_MAX:
+                record["error"] = f"wrong result: relative error {err:.3g} >= {REL_ERR_MAX}"
+            else:
+                record.update(self.time_calls([functools.partial(run, i) for i in range(len(ctx.w_list))]))
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is data, not a crash
+            record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        record["cost_s"] = round(time.monotonic() - t0, 2)
+        return record
+
+    def annotate(self, res: dict[str, Any], n: int, k: int, m: int) -> None:
+        """Add throughput figures for the best config against the H200 ceilings."""
+        us = res["best"]["median_us"]
+        res["tflops"] = round(2 * m * n * k / us / 1e6, 1)
+        res["weight_hbm_frac"] = round(n * k / (us * 1e-6) / HBM_BYTES_PER_S, 3)
+        res["min_bytes_hbm_frac"] = round(min_bytes(n, k, m) / (us * 1e-6) / HBM_BYTES_PER_S, 3)
+
+    def time_linear(self, ctx: _Unit, cfg: dict[str, int]) -> dict[str, Any]:
+        """The whole separate-quant linear: Triton activation quant + GEMM, bf16 in and out."""
+        torch = self.torch
+
+        def linear(i: int) -> Any:
+            aq, a_scale = self.quant_triton(ctx.x)
+            return self.tg.w8a8_block_gemm(
+                aq, a_scale, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
+            )
+
+        try:
+            return self.time_calls([functools.partial(linear, i) for i in range(len(ctx.w_list))])
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    def time_cublas(self, ctx: _Unit) -> dict[str, Any]:
+        """cuBLAS block-wise ``scaled_mm`` at M, and at M padded to a multiple of 16 if rejected."""
+        torch = self.torch
+        F = self.F
+        scaling = self.scaling
+        if scaling is None or not hasattr(F, "scaled_mm"):
+            return {"error": "torch.nn.functional.scaled_mm / ScalingType not available"}
+        pad_k = (-math.ceil(ctx.k / BLOCK_K)) % 4  # weight scale padded to a multiple of 4 K blocks
+        ws_pad = [F.pad(ws, (0, pad_k)) if pad_k else ws for ws in ctx.ws_list]
+
+        def attempt(rows: int) -> dict[str, Any]:
+            try:
+                xp = ctx.x if rows == ctx.m else F.pad(ctx.x, (0, 0, 0, rows - ctx.m))
+                aq, a_scale = self.quant(xp, layout=self.m_major)
+
+                def call(i: int) -> Any:
+                    return F.scaled_mm(
+                        aq,
+                        ctx.w_list[i].t(),
+                        a_scale,
+                        scaling.BlockWise1x128,
+                        ws_pad[i].t(),
+                        scaling.BlockWise128x128,
+                        output_dtype=torch.bfloat16,
+                    )
+
+                res = call(0)
+                self.sync()
+                rec: dict[str, Any] = {"rows": rows, "rel_err": self.rel_err(res[: ctx.m], ctx.ref)}
+                rec.update(self.time_calls([functools.partial(call, i) for i in range(len(ctx.w_list))]))
+                return rec
+            except Exception as exc:  # noqa: BLE001 - record what cuBLAS rejects
+                return {"rows": rows, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+        out = {"exact": attempt(ctx.m)}
+        if "error" in out["exact"] and ctx.m % 16:
+            out["padded"] = attempt(max(16, math.ceil(ctx.m / 16) * 16))
+        return out
+
+    def time_bf16(self, ctx: _Unit, w: Any, ws: Any) -> dict[str, Any]:
+        """bf16 ``torch.matmul`` on the dequantized weight, copies rotated like the fp8 ones."""
+        torch = self.torch
+        n, k, m = ctx.n, ctx.k, ctx.m
+        try:
+            w_bf = (w.float() * ws.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).to(torch.bfloat16)
+            copies = rotation_copies(n * k * 2 + m * k * 2, self.l2_bytes, cap=16 if self.cuda else 2)
+            w_bfs = [w_bf] + [w_bf.clone() for _ in range(copies - 1)]
+            return self.time_calls([functools.partial(torch.matmul, ctx.x, w.t()) for w in w_bfs])
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+@dataclasses.dataclass
+class _Unit:
+    """Operands and fp32 reference of one (N, K, M)."""
+
+    n: int
+    k: int
+    m: int
+    x: Any
+    xq: Any
+    xs: Any
+    w_list: list[Any]
+    ws_list: list[Any]
+    ref: Any
+
+
+def _check_quant_bitwise(sweeper: Sweeper) -> dict[str, Any]:
+    """torch and Triton quantizers must agree bit for bit on this device too."""
+    torch = sweeper.torch
+    from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout
+
+    dev = sweeper.dev
+    k = 7168 + 40 if sweeper.cuda else 296
+    x = (torch.randn(67, k, device=dev) * torch.exp(torch.randn(67, 1, device=dev) * 3)).to(torch.bfloat16)
+    out: dict[str, Any] = {}
+    for name, layout in (("row_major", ROW_MAJOR), ("m_major_align4_ue8m0", ScaleLayout(True, 4, True))):
+        q_ref, s_ref = sweeper.quant(x, layout=layout)
+        q_tri, s_tri = sweeper.quant_triton(x, layout=layout)
+        out[name] = {
+            "fp8_mismatches": int((q_ref.view(torch.uint8) != q_tri.view(torch.uint8)).sum()),
+            "scale_mismatches": int((s_ref != s_tri).sum()),
+        }
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Set up the device, sweep every (shape, M) within the budget, write JSON, print a table."""
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("sweep_triton: CUDA is not available; this sweep needs an NVIDIA GPU (sm89+).", file=sys.stderr)
+            return 2
+        cap = torch.cuda.get_device_capability()
+        if cap < (8, 9):
+            print(f"sweep_triton: fp8 tl.dot needs compute capability >= 8.9, found {cap}.", file=sys.stderr)
+            return 2
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import triton
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        sms, l2_bytes = props.multi_processor_count, int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
+        meta: dict[str, Any] = {"device": torch.cuda.get_device_name(dev), "capability": list(torch.cuda.get_device_capability(dev))}
+    else:
+        sms, l2_bytes = 132, 60 * 2**20
+        meta = {"device": "cpu (TRITON_INTERPRET smoke test; timings meaningless)", "capability": None}
+    meta.update({
+        "sm_count": sms,
+        "l2_bytes": l2_bytes,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": sys.version.split()[0],
+    })
+    sweeper = Sweeper(args, dev, sms, l2_bytes)
+    shapes = QUICK_SHAPES if args.quick else parse_shapes(args.shapes)
+    ms = list(QUICK_M) if args.quick else parse_m_list(args.m)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # The table alone, formatted like the packaged file: copy it over triton_configs.json.
+    table_path = out_path.with_name(out_path.stem + ".triton_configs.json")
+    report: dict[str, Any] = {
+        **meta,
+        "budget_s": args.budget_s,
+        "shapes": [list(s) for s in shapes],
+        "m": ms,
+        "results": [],
+        "skipped": [],
+        "complete": False,
+    }
+
+    def write() -> None:
+        report["elapsed_s"] = round(time.monotonic() - _T0, 1)
+        report["table"] = build_table(report["results"], {**meta, "measured": dev.type == "cuda"})
+        for path, text in (
+            (out_path, json.dumps(report, indent=1) + "\n"),
+            (table_path, sweeper.tg.format_config_table(report["table"])),
+        ):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+
+    report["quant_bitwise"] = _check_quant_bitwise(sweeper)
+    _log(f"quant torch vs triton mismatches: {report['quant_bitwise']}")
+    write()
+
+    units = [(n, k, m) for m in ms for (n, k) in shapes]
+    for index, (n, k, m) in enumerate(units):
+        if sweeper.budget.left() <= 0:
+            report["skipped"] = [{"n": n2, "k": k2, "m": m2, "reason": "budget"} for n2, k2, m2 in units[index:]]
+            _log(f"budget exhausted; {len(units) - index} units skipped")
+            break
+        unit_end = sweeper.budget.unit_deadline(len(units) - index)
+        _log(f"unit {index + 1}/{len(units)}: N={n} K={k} M={m} (slice {unit_end - time.monotonic():.1f}s)")
+        try:
+            report["results"].extend(sweeper.sweep_unit(n, k, m, unit_end))
+        except torch.OutOfMemoryError as exc:
+            report["results"].append({"n": n, "k": k, "m": m, "path": "gemm", "error": f"OOM: {exc}"[:300]})
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        write()
+    else:
+        report["complete"] = True
+    write()
+    _print_summary(report)
+    return 0
+
+
+def _cell(value: float | None, width: int = 9, suffix: str = "") -> str:
+    return f"{value:{width - len(suffix)}.1f}{suffix}" if value is not None else f"{'-':>{width}}"
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    """Short fixed-width table on stdout."""
+    print(
+        f"\n{report['device']}  torch {report['torch']}  triton {report['triton']}  "
+        f"elapsed {report['elapsed_s']}s  complete={report['complete']}  skipped={len(report['skipped'])}"
+    )
+    print(f"quant torch vs triton mismatches: {report.get('quant_bitwise')}")
+    head = (
+        f"{'N':>6} {'K':>6} {'M':>5} {'path':5} {'best config':22} {'us':>9} {'%HBM(W)':>7} {'TFLOPS':>7} "
+        f"{'linear':>9} {'cuBLAS':>9} {'bf16':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for res in report["results"]:
+        best = res.get("best")
+        cfg = _fmt_cfg(best["config"]) if best else str(res.get("error", "no valid config"))[:22]
+        frac = res.get("weight_hbm_frac")
+        cublas = res.get("cublas", {})
+        cub_us = cublas.get("exact", {}).get("median_us")
+        cub = _cell(cub_us)
+        if cub_us is None and "median_us" in cublas.get("padded", {}):
+            cub = _cell(cublas["padded"]["median_us"], suffix="p")
+        elif cub_us is None and cublas:
+            cub = f"{'err':>9}"
+        print(
+            f"{res['n']:>6} {res['k']:>6} {res['m']:>5} {res['path']:5} {cfg:22} "
+            f"{_cell(best['median_us'] if best else None)} {_cell(100 * frac if frac else None, 7, '%')} "
+            f"{_cell(res.get('tflops'), 7)} {_cell(res.get('linear_us', {}).get('median_us'))} {cub} "
+            f"{_cell(res.get('bf16', {}).get('median_us'))}"
+        )
+    print("linear = Triton quant + GEMM; cuBLAS 'p' = M padded to a multiple of 16; %HBM(W) = weight bytes/s over 4.3 TB/s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line interface."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON file to write (rewritten after every unit)")
+    p.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' or N,K pairs, e.g. 7168x2048,2112x7168")
+    p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma-separated M values (table buckets)")
+    p.add_argument("--budget-s", type=float, default=400.0, help="wall-clock budget for the whole run, from start")
+    p.add_argument("--quick", action="store_true", help=f"smoke test: shapes {QUICK_SHAPES}, M {QUICK_M}")
+    p.add_argument("--max-candidates", type=int, default=9, help="GEMM configs timed per (shape, M); fused gets half")
+    p.add_argument("--stage1", type=int, default=4, help="tile shapes in the first round")
+    p.add_argument("--replays", type=int, default=50, help="timed graph replays, median reported (>= 50 on CUDA)")
+    p.add_argument("--no-fused", action="store_true", help="skip the fused-quant path")
+    p.add_argument("--no-competitors", action="store_true", help="skip cuBLAS and bf16 timings")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: driver smoke test under TRITON_INTERPRET=1 with tiny shapes (no meaningful timings)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run; exits 2 with a message when no suitable GPU is present."""
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and args.replays < 50:
+        print("sweep_triton: fewer than 50 replays gives unstable medians; using 50", file=sys.stderr)
+        args.replays = 50
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

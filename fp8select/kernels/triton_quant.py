@@ -1,0 +1,169 @@
+"""Triton per-token-group FP8 activation quantization (numerics of :mod:`.quant`, bit for bit).
+
+The ``@triton.jit`` helpers :func:`fp8_group_scale` and :func:`fp8_quantize` are shared with
+the fused GEMM in :mod:`.triton_gemm`, so the separate and the fused paths quantize alike.
+
+Bitwise equality with torch needs three things that Triton does not give by default:
+IEEE division (``tl.math.div_rn``; ``/`` on fp32 is approximate on NVIDIA GPUs), the UE8M0
+power-of-two rounding done on the bit pattern (``log2``/``exp2`` are approximate), and the
+round-to-nearest-even onto the fp8 grid done in fp32 before the cast (the Triton CPU
+interpreter's fp32->fp8 cast does not carry a rounded-up mantissa into the exponent; after
+the pre-rounding every cast is exact, so GPU and interpreter agree).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .quant import (
+    DEFAULT_EPS,
+    ROW_MAJOR,
+    ScaleLayout,
+    check_quant_args,
+    empty_scale,
+    fp8_format,
+)
+
+__all__ = ["fp8_constexprs", "fp8_group_scale", "fp8_quantize", "quantize_per_token_group_triton"]
+
+
+def fp8_constexprs(dtype: torch.dtype) -> dict[str, float | int]:
+    """Kernel constexprs describing ``dtype``'s grid (see :func:`fp8_quantize`)."""
+    fmt = fp8_format(dtype)
+    return {
+        "FP8_MAX": fmt.max,
+        "FP8_MANT_BITS": fmt.mantissa_bits,
+        "FP8_MIN_EXP_BIASED": fmt.min_normal_exp + 127,
+    }
+
+
+@triton.jit
+def fp8_group_scale(amax, eps, FP8_MAX: tl.constexpr, UE8M0: tl.constexpr):
+    """``max(amax, eps) / FP8_MAX`` with IEEE division; optionally rounded up to 2**n."""
+    scale = tl.math.div_rn(tl.maximum(amax, eps), FP8_MAX)
+    if UE8M0:
+        bits = scale.to(tl.int32, bitcast=True)
+        scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def _round_to_fp8_grid(y, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr):
+    """Round fp32 ``y`` (already within +-FP8_MAX) to the nearest fp8 value, ties to even.
+
+    Adding ``2**(e + 23 - mantissa_bits)`` (``e`` = the exponent of ``|y|``, floored at the
+    format's smallest normal exponent, which covers subnormals) makes the fp32 adder round
+    ``|y|`` to exactly the fp8 quantum; subtracting it back is exact.
+    """
+    bits = y.to(tl.int32, bitcast=True)
+    mag_bits = bits & 0x7FFFFFFF
+    exp_biased = tl.maximum(mag_bits >> 23, FP8_MIN_EXP_BIASED)
+    magic = ((exp_biased + (23 - FP8_MANT_BITS)) << 23).to(tl.float32, bitcast=True)
+    rounded = (mag_bits.to(tl.float32, bitcast=True) + magic) - magic
+    sign = bits & -2147483648
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp8_quantize(
+    x,
+    scale,
+    FP8_MAX: tl.constexpr,
+    FP8_MANT_BITS: tl.constexpr,
+    FP8_MIN_EXP_BIASED: tl.constexpr,
+):
+    """fp32 ``x / scale`` saturated to +-FP8_MAX and rounded onto the fp8 grid (still fp32).
+
+    The caller casts the result to the fp8 element type; the cast is exact.
+    """
+    y = tl.math.div_rn(x, scale)
+    y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+    return _round_to_fp8_grid(y, FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
+
+
+@triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg", "eps"])
+def _quant_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    stride_sm,
+    stride_sg,
+    eps,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    UE8M0: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8_MANT_BITS: tl.constexpr,
+    FP8_MIN_EXP_BIASED: tl.constexpr,
+):
+    """One program quantizes a ``[BLOCK_M, GROUP]`` tile: BLOCK_M tokens, one K group."""
+    pid_m = tl.program_id(0)
+    group = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    lane = tl.arange(0, GROUP_P2)
+    cols = group * GROUP + lane
+    row_ok = rows < M
+    mask = row_ok[:, None] & ((lane < GROUP) & (cols < K))[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(
+        x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0
+    ).to(tl.float32)
+    scale = fp8_group_scale(tl.max(tl.abs(x), axis=1), eps, FP8_MAX, UE8M0)
+    q = fp8_quantize(x, scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
+    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + rows64 * stride_sm + group * stride_sg, scale, mask=row_ok)
+
+
+def quantize_per_token_group_triton(
+    x: torch.Tensor,
+    group_size: int = 128,
+    *,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    layout: ScaleLayout = ROW_MAJOR,
+    eps: float = DEFAULT_EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of :func:`fp8select.kernels.quant.quantize_per_token_group`.
+
+    Same arguments, results and numerics; the scale is written straight into ``layout``'s
+    storage through its strides (no transpose pass), and ``x`` is read through its strides
+    (no contiguous copy).
+    """
+    check_quant_args(x, group_size, dtype, eps)
+    m, k = x.shape
+    groups = -(-k // group_size)
+    x_q = torch.empty((m, k), dtype=dtype, device=x.device)
+    scale = empty_scale(m, groups, layout, x.device)
+    if m == 0 or groups == 0:
+        return x_q, scale
+    group_p2 = triton.next_power_of_2(group_size)
+    # Aim for ~2K elements per program: enough bytes in flight, and small M stays one program.
+    block_m = min(triton.next_power_of_2(m), max(1, 2048 // group_p2))
+    grid = (triton.cdiv(m, block_m), groups)
+    _quant_kernel[grid](
+        x,
+        x_q,
+        scale,
+        m,
+        k,
+        x.stride(0),
+        x.stride(1),
+        x_q.stride(0),
+        scale.stride(0),
+        scale.stride(1),
+        eps,
+        GROUP=group_size,
+        GROUP_P2=group_p2,
+        BLOCK_M=block_m,
+        UE8M0=layout.ue8m0,
+        num_warps=4,
+        **fp8_constexprs(dtype),
+    )
+    return x_q, scale
