@@ -81,8 +81,8 @@ def cublas_facts(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def numerics_sweep(selection: fp8select.Selection, quick: bool) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def numerics_sweep(selection: fp8select.Selection, quick: bool, rows: list[dict[str, Any]],
+                   save: Any = lambda: None, deadline: float = float("inf")) -> list[dict[str, Any]]:
     shapes = DEEPSEEK_V3 + RAGGED
     ms = M_VALUES
     if quick:
@@ -90,6 +90,9 @@ def numerics_sweep(selection: fp8select.Selection, quick: bool) -> list[dict[str
     caps = selection.capabilities
     layers_by_backend: dict[str, Any] = {}
     for n, k in shapes:
+        if time.time() > deadline:
+            rows.append({"n": n, "k": k, "skipped": "time budget"})
+            continue
         for block in ((128, 128), (1, 128)) if (n, k) in RAGGED[:4] or quick else ((128, 128),):
             w, s = random_problem(n, k, block, seed=n * 7 + k, device="cuda")
             layers_by_backend.clear()
@@ -117,6 +120,7 @@ def numerics_sweep(selection: fp8select.Selection, quick: bool) -> list[dict[str
                     rows.append(row)
                 del ref
             torch.cuda.empty_cache()
+            save()
     return rows
 
 
@@ -125,6 +129,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new shapes after this many seconds")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +161,10 @@ def main() -> int:
         print(f"gpu tests rc={proc.returncode} ({time.time() - t0:.0f}s): {proc.stdout.strip().splitlines()[-1:]}", flush=True)
         save()
 
-    for key, fn in (("cublas_facts", lambda: cublas_facts(args.quick)), ("numerics", lambda: numerics_sweep(selection, args.quick))):
+    result["numerics"] = []
+    deadline = time.time() + args.budget_s
+    for key, fn in (("cublas_facts", lambda: cublas_facts(args.quick)),
+                    ("numerics", lambda: numerics_sweep(selection, args.quick, result["numerics"], save, deadline))):
         t0 = time.time()
         try:
             result[key] = fn()
