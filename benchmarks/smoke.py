@@ -10,8 +10,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import fp8select  # noqa: E402
-from fp64_reference import expected, random_problem, rel_err  # noqa: E402
+from fp64_reference import expected, random_problem, rel_err
+
+import fp8select
 
 sel = fp8select.resolve(plugins=False)
 print(sel.explain())
