@@ -52,6 +52,8 @@ def cuda_fake(calls: list[dict[str, Any]]) -> Callable[..., torch.Tensor]:
         assert b.t().is_contiguous(), "mat_b must be column-major (the [N, K] weight .t())"
         if recipe_a != ST.BlockWise1x128:
             raise ValueError("scale_recipe_a must be BlockWise1x128")
+        if m % 4:
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED (block-wise scaling needs M % 4 == 0)")
         if scale_a.shape != (m, kb) or scale_a.stride() != (1, m) or scale_a.dtype != torch.float32:
             raise ValueError(f"scale_a must have strides (1, M): shape {tuple(scale_a.shape)} stride {scale_a.stride()}")
         if recipe_b == ST.BlockWise128x128:
@@ -63,8 +65,8 @@ def cuda_fake(calls: list[dict[str, Any]]) -> Callable[..., torch.Tensor]:
                 raise ValueError("padded K-blocks of scale_b must be zero")
             sb_nk, block = scale_b[:kb].t(), (128, 128)
         elif recipe_b == ST.BlockWise1x128:
-            if scale_b.shape != (n, kb) or not scale_b.is_contiguous():
-                raise ValueError(f"1x128 scale_b must be [N, K/128] untransposed, found {tuple(scale_b.shape)} {scale_b.stride()}")
+            if scale_b.shape != (n, kb) or scale_b.stride() != (1, n):
+                raise ValueError(f"scale_b strides must be (1, {n}); got: {list(scale_b.stride())}")
             sb_nk, block = scale_b, (1, 128)
         else:
             raise ValueError("unexpected scale_recipe_b")
@@ -106,12 +108,12 @@ def test_cuda_scaled_mm_layouts(monkeypatch: pytest.MonkeyPatch, block: tuple[in
     w, s = random_problem(n, k, block, seed=n * k)
     layer = selection.prepare(w, s, block)
     assert layer.primary.name == "cuda-scaled-mm" and layer.fallback.name == "reference"
-    for m in (8, 16, 5, 1, 13):
+    for m in (8, 16, 4, 5, 1, 13):
         x = torch.randn(m, k, dtype=torch.bfloat16)
         bias = torch.randn(n, dtype=torch.bfloat16)
         assert rel_err(layer(x, bias=bias), expected(x, w, s, block, bias)) < 1e-2
-    # M=1 and M=5 went to the fallback, M=13 to cuBLAS padded to 16
-    assert [c["m"] for c in calls] == [8, 16, 16]
+    # M that are not multiples of 4 reach cuBLAS padded with zero rows
+    assert [c["m"] for c in calls] == [8, 16, 4, 8, 4, 16]
 
 
 def test_cuda_prepare_pads_k_blocks_once() -> None:

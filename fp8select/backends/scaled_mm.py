@@ -7,8 +7,8 @@ from torch's XPU source):
   128x128 weight scale = the checkpoint's row-major [N/128, K/128] tensor ``.t()``, its
   K-blocks zero-padded to a multiple of 4 (cuBLAS expects that; the private
   ``torch._scaled_mm`` silently returns wrong results without it, so it is never used);
-  1x128 weight scale passed untransposed [N, K/128]. cuBLAS rejects M that is not a
-  multiple of 8: M < 8 goes to the fallback, other M are padded.
+  1x128 weight scale [N, K/128] with strides (1, N) (measured: a contiguous one is rejected).
+  cuBLAS rejects M that is not a multiple of 4; such M are padded with zero rows.
 * XPU (oneDNN): activation scale row-major [M, K/128]; 128x128 weight scale [K/128, N/128]
   contiguous (the checkpoint's scale transposed-contiguous); 1x128 weight scale a [N, K/128]
   view whose ``.t()`` is contiguous. Anything else is copied by torch on every call, so
@@ -26,14 +26,24 @@ import torch.nn.functional as F
 from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
-from fp8select.probes import ComputeCapability, DeviceKind, HasScaledMM, Probe, ScalingTypes, ToolkitVersion, TorchVersion
+from fp8select.probes import (
+    ComputeCapability,
+    DeviceKind,
+    Functional,
+    HasScaledMM,
+    Probe,
+    ScalingTypes,
+    ToolkitVersion,
+    TorchVersion,
+)
 from fp8select.verdict import Verdict
 
 BLOCKWISE_MEMBERS = ("BlockWise1x128", "BlockWise128x128")
 
-# Rows cuBLAS block-wise scaled_mm accepts (measured on the H200, torch 2.11 + CUDA 13):
-# M=1 fails the (1, M) stride check, M=2 and M=15 give CUBLAS_STATUS_NOT_SUPPORTED, 8 and 16 run.
-CUDA_M_MULTIPLE = 8
+# Rows cuBLAS block-wise scaled_mm accepts, measured on the H200 (torch 2.11 + CUDA 13, M = 1..33
+# and more, K = 512/640/7168/7200): multiples of 4 run, every other M is rejected
+# (benchmarks/results/h200-run1). Other M are padded with zero rows to the next multiple.
+CUDA_M_MULTIPLE = 4
 
 
 def _scaled_mm() -> Callable[..., torch.Tensor]:
@@ -109,17 +119,9 @@ class CudaScaledMMBackend(_ScaledMMBackend):
     )
     scale_layout_name = "m_major"
 
-    # Rows below this go to the fallback; rows at or above it that cuBLAS rejects are padded to
-    # the next multiple of CUDA_M_MULTIPLE (a copy of at most 7 activation rows, cheap next to
-    # the GEMM). Which is faster where is measured by `fp8select bench` / `tune`.
-    min_m: int = CUDA_M_MULTIPLE
-
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
-        """M >= 8 (smaller M go to the fallback; M % 8 != 0 is padded for cuBLAS)."""
-        if m < self.min_m:
-            return Verdict.reject(f"requires M >= {self.min_m} (cuBLAS block-wise needs M % {CUDA_M_MULTIPLE} == 0; "
-                                  f"small M are faster on the fallback than padded), found M={m}")
-        return Verdict.accept(f"M >= {self.min_m} (found M={m})")
+        """Any M: cuBLAS needs M % 4 == 0, so other M are padded with zero rows (at most 3)."""
+        return Verdict.accept(f"any M (M % {CUDA_M_MULTIPLE} != 0 padded; found M={m})")
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
@@ -140,7 +142,7 @@ class CudaScaledMMBackend(_ScaledMMBackend):
                 caps: Capabilities) -> PreparedWeight:
         n, k = weight.shape
         if tuple(block_size) == BLOCK_1x128:
-            scale = weight_scale.contiguous()
+            scale = weight_scale.t().contiguous().t()  # [N, K/128] with strides (1, N), as cuBLAS requires
         else:
             kb = weight_scale.shape[1]
             padded = torch.zeros((weight_scale.shape[0], _round_up(kb, 4)), dtype=torch.float32, device=weight_scale.device)
@@ -155,8 +157,9 @@ class XpuScaledMMBackend(_ScaledMMBackend):
     summary = "torch F.scaled_mm block-wise (oneDNN) on Intel XPU"
     requires: ClassVar[tuple[Probe, ...]] = (
         DeviceKind(("xpu",)),
-        TorchVersion(">=2.13", "block-wise XPU scaled_mm: absent in 2.11 (vllm#41677), expected in 2.12/2.13 "
-                               "(pytorch#173630, #176043); unverified, so gated at 2.13"),
+        Functional("xpu_blockwise_scaled_mm", "block-wise F.scaled_mm tried on a small problem", otherwise=TorchVersion(
+            ">=2.13", "block-wise XPU scaled_mm: absent in 2.11 (vllm#41677), expected in 2.12/2.13 "
+                      "(pytorch#173630, #176043); unverified, so gated at 2.13")),
         HasScaledMM(),
         ScalingTypes(BLOCKWISE_MEMBERS),
     )

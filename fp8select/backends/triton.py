@@ -16,9 +16,9 @@ from fp8select.backends.base import Backend, PreparedWeight
 from fp8select.capabilities import Capabilities
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, EnvFlag, GfxArch, Package, Probe, TritonTarget
 
-# Below this many rows the activation is quantized inside the GEMM (one launch, no fp8
-# round trip through memory); above it a separate quantization kernel feeds the GEMM.
-FUSED_QUANT_MAX_M = 64
+# The fused-quantization kernel (activation quantized inside the GEMM's K loop) is used only
+# where a tuning table says it is faster: on the H200 it was slower than quantize + GEMM at
+# every DeepSeek-V3 shape and M measured (benchmarks/results/h200-run1/sweep.log).
 
 TRITON_DEVICES = AnyOf((
     AllOf((DeviceKind(("cuda",)), ComputeCapability(minimum=(8, 9)), TritonTarget("nvidia"))),
@@ -42,11 +42,11 @@ class TritonBackend(Backend):
         from fp8select.kernels import triton_gemm
 
         m = x.shape[0]
-        config = prepared.extra.get("config")
-        if input_scale is None and m <= FUSED_QUANT_MAX_M:
-            cfg = config or triton_gemm.get_config(prepared.n, prepared.k, m, fused=True)
+        tuned = prepared.extra.get("tuned", {}).get(triton_gemm.m_bucket(m))
+        config = tuned["config"] if tuned else None
+        if input_scale is None and tuned and tuned.get("fused"):
             return triton_gemm.w8a8_block_linear_fused(x, prepared.weight, prepared.scale, prepared.block_size,
-                                                       out_dtype=out_dtype, bias=bias, config=cfg)
+                                                       out_dtype=out_dtype, bias=bias, config=config)
         if input_scale is None:
             from fp8select.kernels.triton_quant import quantize_per_token_group_triton
 

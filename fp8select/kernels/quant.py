@@ -182,7 +182,10 @@ def quantize_per_token_group(
         xf = torch.nn.functional.pad(xf, (0, pad))
     xg = xf.reshape(m, groups, group_size)
     amax = xg.abs().amax(dim=-1) if groups else xg.new_zeros((m, 0))
-    scale = amax.clamp(min=eps) / fmax
+    # Divide by a tensor, not a Python float: torch's CUDA kernels turn division by a scalar
+    # into multiplication by its reciprocal, which is not IEEE division and made the torch and
+    # Triton quantizers differ in the last bit of some scales on the H200.
+    scale = amax.clamp(min=eps) / torch.full_like(amax, fmax)
     if layout.ue8m0:
         scale = ceil_pow2(scale)
     q = (xg / scale.unsqueeze(-1)).clamp(-fmax, fmax).reshape(m, groups * group_size)
