@@ -2,7 +2,8 @@
 
 :func:`detect_capabilities` is the only code in fp8select that reads torch device APIs,
 package metadata and the environment. It never imports a vendor package (only
-``importlib.util.find_spec`` and ``importlib.metadata``) and never initialises a device
+``importlib.util.find_spec``, ``importlib.metadata`` and the source text of the few files
+that name a vendor's entry points, :data:`PACKAGE_SYMBOLS`) and never initialises a device
 that the process has not asked for. Everything downstream (probes, resolver) is a pure
 function of the :class:`Capabilities` value, which round-trips through JSON so a decision
 can be replayed on any machine.
@@ -32,6 +33,16 @@ KNOWN_PACKAGES: Mapping[str, tuple[str, ...]] = {
     "torch_npu": ("torch-npu", "torch_npu"),
 }
 
+# Entry points the vendor adapters call, by import name: (files relative to the package directory
+# whose source text names them, the names looked for). Read as text at detection, never imported,
+# so a snapshot can say "deep_gemm 1.x is installed but has no fp8_gemm_nt" without importing it.
+PACKAGE_SYMBOLS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "deep_gemm": (("__init__.py",), ("fp8_gemm_nt", "gemm_fp8_fp8_bf16_nt")),
+    "flashinfer": (("gemm/__init__.py", "gemm.py"), ("gemm_fp8_nt_groupwise", "fp8_blockscale_gemm_sm90")),
+    "sgl_kernel": (("__init__.py",), ("fp8_blockwise_scaled_mm",)),
+    "aiter": (("ops/gemm_op_a8w8.py",), ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle")),
+}
+
 # Environment variables copied into the snapshot (besides every FP8SELECT_* variable).
 ENV_NAMES = ("TRITON_INTERPRET",)
 ENV_PREFIX = "FP8SELECT_"
@@ -48,7 +59,9 @@ class Capabilities:
     ``env`` holds the relevant environment variables; ``triton_backends`` the Triton
     target plugins installed (``nvidia``, ``amd``, ``intel``); ``npu_soc_version`` the
     Ascend SoC version number when known; ``functional`` results of tiny calls tried at
-    detection where a version gate alone is uncertain.
+    detection where a version gate alone is uncertain; ``package_symbols`` the entry points
+    (of those in :data:`PACKAGE_SYMBOLS`) each vendor package's source names, absent when
+    not scanned (an old snapshot, an unreadable or star-importing source).
     """
 
     device_kind: str = "cpu"
@@ -67,6 +80,7 @@ class Capabilities:
     triton_backends: tuple[str, ...] = ()
     npu_soc_version: int | None = None
     functional: Mapping[str, bool] = field(default_factory=dict)
+    package_symbols: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -78,6 +92,7 @@ class Capabilities:
             data[key] = list(data[key])
         for key in ("packages", "env", "functional"):
             data[key] = dict(sorted(data[key].items()))
+        data["package_symbols"] = {k: list(v) for k, v in sorted(self.package_symbols.items())}
         return data
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -88,7 +103,7 @@ class Capabilities:
         if not isinstance(data, Mapping):
             raise CapabilitiesError(f"snapshot: expected a JSON object, found {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(k) for k in set(data) - known)
         if unknown:
             raise CapabilitiesError(f"snapshot: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}")
         kwargs = dict(data)
@@ -103,13 +118,18 @@ class Capabilities:
                 if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
                     raise CapabilitiesError(f"{key}: expected a list of strings, found {value!r}")
                 kwargs[key] = tuple(value)
+        symbols = kwargs.get("package_symbols")
+        if symbols is not None:
+            if not (isinstance(symbols, Mapping) and all(isinstance(v, (list, tuple)) for v in symbols.values())):
+                raise CapabilitiesError(f"package_symbols: expected an object of lists of strings, found {symbols!r}")
+            kwargs["package_symbols"] = {k: tuple(v) for k, v in symbols.items()}
         return cls(**kwargs)
 
     @classmethod
     def from_json(cls, text: str) -> Capabilities:
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError, RecursionError) as exc:
             raise CapabilitiesError(f"snapshot: not valid JSON ({exc})") from None
         return cls.from_dict(data)
 
@@ -131,7 +151,7 @@ class Capabilities:
                 if raw == "":
                     data[head].pop(sub, None)
                 else:
-                    data[head][sub] = _parse_value(raw) if head == "functional" else raw
+                    data[head][sub] = _parse_value(raw) if head in ("functional", "package_symbols") else raw
             else:
                 value = _parse_value(raw)
                 if head in ("torch_version", "device_name", "cuda_version", "hip_version", "xpu_version", "gfx_arch") and value is not None:
@@ -174,6 +194,10 @@ def _validate(caps: Capabilities) -> None:
                key, "an object of strings", value)
     expect(isinstance(caps.functional, Mapping) and all(isinstance(v, bool) for v in caps.functional.values()),
            "functional", "an object of true/false", caps.functional)
+    symbols = caps.package_symbols
+    expect(isinstance(symbols, Mapping) and all(isinstance(k, str) and isinstance(v, tuple) and all(isinstance(s, str) for s in v)
+                                                for k, v in symbols.items()),
+           "package_symbols", "an object of lists of strings", symbols)
     soc = caps.npu_soc_version
     expect(soc is None or (isinstance(soc, int) and not isinstance(soc, bool)), "npu_soc_version", "an integer or null", soc)
 
@@ -186,6 +210,7 @@ def detect_capabilities() -> Capabilities:
 
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX) or k in ENV_NAMES}
     scaling = getattr(F, "ScalingType", None)
+    packages = _installed_packages()
     facts: dict[str, Any] = {
         "torch_version": str(torch.__version__),
         "cuda_version": torch.version.cuda,
@@ -194,7 +219,8 @@ def detect_capabilities() -> Capabilities:
         "has_scaled_mm": hasattr(F, "scaled_mm"),
         "scaling_types": tuple(scaling.__members__) if scaling is not None else (),
         "float8_dtypes": tuple(n for n in FLOAT8_NAMES if hasattr(torch, n)),
-        "packages": _installed_packages(),
+        "packages": packages,
+        "package_symbols": _package_symbols(packages),
         "env": env,
         "triton_backends": _triton_backends(),
     }
@@ -249,6 +275,39 @@ def _installed_packages() -> dict[str, str]:
             except md.PackageNotFoundError:
                 continue
         found[module] = version
+    return found
+
+
+def _package_symbols(packages: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """Which of :data:`PACKAGE_SYMBOLS`' names each installed vendor package's source text names.
+
+    Text only (``find_spec`` locates the package, nothing is imported). A package whose files
+    cannot be read, or that names none of them but star-imports (the names may come through),
+    is left out: unknown, and the adapter checks the entry point when a layer is prepared.
+    """
+    import importlib.util
+    import re
+
+    found: dict[str, tuple[str, ...]] = {}
+    for module, (files, names) in PACKAGE_SYMBOLS.items():
+        if module not in packages:
+            continue
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        text = ""
+        for location in locations:
+            for name in files:
+                try:
+                    with open(os.path.join(location, name), encoding="utf-8", errors="replace") as handle:
+                        text += handle.read() + "\n"
+                except OSError:
+                    continue
+        present = tuple(n for n in names if re.search(rf"\b{re.escape(n)}\b", text))
+        if text and (present or not re.search(r"import\s+\*", text)):
+            found[module] = present
     return found
 
 

@@ -1,11 +1,47 @@
-"""``cutlass``: sgl-kernel's CUTLASS ``fp8_blockwise_scaled_mm``."""
+"""``cutlass``: sgl-kernel's CUTLASS ``fp8_blockwise_scaled_mm``.
+
+API followed (docs/vendor-apis.md, "sgl-kernel CUTLASS"; sgl-project/sglang
+sgl-kernel/python/sgl_kernel/gemm.py and csrc/gemm/fp8_blockwise_gemm_kernel.cu at commit
+0e6ed14d, sgl-kernel 0.3.x): ``sgl_kernel.fp8_blockwise_scaled_mm(mat_a, mat_b, scales_a,
+scales_b, out_dtype)`` returns a new [M, N] tensor; SGLang calls it as
+``fp8_blockwise_scaled_mm(q_input, weight.T, x_scale, weight_scale.T, out_dtype)``.
+
+Layouts: ``mat_a`` the quantized activation [M, K] row-major; ``mat_b`` the checkpoint weight's
+``.t()`` view ([K, N], column-major, no copy); ``scales_a`` fp32 [M, K/128] M-major
+(``stride(0) == 1``), written so by the quantizer; ``scales_b`` the checkpoint scale's ``.t()``
+view ([K/128, N/128], K-major). All views: the weight is shared with the fallback. The
+library pads M to a multiple of 4 itself. No bias argument: it is added afterwards.
+
+Gates: sm90 (CUDA >= 12.0) and sm100 (CUDA >= 12.8); sm120 exists in later builds whose
+release is unverified. The kernel's shape checks use ``K // 128`` and ``N // 128``, so the
+checkpoint's ceil-sized scales fail for N or K not multiples of 128: those go to the fallback.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from fp8select.backends.base import BLOCK_128x128, Backend
-from fp8select.probes import ComputeCapability, DeviceKind, Package, Probe
+import torch
+
+from fp8select.backends._vendor import (
+    EntryPoint,
+    add_bias,
+    dtypes_ok,
+    lookup,
+    quantize_activation,
+    relayout_scale,
+    require,
+)
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.capabilities import Capabilities
+from fp8select.kernels.quant import M_MAJOR, ScaleLayout
+from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe, ToolkitVersion
+from fp8select.probes.core import PackageSymbols
+from fp8select.problem import Problem
+from fp8select.verdict import Verdict
+
+MODULE = "sgl_kernel"
+ENTRY_POINT = "fp8_blockwise_scaled_mm"
 
 
 class CutlassBackend(Backend):
@@ -13,11 +49,54 @@ class CutlassBackend(Backend):
     summary = "sgl-kernel CUTLASS fp8_blockwise_scaled_mm (sm90, sm100)"
     requires: ClassVar[tuple[Probe, ...]] = (
         DeviceKind(("cuda",)),
-        ComputeCapability(allowed=((9, 0), (10, 0))),
-        Package("sgl_kernel", why="fp8_blockwise_scaled_mm"),
+        AnyOf((
+            AllOf((ComputeCapability(allowed=((9, 0),)), ToolkitVersion("cuda", ">=12.0", "sgl-kernel CUTLASS sm90"))),
+            AllOf((ComputeCapability(allowed=((10, 0),)), ToolkitVersion("cuda", ">=12.8", "sgl-kernel CUTLASS sm100"))),
+        )),
+        Package(MODULE, why=ENTRY_POINT),
+        PackageSymbols(MODULE, (ENTRY_POINT,)),
     )
     block_sizes = (BLOCK_128x128,)
     n_multiple = 128
     k_multiple = 128
-    implemented = False
     layout = "cutlass"
+
+    activation_scale_layout: ClassVar[ScaleLayout] = M_MAJOR  # a class attribute so a test can break it
+
+    @property
+    def input_scale_layout(self) -> ScaleLayout:
+        """M-major fp32 [M, K/128] (``scales_a must be M major``)."""
+        return self.activation_scale_layout
+
+    def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
+        """The shared gate with e4m3fn operands; at load time, the entry point."""
+        verdict = super().supports(problem, caps)
+        if not verdict.ok:
+            return verdict
+        rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
+        if rejected is not None:
+            return rejected
+        if problem.m is None:
+            found = lookup(MODULE, (ENTRY_POINT,))
+            if isinstance(found, Verdict):
+                return found
+        return verdict
+
+    def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
+                caps: Capabilities) -> PreparedWeight:
+        """``.t()`` views of the checkpoint weight and scale: column-major B, K-major scales, no copy."""
+        gemm = require(MODULE, (ENTRY_POINT,))
+        n, k = weight.shape
+        w = weight.contiguous()
+        return PreparedWeight(self.name, w.t(), weight_scale.contiguous().t(), tuple(block_size), n, k, w,  # type: ignore[arg-type]
+                              extra={"gemm": gemm})
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
+        gemm: EntryPoint = prepared.extra["gemm"]
+        if input_scale is None:
+            x_q, x_s = quantize_activation(x, torch.float8_e4m3fn, self.activation_scale_layout)
+        else:
+            x_q, x_s = x, relayout_scale(input_scale, self.activation_scale_layout)
+        out = gemm.fn(x_q, prepared.weight, x_s, prepared.scale, out_dtype)
+        return add_bias(out, bias)

@@ -1,23 +1,187 @@
-"""``flashinfer``: FlashInfer's block-scaled FP8 GEMMs, one path per GPU generation."""
+"""``flashinfer``: FlashInfer's block-scaled FP8 GEMMs, one path per GPU generation.
+
+API followed (docs/vendor-apis.md, "FlashInfer"; flashinfer-ai/flashinfer
+flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
+
+* ``trtllm`` (sm100, sm103): ``flashinfer.gemm.gemm_fp8_nt_groupwise(a, b, a_scale, b_scale,
+  out_dtype=torch.bfloat16, backend="trtllm")`` (the ``backend`` parameter since 0.2.9).
+  ``a_scale`` fp32 [M, K/128] "contiguous on the first dimension" (strides (1, M), written so by
+  the quantizer); ``b_scale`` the checkpoint's [N/128, K/128] row-major scale as is. bf16 output
+  only, K >= 256.
+* ``cutlass`` (sm120, sm121; GB10 is sm121): the same function with ``scale_major_mode="MN"``
+  and ``backend="cutlass"``: ``a_scale`` a contiguous [K/128, M] tensor (the M-major quantizer
+  output's ``.t()``), ``b_scale`` a contiguous [K/128, N/128] tensor (the checkpoint's scale
+  transposed once in :meth:`FlashInferBackend.prepare`), as SGLang calls it. The kernel reads
+  the scales through their data pointers, so a wrong layout is misread, never copied. M is
+  padded to a multiple of 4 (the docstring's note).
+* ``sm90`` (flashinfer >= 0.6.0): ``flashinfer.gemm.fp8_blockscale_gemm_sm90(x_bf16, W, None,
+  S_w, out_dtype=torch.bfloat16)``: bf16 activations, quantized inside the kernel; the
+  checkpoint weight and scale as is. Used only for 1 <= M < 32, as SGLang does: for larger M its
+  non-swapAB kernel is slower than DeepGEMM and less accurate on some checkpoints, so those
+  calls go to the layer's fallback.
+
+None of these take a bias, so it is added afterwards. sm107 is accepted by FlashInfer main
+only (no release verified), so it is not gated in. N and K not multiples of 128 are unverified
+for the groupwise paths and go to the fallback.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from fp8select.backends.base import BLOCK_128x128, Backend
-from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe
+import torch
 
+from fp8select.backends._vendor import (
+    EntryPoint,
+    add_bias,
+    dtypes_ok,
+    lookup,
+    multiple_of,
+    pad_rows,
+    quantize_activation,
+    relayout_scale,
+    require,
+)
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.capabilities import Capabilities
+from fp8select.kernels.quant import M_MAJOR, ScaleLayout
+from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe
+from fp8select.probes.core import PackageSymbols
+from fp8select.problem import Problem, dtype_name
+from fp8select.verdict import Verdict
+
+MODULE = "flashinfer.gemm"
+GROUPWISE = "gemm_fp8_nt_groupwise"
+HOPPER_GEMM = "fp8_blockscale_gemm_sm90"
+TRTLLM, CUTLASS, SM90 = "trtllm", "cutlass", "sm90"
+
+# The path each compute capability takes (data, not branches).
+PATHS: dict[tuple[int, int], str] = {(10, 0): TRTLLM, (10, 3): TRTLLM, (12, 0): CUTLASS, (12, 1): CUTLASS, (9, 0): SM90}
+ENTRY_POINTS = {TRTLLM: GROUPWISE, CUTLASS: GROUPWISE, SM90: HOPPER_GEMM}
+OUT_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    TRTLLM: (torch.bfloat16,),  # the TRT-LLM kernel writes bf16 only (fp16 would be misread)
+    CUTLASS: (torch.bfloat16, torch.float16),
+    SM90: (torch.bfloat16,),  # as SGLang uses it
+}
+TRTLLM_MIN_K = 256
+SM90_MAX_M = 31
+CUTLASS_M_MULTIPLE = 4
+CUTLASS_SCALE_MAJOR_MODE = "MN"  # as SGLang calls it: both scales transposed-contiguous
+
+_GROUPWISE_RELEASE = "gemm_fp8_nt_groupwise with backend= since 0.2.9"
 FLASHINFER_PATHS = AnyOf((
-    AllOf((ComputeCapability(allowed=((10, 0), (10, 3), (10, 7), (12, 0), (12, 1))),
-           Package("flashinfer", why="gemm_fp8_nt_groupwise"))),
-    AllOf((ComputeCapability(allowed=((9, 0),)), Package("flashinfer", ">=0.6.0", "fp8_blockscale_gemm_sm90"))),
+    AllOf((ComputeCapability(allowed=((10, 0), (10, 3))), Package("flashinfer", ">=0.2.9", _GROUPWISE_RELEASE),
+           PackageSymbols("flashinfer", (GROUPWISE,)))),
+    AllOf((ComputeCapability(allowed=((12, 0), (12, 1))), Package("flashinfer", ">=0.2.9", _GROUPWISE_RELEASE),
+           PackageSymbols("flashinfer", (GROUPWISE,)))),
+    AllOf((ComputeCapability(allowed=((9, 0),)), Package("flashinfer", ">=0.6.0", HOPPER_GEMM),
+           PackageSymbols("flashinfer", (HOPPER_GEMM,)))),
 ))
+
+
+def path_for(caps: Capabilities) -> str | None:
+    """The FlashInfer path this device takes (``trtllm``, ``cutlass``, ``sm90``), or None."""
+    cc = caps.compute_capability
+    return PATHS.get(tuple(cc)) if cc is not None else None  # type: ignore[arg-type]
 
 
 class FlashInferBackend(Backend):
     name = "flashinfer"
-    summary = "FlashInfer gemm_fp8_nt_groupwise (sm100/103/107 trtllm or cutlass, sm120/121 cutlass) or fp8_blockscale_gemm_sm90"
-    requires: ClassVar[tuple[Probe, ...]] = (DeviceKind(("cuda",)), FLASHINFER_PATHS)
+    summary = ("FlashInfer gemm_fp8_nt_groupwise (sm100/103 trtllm, sm120/121 cutlass) "
+               "or fp8_blockscale_gemm_sm90 (sm90, M < 32)")
+    requires: ClassVar[tuple[Probe, ...]] = (DeviceKind(("cuda",)), Package("flashinfer"), FLASHINFER_PATHS)
     block_sizes = (BLOCK_128x128,)
-    implemented = False
+    n_multiple = 64  # every path; the groupwise ones need N % 128 (see supports)
+    k_multiple = 128
     layout = "flashinfer"
+
+    # Activation-scale layouts per path (class attributes so a test can substitute a wrong one).
+    trtllm_scale_layout: ClassVar[ScaleLayout] = M_MAJOR
+    cutlass_scale_layout: ClassVar[ScaleLayout] = M_MAJOR  # its .t() is the contiguous [K/128, M] "MN" scale
+
+    @property
+    def input_scale_layout(self) -> ScaleLayout:
+        """M-major (strides (1, M)), what both groupwise paths read."""
+        return self.trtllm_scale_layout
+
+    def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
+        """Per path: output dtype, N/K alignment, TRT-LLM's K >= 256, the sm90 kernel's bf16 input and M < 32."""
+        verdict = super().supports(problem, caps)
+        if not verdict.ok:
+            return verdict
+        path = path_for(caps)
+        if path is None:
+            return Verdict.reject(f"requires compute capability {'/'.join(f'sm{a}{b}' for a, b in PATHS)}, "
+                                  f"found {caps.compute_capability}")
+        if problem.out_dtype not in OUT_DTYPES[path]:
+            allowed = "/".join(dtype_name(d) for d in OUT_DTYPES[path])
+            return Verdict.reject(f"requires output {allowed} on the {path} path, found {dtype_name(problem.out_dtype)}")
+        if path == SM90:
+            rejected = self._sm90_gate(problem)
+        else:
+            rejected = (dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
+                        or multiple_of(problem, n=128, why="partial N blocks unverified on the groupwise paths"))
+            if rejected is None and path == TRTLLM and problem.k < TRTLLM_MIN_K:
+                rejected = Verdict.reject(f"requires K >= {TRTLLM_MIN_K} on the trtllm path, found K={problem.k}")
+        if rejected is not None:
+            return rejected
+        if problem.m is None:
+            found = lookup(MODULE, (ENTRY_POINTS[path],))
+            if isinstance(found, Verdict):
+                return found
+        return verdict
+
+    @staticmethod
+    def _sm90_gate(problem: Problem) -> Verdict | None:
+        if problem.pre_quantized or problem.act_dtype != torch.bfloat16:
+            return Verdict.reject(f"requires bfloat16 activations on the sm90 path (the kernel quantizes them), "
+                                  f"found {dtype_name(problem.act_dtype)}")
+        return dtypes_ok(problem, (torch.float8_e4m3fn,), ())
+
+    def supports_m(self, m: int, caps: Capabilities) -> Verdict:
+        """M <= 31 on sm90 (fp8_blockscale_gemm_sm90's swapAB kernel); any M on sm100/103/120/121."""
+        if path_for(caps) == SM90 and m > SM90_MAX_M:
+            return Verdict.reject(f"requires M <= {SM90_MAX_M} on the sm90 path (above it the kernel is slower than "
+                                  f"the alternatives and less accurate on some checkpoints, per SGLang), found M={m}")
+        return Verdict.accept(f"M={m} on the {path_for(caps)} path")
+
+    def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
+                caps: Capabilities) -> PreparedWeight:
+        """The weight as is (shared); the weight scale as is, or transposed-contiguous for cutlass "MN"."""
+        path = path_for(caps)
+        if path is None:
+            raise ValueError(f"flashinfer: no path for compute capability {caps.compute_capability}")
+        gemm = require(MODULE, (ENTRY_POINTS[path],))
+        n, k = weight.shape
+        w = weight.contiguous()
+        if path == CUTLASS:
+            scale = weight_scale.t().contiguous()  # "MN" major: [K/128, N/128] contiguous, once
+        else:
+            scale = weight_scale.contiguous()  # [N/128, K/128]: the checkpoint
+        return PreparedWeight(self.name, w, scale, tuple(block_size), n, k, w,  # type: ignore[arg-type]
+                              extra={"gemm": gemm, "path": path})
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
+        gemm: EntryPoint = prepared.extra["gemm"]
+        path = prepared.extra["path"]
+        if path == SM90:
+            out = gemm.fn(x.contiguous(), prepared.weight, None, prepared.scale, out_dtype=out_dtype)
+            return add_bias(out, bias)
+        m = x.shape[0]
+        if path == TRTLLM:
+            x_q, x_s = self._quantized(x, input_scale, self.trtllm_scale_layout)
+            out = gemm.fn(x_q, prepared.weight, x_s, prepared.scale, out_dtype=out_dtype, backend=TRTLLM)
+            return add_bias(out, bias)
+        x, input_scale = pad_rows(x, input_scale, CUTLASS_M_MULTIPLE)
+        x_q, x_s = self._quantized(x, input_scale, self.cutlass_scale_layout)
+        out = gemm.fn(x_q, prepared.weight, x_s.t(), prepared.scale, scale_major_mode=CUTLASS_SCALE_MAJOR_MODE,
+                      out_dtype=out_dtype, backend=CUTLASS)
+        return add_bias(out[:m], bias)
+
+    @staticmethod
+    def _quantized(x: torch.Tensor, input_scale: torch.Tensor | None,
+                   layout: ScaleLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        if input_scale is None:
+            return quantize_activation(x, torch.float8_e4m3fn, layout)
+        return x, relayout_scale(input_scale, layout)

@@ -278,23 +278,35 @@ class TritonTarget(Probe):
 class Functional(Probe):
     """A functional probe (a tiny call tried at detection) succeeded.
 
-    Used where a version gate is uncertain. When the snapshot has no result for this
-    probe, ``default`` decides, and the reason says that no functional result was present.
+    Used where a version gate is uncertain. When the snapshot has a result for this probe,
+    it decides (a call tried on the device is better evidence than a version guess), and the
+    reason says so. Without one, ``otherwise`` decides when given (typically the version
+    gate, with its own reason), else ``default``; the reason then says that no functional
+    result was present.
     """
 
     key: str
     description: str
     default: bool = False
+    otherwise: Probe | None = None
 
     @property
     def requirement(self) -> str:
-        return f"functional probe {self.key} ({self.description})"
+        own = f"functional probe {self.key} ({self.description})"
+        return own if self.otherwise is None else f"{own}, or without a result {self.otherwise.requirement}"
 
     def __call__(self, caps: Capabilities) -> Verdict:
         if self.key not in caps.functional:
+            if self.otherwise is not None:
+                verdict = self.otherwise(caps)
+                return Verdict(verdict.ok, f"{verdict.reason} (no functional result for {self.key} in the snapshot)")
             return self._verdict(self.default, "no functional result in the snapshot")
         ok = caps.functional[self.key]
-        return self._verdict(ok, "passed" if ok else "failed")
+        own = f"functional probe {self.key} ({self.description})"
+        instead = "" if self.otherwise is None else f"; a call tried on the device, instead of {self.otherwise.requirement}"
+        if ok:
+            return Verdict.accept(f"{own} (found passed{instead})")
+        return Verdict.reject(f"requires {own}, found failed{instead}")
 
 
 @dataclass(frozen=True)
@@ -333,3 +345,37 @@ class AnyOf(Probe):
                 return verdict
         reasons = "; ".join(v.reason.removeprefix("requires ") for v in verdicts)
         return Verdict.reject(f"requires one of: {reasons}")
+
+
+@dataclass(frozen=True)
+class PackageSymbols(Probe):
+    """An installed vendor package exposes one of the entry points an adapter calls.
+
+    Reads ``caps.package_symbols`` (the names found in the package's source text at
+    detection, without importing it). When the snapshot has no record for the package (an
+    older snapshot, a source that star-imports), the probe accepts and says so: the adapter
+    then checks the entry point when a layer is prepared and, if it is missing, declines the
+    layer so that it goes to the next backend.
+    """
+
+    package: str
+    names: tuple[str, ...]
+    why: str = ""
+
+    @property
+    def requirement(self) -> str:
+        return f"package {self.package} exposing {' or '.join(self.names)}"
+
+    def __call__(self, caps: Capabilities) -> Verdict:
+        version = caps.packages.get(self.package)
+        if version is None:
+            return self._verdict(False, f"{self.package} not installed")
+        recorded = caps.package_symbols.get(self.package)
+        if recorded is None:
+            return self._verdict(True, f"{self.package} {version}; entry points not recorded in the snapshot, "
+                                       "checked when a layer is prepared")
+        present = [n for n in self.names if n in recorded]
+        if present:
+            return self._verdict(True, f"{self.package} {version} with {', '.join(present)}")
+        others = ", ".join(recorded) if recorded else "none of the entry points fp8select looks for"
+        return self._verdict(False, f"{self.package} {version} exposing {others}")
