@@ -13,6 +13,7 @@ from fp8select.errors import (
     InvalidDtypeError,
     InvalidInputError,
     NoBackendError,
+    RankMismatchError,
     UnknownBackendError,
     UnsupportedProblemError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Placement",
     "PreparedWeight",
     "Problem",
+    "RankMismatchError",
     "Selection",
     "UnknownBackendError",
     "UnsupportedProblemError",

@@ -66,3 +66,16 @@ class InvalidInputError(Fp8SelectError, ValueError):
 
 class InvalidDtypeError(Fp8SelectError, TypeError):
     """A tensor or argument of the wrong dtype or type."""
+
+
+class RankMismatchError(Fp8SelectError, RuntimeError):
+    """Ranks of a process group reached decisions that cannot be reconciled (or one failed).
+
+    ``reports`` holds each rank's report (:class:`fp8select.distributed.RankReport`): its
+    snapshot fingerprint, its choice and every candidate's verdict, so the error shows why
+    each rank decided as it did.
+    """
+
+    def __init__(self, message: str, reports: Sequence[object]) -> None:
+        self.reports = tuple(reports)
+        super().__init__(message)

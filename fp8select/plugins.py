@@ -11,6 +11,7 @@ reuses a taken name is reported (a warning and a rejected verdict) and ignored.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pluggy
 from fp8select.backends.base import Backend
 
 PROJECT = "fp8select"
+BACKEND_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
@@ -107,6 +109,9 @@ def load_plugins(extra: Iterable[Any] = (), *, entry_points: bool = True, taken:
                     fail(plugin_name, f"returned {item!r}, which is not a Backend subclass or instance")
                 elif not backend.name:
                     fail(plugin_name, f"backend {type(backend).__name__} has no name")
+                elif not isinstance(backend.name, str) or not BACKEND_NAME.fullmatch(backend.name):
+                    fail(plugin_name, f"backend name {backend.name!r} is not valid: expected lowercase letters, digits, "
+                                      "'-', '_' or '.', starting with a letter or digit (it is used in FP8SELECT_DISABLE lists)")
                 elif backend.name in names:
                     fail(plugin_name, f"backend name {backend.name!r} is already taken")
                 else:

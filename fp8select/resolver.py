@@ -3,19 +3,29 @@
 :func:`choose` is a pure function of (capabilities, candidates in priority order, explicit
 choice, disabled set). :func:`resolve` detects capabilities when none are given, reads
 ``FP8SELECT_BACKEND`` / ``FP8SELECT_DISABLE`` from the snapshot's environment when the
-arguments are not given, loads plugins, calls :func:`choose` and logs one
-``fp8select.resolved`` event.
+arguments are not given, loads plugins, calls :func:`choose`, optionally verifies the
+chosen chain on the device (:mod:`fp8select.verify`) and reconciles the decision across the
+ranks of a process group (:mod:`fp8select.distributed`), and logs one ``fp8select.resolved``
+event.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fp8select._log import get_logger
 from fp8select.backends import BUILTIN_BACKENDS, DEFAULT_ORDER, Backend
 from fp8select.capabilities import Capabilities, detect_capabilities
-from fp8select.errors import BackendRejectedError, NoBackendError, UnknownBackendError
+from fp8select.errors import (
+    BackendRejectedError,
+    InvalidDtypeError,
+    InvalidInputError,
+    NoBackendError,
+    UnknownBackendError,
+)
 from fp8select.plugins import LoadedPlugins, load_plugins, place
 from fp8select.selection import Candidate, Selection
 
@@ -32,6 +42,18 @@ def parse_names(value: str | Iterable[str]) -> tuple[str, ...]:
     """``"a, b"`` or ``["a", "b"]`` -> ``("a", "b")`` (blank entries dropped)."""
     items = value.split(",") if isinstance(value, str) else list(value)
     return tuple(s.strip() for s in items if isinstance(s, str) and s.strip())
+
+
+def _check(backend: Backend, caps: Capabilities) -> tuple[bool, str]:
+    """A backend's device-level verdict; a (plugin) gate that raises or answers nonsense is a rejection."""
+    try:
+        verdict = backend.check(caps)
+    except Exception as exc:  # noqa: BLE001 - third-party gates may raise anything; one must not sink resolve()
+        return False, f"its device-level check raised {type(exc).__name__}: {exc}"
+    ok, reason = getattr(verdict, "ok", None), getattr(verdict, "reason", None)
+    if not isinstance(ok, bool) or not isinstance(reason, str):
+        return False, f"its device-level check returned {verdict!r}, expected a Verdict"
+    return ok, reason
 
 
 def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[str], *,
@@ -56,15 +78,15 @@ def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[
             how = "disable=" if disabled_source == "argument" else f"{ENV_DISABLE}="
             candidates.append(Candidate(rank, name, False, f"disabled by {how}{','.join(disabled)}", origins.get(name, "builtin")))
             continue
-        verdict = backends[name].check(caps)
-        candidates.append(Candidate(rank, name, verdict.ok, verdict.reason, origins.get(name, "builtin")))
+        ok, reason = _check(backends[name], caps)
+        candidates.append(Candidate(rank, name, ok, reason, origins.get(name, "builtin")))
     for offset, (plugin, reason) in enumerate(failures, len(candidates) + 1):
         candidates.append(Candidate(offset, f"plugin:{plugin}", False, reason, "plugin"))
 
     accepted = [backends[c.name] for c in candidates if c.accepted]
     if explicit is not None:
-        verdict = next(c for c in candidates if c.name == explicit)
-        if not verdict.accepted:
+        requested = next(c for c in candidates if c.name == explicit)
+        if not requested.accepted:
             raise BackendRejectedError(explicit, explicit_source, candidates)
         chosen, source = backends[explicit], explicit_source
     elif accepted:
@@ -76,8 +98,9 @@ def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[
 
 
 def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
-            disable: Iterable[str] | str = (), order: Sequence[str] | None = None,
-            plugins: bool | Iterable[Any] = True) -> Selection:
+            disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
+            plugins: bool | Iterable[Any] = True, verify: bool | None = None,
+            group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True) -> Selection:
     """Choose the block-FP8 linear backend for this machine (or for ``capabilities``).
 
     ``backend`` forces a choice (an error if it is rejected, never a silent substitute);
@@ -86,20 +109,110 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     / ``disable`` are not given, ``FP8SELECT_BACKEND`` / ``FP8SELECT_DISABLE`` from the
     snapshot's environment apply. ``plugins``: True loads entry-point plugins, False none,
     an iterable of plugin objects uses those (and no entry points).
+
+    ``verify`` runs one small problem through every backend of the chosen chain on the
+    snapshot's device and compares it with an fp64 reference (:mod:`fp8select.verify`); one
+    that raises or is numerically wrong is rejected with that reason (event
+    ``fp8select.verify_failed``) and the next accepted backend is taken, except that an
+    explicit choice that fails raises :class:`BackendRejectedError`. ``verify=None`` (the
+    default) means on when the capabilities were detected here (not passed in) and the
+    device is not a CPU: a detected GPU is the case where a declared gate can be wrong and
+    the check is cheap, while a passed-in snapshot may describe another machine (a replay,
+    a what-if) whose device this process does not have, and the CPU's only backends are the
+    pure-torch reference and the Triton interpreter. With verification on, functional
+    probes for uncertain version gates also run (:func:`fp8select.verify.run_functional_probes`).
+
+    ``group``: a ``torch.distributed`` process group (or ``"world"`` for the default one);
+    the ranks exchange fingerprints and choices (:func:`fp8select.distributed.agree`), and
+    when they differ ``on_mismatch="common"`` takes the best backend every rank accepts while
+    ``"raise"`` raises :class:`~fp8select.errors.RankMismatchError` with each rank's verdicts.
+    Every rank must call ``resolve`` with a group (it is a collective).
+
+    ``tuning``: True looks for the tuning table measured for this device and software stack
+    (:func:`fp8select.tuning.find_table`: ``FP8SELECT_TUNING_TABLE``, the cache directory, then
+    the tables shipped with fp8select); layers prepared from the selection then choose per M
+    bucket between the chosen backend and its fallback as measured. False uses none; a mapping
+    is used as the table.
     """
-    caps = capabilities if capabilities is not None else detect_capabilities()
+    _check_arguments(capabilities, verify, plugins, group, on_mismatch)
+    detected = capabilities is None
+    caps = detect_capabilities() if capabilities is None else capabilities
+    do_verify = verify if verify is not None else (detected and caps.device_kind != "cpu")
+    if group is None:
+        return _with_tuning(_resolve_here(caps, backend, disable, order, plugins, do_verify), tuning)
+    from fp8select.distributed import agree
+
+    outcome: Selection | BaseException
+    try:
+        outcome = _resolve_here(caps, backend, disable, order, plugins, do_verify)
+    except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
+        outcome = exc
+    return _with_tuning(agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch), tuning)
+
+
+def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any]) -> Selection:
+    if tuning is False:
+        return selection
+    if tuning is True:
+        from fp8select.tuning import find_table
+
+        table = find_table(selection.capabilities)
+    elif isinstance(tuning, Mapping):
+        table = dict(tuning)
+    else:
+        raise InvalidDtypeError(f"tuning: expected True, False or a tuning table mapping, found {tuning!r}")
+    return dataclasses.replace(selection, tuning=table) if table else selection
+
+
+def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object) -> None:
+    """Typed errors for arguments of the wrong kind (before anything is detected or loaded)."""
+    if capabilities is not None and not isinstance(capabilities, Capabilities):
+        raise InvalidDtypeError(f"capabilities: expected a Capabilities snapshot or None, found {type(capabilities).__name__} "
+                                "(use Capabilities.from_dict / from_json for JSON data)")
+    if verify is not None and not isinstance(verify, bool):
+        raise InvalidDtypeError(f"verify: expected True, False or None, found {verify!r}")
+    if isinstance(plugins, (str, bytes)) or not (isinstance(plugins, bool) or plugins is None or isinstance(plugins, Iterable)):
+        raise InvalidDtypeError(f"plugins: expected True, False or an iterable of plugin objects, found {plugins!r}")
+    if isinstance(group, str) and group != "world":
+        raise InvalidInputError(f"group: expected a torch.distributed process group, 'world' or None, found {group!r}")
+    if on_mismatch not in ("common", "raise"):
+        raise InvalidInputError(f"on_mismatch: expected 'common' or 'raise', found {on_mismatch!r}")
+
+
+def _names(value: object, parameter: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return parse_names(value)
+    items = list(value) if isinstance(value, Iterable) else None  # once: a generator is consumed by reading it
+    if items is None or not all(isinstance(v, str) for v in items):
+        raise InvalidDtypeError(f"{parameter}: expected backend names (a comma-separated string or a list of strings), "
+                                f"found {value!r}")
+    return parse_names(items)
+
+
+def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str] | str, order: Sequence[str] | str | None,
+                  plugins: bool | Iterable[Any], do_verify: bool) -> Selection:
+    """This process's decision: choose, then verify when asked; logs ``fp8select.resolved``."""
+    if backend is not None and not isinstance(backend, str):
+        raise InvalidDtypeError(f"backend: expected a backend name or None, found {backend!r}")
+    disabled, disabled_source = _names(disable, "disable"), "argument"
+    names_arg = _names(order, "order") if order is not None else None
+    if names_arg == ():
+        raise InvalidInputError(f"order: expected at least one backend name, found {order!r}")
+    if do_verify:
+        from fp8select.verify import run_functional_probes
+
+        caps = run_functional_probes(caps)
     backends = builtin_backends()
     loaded = _load(plugins, backends)
     origins: dict[str, str] = {}
     for pb in loaded.backends:
         backends[pb.backend.name] = pb.backend
         origins[pb.backend.name] = f"plugin:{pb.plugin}"
-    names = tuple(order) if order is not None else tuple(place(DEFAULT_ORDER, loaded.backends))
+    names = names_arg if names_arg is not None else tuple(place(DEFAULT_ORDER, loaded.backends))
 
     explicit, explicit_source = backend, "argument"
     if explicit is None and caps.env.get(ENV_BACKEND, "").strip():
         explicit, explicit_source = caps.env[ENV_BACKEND].strip(), "environment"
-    disabled, disabled_source = parse_names(disable), "argument"
     if not disabled and caps.env.get(ENV_DISABLE, "").strip():
         disabled, disabled_source = parse_names(caps.env[ENV_DISABLE]), "environment"
 
@@ -108,6 +221,8 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
         selection = choose(caps, backends, names, explicit=explicit, explicit_source=explicit_source,
                            disabled=disabled, disabled_source=disabled_source, origins=origins,
                            failures=[(f.plugin, f.reason) for f in loaded.failures])
+        if do_verify:
+            selection = _verify_chain(selection, explicit, explicit_source, log)
     except (BackendRejectedError, NoBackendError) as exc:
         log.warning("fp8select.resolved", backend=None, source=explicit_source if explicit else "auto",
                     rejected={c.name: c.reason for c in exc.candidates if not c.accepted})
@@ -115,8 +230,50 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     log.info("fp8select.resolved", backend=selection.backend.name, source=selection.source,
              chain=[b.name for b in selection.chain],
              rejected={c.name: c.reason for c in selection.verdicts if not c.accepted},
-             fingerprint=caps.fingerprint())
+             fingerprint=caps.fingerprint(), verified=do_verify)
     return selection
+
+
+def _verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any) -> Selection:
+    """``selection`` with every backend of its chain verified; failures become rejected verdicts.
+
+    The whole chain is verified, not only the choice: the layer calls a fallback for the
+    calls the primary declines (an M cuBLAS rejects, say), so a broken fallback would give
+    wrong numbers just as surely.
+    """
+    from fp8select.verify import device_for, verify_backend
+
+    caps = selection.capabilities
+    device = device_for(caps)
+    try:
+        import torch
+
+        torch.empty(1, device=device)
+    except Exception as exc:  # noqa: BLE001 - torch raises several kinds for a missing device
+        raise InvalidInputError(f"verify: expected the snapshot's device {device} to be usable in this process, "
+                                f"found {type(exc).__name__}: {exc}; pass verify=False to replay another machine's "
+                                "snapshot") from None
+    candidates = list(selection.verdicts)
+    index = {c.name: i for i, c in enumerate(candidates)}
+    passed = []
+    notes = []
+    for backend in selection.chain:
+        verdict = verify_backend(backend, caps, device)
+        notes.append(f"verification of {backend.name}: {verdict.reason}")
+        if verdict.ok:
+            passed.append(backend)
+            continue
+        log.warning("fp8select.verify_failed", backend=backend.name, reason=verdict.reason,
+                    fingerprint=caps.fingerprint())
+        i = index[backend.name]
+        candidates[i] = replace(candidates[i], accepted=False, reason=verdict.reason)
+    if explicit is not None and selection.backend not in passed:
+        raise BackendRejectedError(explicit, explicit_source, candidates)
+    if not passed:
+        raise NoBackendError(f"this machine ({caps.device_kind}, torch {caps.torch_version}): "
+                             "every accepted backend failed verification", candidates)
+    return replace(selection, backend=passed[0], verdicts=tuple(candidates), chain=tuple(passed),
+                   notes=(*selection.notes, *notes))
 
 
 def _load(plugins: bool | Iterable[Any], backends: Mapping[str, Backend]) -> LoadedPlugins:

@@ -90,3 +90,49 @@ def test_plugin_objects_can_be_passed_directly() -> None:
     assert names[names.index("npu") + 1] == "early"
     assert selection.backend.name == "early"
     assert resolve(CPU, plugins=False).backend.name == "reference"
+
+
+class _RaisingGate(Backend):
+    name = "raising-gate"
+
+    def check(self, caps: object) -> object:  # type: ignore[override]
+        raise RuntimeError("probe exploded")
+
+
+class _NonsenseGate(Backend):
+    name = "nonsense-gate"
+
+    def check(self, caps: object) -> object:  # type: ignore[override]
+        return "yes"
+
+
+def _plugin_of(*backends: object) -> object:
+    class Plugin:
+        @hookimpl
+        def fp8select_backends(self) -> list[object]:
+            return list(backends)
+
+    return Plugin()
+
+
+@pytest.mark.parametrize("backend, fragment", [
+    (_RaisingGate, "its device-level check raised RuntimeError: probe exploded"),
+    (_NonsenseGate, "its device-level check returned 'yes', expected a Verdict"),
+])
+def test_a_plugin_gate_that_misbehaves_is_rejected_not_fatal(backend: type[Backend], fragment: str) -> None:
+    selection = resolve(CPU, plugins=[_plugin_of(backend)])
+    verdict = next(c for c in selection.verdicts if c.name == backend.name)
+    assert not verdict.accepted and verdict.reason == fragment
+    assert selection.backend.name == "reference"
+
+
+@pytest.mark.parametrize("bad_name", ["Fast", "a,b", "has space", "-dash-first", 7])
+def test_plugin_backend_names_must_be_usable_in_lists(bad_name: object) -> None:
+    class Named(Backend):
+        requires = (DeviceKind(("cpu",)),)
+
+    Named.name = bad_name  # type: ignore[assignment]
+    with pytest.warns(PluginWarning, match="is not valid: expected lowercase letters"):
+        selection = resolve(CPU, plugins=[_plugin_of(Named)])
+    assert selection.backend.name == "reference"
+    assert any(c.name.startswith("plugin:") and "is not valid" in c.reason for c in selection.verdicts)

@@ -1,0 +1,406 @@
+"""Bad input at every surface gets a typed error naming the parameter, what was expected and found.
+
+One table, one row per malformed case: the surface it enters through, the call, the error
+type, and fragments the message must contain (the parameter, and the expected / found sides).
+``docs/errors.md`` lists the same cases by id (a test keeps the two in step). A second table
+holds inputs that look unusual but are valid and must simply work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fp64_reference import expected, quantize_groups, random_problem, rel_err
+from matrix import MATRIX
+
+from fp8select import (
+    BackendRejectedError,
+    Capabilities,
+    CapabilitiesError,
+    InvalidDtypeError,
+    InvalidInputError,
+    Selection,
+    UnknownBackendError,
+    UnsupportedProblemError,
+    resolve,
+)
+from fp8select.cli import main
+from fp8select.resolver import choose
+
+CPU = MATRIX["cpu-only"][0]
+CPU_TRITON = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), packages={"triton": "3.9.0"},
+                          env={"TRITON_INTERPRET": "1"})
+H200 = MATRIX["h200-torch2.11"][0]
+N, K = 256, 384
+E4M3 = torch.float8_e4m3fn
+
+
+def _sel(caps: Capabilities = CPU, **kw: Any) -> Selection:
+    return resolve(caps, plugins=False, **kw)
+
+
+def _w() -> torch.Tensor:
+    return random_problem(N, K, seed=1)[0]
+
+
+def _s(shape: tuple[int, ...] = (2, 3), fill: float | None = None) -> torch.Tensor:
+    s = torch.rand(*shape) + 0.5
+    return s if fill is None else s.fill_(fill)
+
+
+def _layer(out_dtype: torch.dtype | None = None) -> Any:
+    return _sel().prepare(_w(), _s(), out_dtype=out_dtype)
+
+
+def _x(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*(shape or (4, K))).to(dtype)
+
+
+def _fp8_input(m: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    q, s = quantize_groups(torch.randn(m, K))
+    return q.contiguous(), s.to(torch.float32)
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    surface: str
+    call: Callable[[], object]
+    error: type[Exception]
+    fragments: tuple[str, ...]
+
+
+CASES: tuple[Case, ...] = (
+    # --- resolve() -------------------------------------------------------------------------------
+    Case("resolve-unknown-backend", "resolve", lambda: _sel(backend="cublas"), UnknownBackendError,
+         ("backend:", "unknown backend 'cublas'", "valid names: deepgemm")),
+    Case("resolve-unknown-disabled", "resolve", lambda: _sel(disable=["cublas"]), UnknownBackendError,
+         ("disable:", "'cublas'", "valid names")),
+    Case("resolve-unknown-in-order", "resolve", lambda: _sel(order=["reference", "fast"]), UnknownBackendError,
+         ("order:", "'fast'", "valid names")),
+    Case("resolve-empty-order", "resolve", lambda: _sel(order=[]), InvalidInputError,
+         ("order:", "expected at least one backend name", "found []")),
+    Case("resolve-unknown-env-backend", "resolve",
+         lambda: _sel(Capabilities(torch_version="2.13.0", env={"FP8SELECT_BACKEND": "cublas"})), UnknownBackendError,
+         ("FP8SELECT_BACKEND:", "'cublas'")),
+    Case("resolve-unknown-env-disable", "resolve",
+         lambda: _sel(Capabilities(torch_version="2.13.0", env={"FP8SELECT_DISABLE": "triton,cublas"})),
+         UnknownBackendError, ("FP8SELECT_DISABLE:", "'cublas'")),
+    Case("resolve-rejected-explicit", "resolve", lambda: _sel(backend="deepgemm"), BackendRejectedError,
+         ("'deepgemm' was requested (argument)", "requires device cuda, found cpu")),
+    Case("resolve-capabilities-dict", "resolve", lambda: resolve({"device_kind": "cpu"}), InvalidDtypeError,  # type: ignore[arg-type]
+         ("capabilities:", "expected a Capabilities snapshot", "found dict")),
+    Case("resolve-backend-not-str", "resolve", lambda: _sel(backend=3), InvalidDtypeError,
+         ("backend:", "expected a backend name", "found 3")),
+    Case("resolve-disable-not-names", "resolve", lambda: _sel(disable=5), InvalidDtypeError,
+         ("disable:", "expected backend names", "found 5")),
+    Case("resolve-plugins-str", "resolve", lambda: resolve(CPU, plugins="yes"), InvalidDtypeError,  # type: ignore[arg-type]
+         ("plugins:", "expected True, False or an iterable", "found 'yes'")),
+    Case("resolve-verify-not-bool", "resolve", lambda: _sel(verify="on"), InvalidDtypeError,
+         ("verify:", "expected True, False or None", "found 'on'")),
+    Case("resolve-on-mismatch", "resolve", lambda: _sel(on_mismatch="vote"), InvalidInputError,
+         ("on_mismatch:", "expected 'common' or 'raise'", "found 'vote'")),
+    Case("choose-unknown-order", "resolve", lambda: choose(CPU, {}, ["reference"]), UnknownBackendError,
+         ("order:", "'reference'")),
+    # --- snapshot JSON / overrides -----------------------------------------------------------------
+    Case("snapshot-truncated", "snapshot", lambda: Capabilities.from_json(H200.to_json()[:60]), CapabilitiesError,
+         ("snapshot:", "not valid JSON")),
+    Case("snapshot-empty", "snapshot", lambda: Capabilities.from_json(""), CapabilitiesError, ("snapshot:", "not valid JSON")),
+    Case("snapshot-not-utf8", "snapshot", lambda: Capabilities.from_json(b"\xff\xfe{}"), CapabilitiesError,  # type: ignore[arg-type]
+         ("snapshot:", "not valid JSON")),
+    Case("snapshot-too-deep", "snapshot", lambda: Capabilities.from_json(_nested(100_000)), CapabilitiesError,
+         ("snapshot:", "not valid JSON")),
+    Case("snapshot-not-object", "snapshot", lambda: Capabilities.from_json("[1, 2]"), CapabilitiesError,
+         ("snapshot:", "expected a JSON object", "found list")),
+    Case("snapshot-unknown-key", "snapshot", lambda: Capabilities.from_dict({"gpu": "h200"}), CapabilitiesError,
+         ("unknown key(s) gpu", "valid keys")),
+    Case("snapshot-non-string-key", "snapshot", lambda: Capabilities.from_dict({1: 2}), CapabilitiesError,  # type: ignore[dict-item]
+         ("unknown key(s) 1",)),
+    Case("snapshot-device-kind", "snapshot", lambda: Capabilities.from_dict({"device_kind": "tpu"}), CapabilitiesError,
+         ("device_kind:", "expected one of cuda, rocm, xpu, npu, cpu", "found 'tpu'")),
+    Case("snapshot-compute-capability", "snapshot", lambda: Capabilities.from_dict({"compute_capability": [9]}),
+         CapabilitiesError, ("compute_capability:", "expected [major, minor] or null", "found [9]")),
+    Case("snapshot-torch-version-type", "snapshot", lambda: Capabilities.from_dict({"torch_version": 2.11}),
+         CapabilitiesError, ("torch_version:", "expected a version string", "found 2.11")),
+    Case("snapshot-package-version-type", "snapshot", lambda: Capabilities.from_dict({"packages": {"triton": 3}}),
+         CapabilitiesError, ("packages:", "expected an object of strings", "found {'triton': 3}")),
+    Case("snapshot-functional-type", "snapshot", lambda: Capabilities.from_dict({"functional": {"x": "yes"}}),
+         CapabilitiesError, ("functional:", "expected an object of true/false", "'yes'")),
+    Case("snapshot-list-field-type", "snapshot", lambda: Capabilities.from_dict({"scaling_types": "RowWise"}),
+         CapabilitiesError, ("scaling_types:", "expected a list of strings", "found 'RowWise'")),
+    Case("snapshot-npu-soc-type", "snapshot", lambda: Capabilities.from_dict({"npu_soc_version": True}),
+         CapabilitiesError, ("npu_soc_version:", "expected an integer or null", "found True")),
+    Case("override-unknown-key", "snapshot", lambda: CPU.with_overrides({"gpu": "h200"}), CapabilitiesError,
+         ("--set gpu:", "unknown key", "valid keys")),
+    Case("override-entry-of-scalar", "snapshot", lambda: CPU.with_overrides({"torch_version.x": "1"}), CapabilitiesError,
+         ("--set torch_version.x:", "has no entries")),
+    # --- prepare(): the weight, its scale and the block size ---------------------------------------
+    Case("weight-not-fp8", "prepare", lambda: _sel().prepare(torch.randn(N, K, dtype=torch.bfloat16), _s()),
+         InvalidDtypeError, ("weight:", "expected dtype float8_e4m3fn", "found bfloat16")),
+    Case("weight-e5m2", "prepare", lambda: _sel().prepare(_w().to(torch.float8_e5m2), _s()), InvalidDtypeError,
+         ("weight:", "expected dtype float8_e4m3fn", "found float8_e5m2")),
+    Case("weight-not-tensor", "prepare", lambda: _sel().prepare(_w().tolist(), _s()), InvalidDtypeError,  # type: ignore[arg-type]
+         ("weight:", "expected a torch.Tensor", "found list")),
+    Case("weight-3d", "prepare", lambda: _sel().prepare(_w().reshape(2, 128, K), _s()), InvalidInputError,
+         ("weight:", "expected a 2-D [N, K] tensor", "found shape (2, 128, 384)")),
+    Case("weight-empty", "prepare", lambda: _sel().prepare(_w()[:0], _s((0, 3))), InvalidInputError,
+         ("weight:", "expected N > 0 and K > 0", "found shape (0, 384)")),
+    Case("weight-on-meta", "prepare", lambda: _sel().prepare(_w().to("meta"), _s().to("meta")), InvalidInputError,
+         ("weight:", "expected a tensor holding data", "meta")),
+    Case("scale-shape", "prepare", lambda: _sel().prepare(_w(), _s((3, 2))), InvalidInputError,
+         ("weight_scale:", "expected shape [ceil(N/128), ceil(K/128)] = [2, 3]", "found [3, 2]")),
+    Case("scale-shape-for-block", "prepare", lambda: _sel().prepare(_w(), _s(), [1, 128]), InvalidInputError,
+         ("weight_scale:", "= [256, 3]", "block_size [1, 128]", "found [2, 3]")),
+    Case("scale-floor-k-blocks", "prepare",
+         lambda: _sel().prepare(random_problem(N, 200, seed=2)[0], _s((2, 1))), InvalidInputError,
+         ("weight_scale:", "ceil(K/128)", "= [2, 2]", "found [2, 1]")),
+    Case("scale-dtype", "prepare", lambda: _sel().prepare(_w(), _s().half()), InvalidDtypeError,
+         ("weight_scale:", "expected dtype float32", "found float16")),
+    Case("scale-nan", "prepare", lambda: _sel().prepare(_w(), _s(fill=float("nan"))), InvalidInputError,
+         ("weight_scale:", "expected finite values", "found 6 NaN/inf")),
+    Case("scale-inf", "prepare", lambda: _sel().prepare(_w(), _s().index_fill_(1, torch.tensor([2]), float("inf"))),
+         InvalidInputError, ("weight_scale:", "expected finite values", "found 2 NaN/inf")),
+    Case("scale-other-device", "prepare", lambda: _sel().prepare(_w(), _s().to("meta")), InvalidInputError,
+         ("weight_scale:", "expected device cpu", "found meta")),
+    Case("scale-none", "prepare", lambda: _sel().prepare(_w(), None), InvalidDtypeError,  # type: ignore[arg-type]
+         ("weight_scale:", "expected a torch.Tensor", "found NoneType")),
+    Case("block-one-int", "prepare", lambda: _sel().prepare(_w(), _s(), 128), InvalidDtypeError,  # type: ignore[arg-type]
+         ("block_size:", "expected two positive integers", "found 128")),
+    Case("block-three-ints", "prepare", lambda: _sel().prepare(_w(), _s(), [1, 128, 128]), InvalidDtypeError,
+         ("block_size:", "expected two positive integers", "found [1, 128, 128]")),
+    Case("block-floats", "prepare", lambda: _sel().prepare(_w(), _s(), [128.0, 128.0]), InvalidDtypeError,  # type: ignore[list-item]
+         ("block_size:", "expected two positive integers", "found [128.0, 128.0]")),
+    Case("block-zero", "prepare", lambda: _sel().prepare(_w(), _s(), [0, 128]), InvalidInputError,
+         ("block_size:", "expected two positive integers", "found [0, 128]")),
+    Case("block-mxfp8", "prepare", lambda: _sel().prepare(_w(), _s((256, 12)), [1, 32]), UnsupportedProblemError,
+         ("block [1, 32]", "requires block size [128, 128], [1, 128], found [1, 32]")),
+    Case("block-unsupported-by-choice", "prepare",
+         lambda: _sel(H200, backend="cuda-scaled-mm", disable="triton,reference").prepare(_w(), _s((256, 48)), [1, 8]),
+         UnsupportedProblemError, ("cuda-scaled-mm: rejected: requires block size", "found [1, 8]")),
+    Case("k-not-aligned-for-choice", "prepare",
+         lambda: _sel(H200, backend="cuda-scaled-mm", disable="triton,reference").prepare(
+             random_problem(N, 200, seed=3)[0], _s((2, 2))),
+         UnsupportedProblemError, ("cuda-scaled-mm: rejected: requires K % 16 == 0, found K=200",)),
+    Case("out-dtype-int", "prepare", lambda: _sel().prepare(_w(), _s(), out_dtype=torch.int8), InvalidDtypeError,
+         ("out_dtype:", "expected bfloat16/float16/float32 or None", "found torch.int8")),
+    Case("out-dtype-str", "prepare", lambda: _sel().prepare(_w(), _s(), out_dtype="bf16"), InvalidDtypeError,  # type: ignore[arg-type]
+         ("out_dtype:", "found 'bf16'")),
+    # --- the layer call ----------------------------------------------------------------------------
+    Case("input-not-tensor", "call", lambda: _layer()(_x().tolist()), InvalidDtypeError,
+         ("input:", "expected a torch.Tensor", "found list")),
+    Case("input-wrong-k", "call", lambda: _layer()(_x(4, K - 1)), InvalidInputError,
+         ("input:", "expected shape [..., K=384]", "found [4, 383]")),
+    Case("input-scalar", "call", lambda: _layer()(torch.tensor(1.0, dtype=torch.bfloat16)), InvalidInputError,
+         ("input:", "expected shape [..., K=384]", "found []")),
+    Case("input-other-device", "call", lambda: _layer()(_x().to("meta")), InvalidInputError,
+         ("input:", "expected device cpu (the weight's)", "found meta")),
+    Case("input-int", "call", lambda: _layer()(torch.ones(4, K, dtype=torch.int32)), InvalidDtypeError,
+         ("input:", "expected dtype bfloat16/float16/float32", "found int32")),
+    Case("input-float64", "call", lambda: _layer()(_x(dtype=torch.float64)), InvalidDtypeError,
+         ("input:", "found float64")),
+    Case("input-fp32-unsupported", "call",
+         lambda: _sel(CPU_TRITON, backend="triton", disable="reference").prepare(_w(), _s())(_x(dtype=torch.float32)),
+         UnsupportedProblemError, ("input float32", "triton: rejected: requires activations bfloat16/float16, found float32")),
+    Case("input-fp8-no-scale", "call", lambda: _layer(torch.bfloat16)(_fp8_input()[0]), InvalidInputError,
+         ("input_scale:", "needs its per-token group scales", "found None")),
+    Case("input-fp8-no-out-dtype", "call", lambda: _layer()(_fp8_input()[0], input_scale=_fp8_input()[1]), InvalidDtypeError,
+         ("out_dtype:", "a pre-quantized fp8 input needs an output dtype")),
+    Case("input-scale-shape", "call", lambda: _layer(torch.bfloat16)(_fp8_input()[0], input_scale=torch.ones(4, 2)),
+         InvalidInputError, ("input_scale:", "expected float32 of shape [4, 3]", "found float32 [4, 2]")),
+    Case("input-scale-for-bf16", "call", lambda: _layer()(_x(), input_scale=torch.ones(4, 3)), InvalidInputError,
+         ("input_scale:", "only meaningful with an fp8 input", "found input dtype bfloat16")),
+    Case("bias-shape", "call", lambda: _layer()(_x(), bias=torch.zeros(N + 1)), InvalidInputError,
+         ("bias:", "expected shape [N=256]", "found [257]")),
+    Case("bias-2d", "call", lambda: _layer()(_x(), bias=torch.zeros(1, N)), InvalidInputError,
+         ("bias:", "expected shape [N=256]", "found [1, 256]")),
+    Case("bias-other-device", "call", lambda: _layer()(_x(), bias=torch.zeros(N, device="meta")), InvalidInputError,
+         ("bias:", "expected device cpu", "found meta")),
+    Case("bias-int", "call", lambda: _layer()(_x(), bias=torch.zeros(N, dtype=torch.int64)), InvalidDtypeError,
+         ("bias:", "expected a bf16/fp16/fp32 tensor", "found int64")),
+    Case("bias-not-tensor", "call", lambda: _layer()(_x(), bias=[0.0] * N), InvalidDtypeError,
+         ("bias:", "expected a torch.Tensor or None", "found list")),
+    # --- Selection.linear (the engines' signature) -------------------------------------------------
+    Case("linear-block-none", "linear", lambda: _sel().linear(_x(), _w(), None, _s()), InvalidDtypeError,  # type: ignore[arg-type]
+         ("block_size:", "found None")),
+    Case("linear-weight-bf16", "linear", lambda: _sel().linear(_x(), _w().bfloat16(), [128, 128], _s()), InvalidDtypeError,
+         ("weight:", "found bfloat16")),
+    Case("linear-scale-nan", "linear", lambda: _sel().linear(_x(), _w(), [128, 128], _s(fill=float("inf"))),
+         InvalidInputError, ("weight_scale:", "expected finite values")),
+    Case("linear-bias-shape", "linear", lambda: _sel().linear(_x(), _w(), [128, 128], _s(), None, torch.zeros(3)),
+         InvalidInputError, ("bias:", "found [3]")),
+)
+
+
+def test_at_least_thirty_cases_and_unique_ids() -> None:
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 30
+    assert {c.surface for c in CASES} == {"resolve", "snapshot", "prepare", "call", "linear"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_a_typed_error(case: Case) -> None:
+    with pytest.raises(Exception) as info:  # the type is checked precisely below
+        case.call()
+    exc = info.value
+    assert isinstance(exc, case.error), f"{case.id}: expected {case.error.__name__}, got {type(exc).__name__}: {exc}"
+    assert isinstance(exc, (ValueError, TypeError, LookupError))
+    assert not isinstance(exc, AssertionError) and type(exc) is not KeyError
+    message = str(exc)
+    for fragment in case.fragments:
+        assert fragment in message, f"{case.id}: {fragment!r} not in {message!r}"
+
+
+# --- the CLI: one line on stderr, exit code 2 (1 when a requested backend is rejected), no traceback ---
+
+CLI_CASES: dict[str, tuple[list[str], int, str]] = {
+    "cli-unknown-set-key": (["--set", "gpu=h200"], 2, "--set gpu: unknown key"),
+    "cli-set-without-value": (["--set", "novalue"], 2, "expected KEY=VALUE"),
+    "cli-set-bad-value": (["--set", "compute_capability=[9, 0, 1]"], 2, "compute_capability: expected [major, minor]"),
+    "cli-set-empty-version": (["--set", "torch_version="], 2, "torch_version: expected a version string, found ''"),
+    "cli-unknown-backend": (["--backend", "cublas"], 2, "unknown backend 'cublas'"),
+    "cli-unknown-disable": (["--disable", "reference,cublas"], 2, "unknown backend 'cublas'"),
+    "cli-missing-file": (["--capabilities", "/nonexistent/snapshot.json"], 2, "cannot read"),
+    "cli-directory": (["--capabilities", "{tmp}"], 2, "Is a directory"),
+    "cli-truncated-file": (["--capabilities", "{tmp}/truncated.json"], 2, "not valid JSON"),
+    "cli-binary-file": (["--capabilities", "{tmp}/binary.json"], 2, "expected UTF-8 JSON text"),
+    "cli-deep-file": (["--capabilities", "{tmp}/deep.json"], 2, "not valid JSON"),
+    "cli-list-file": (["--capabilities", "{tmp}/list.json"], 2, "expected a JSON object, found list"),
+    "cli-rejected-backend": (["--backend", "deepgemm"], 1, "requires device cuda"),
+}
+
+
+@pytest.fixture
+def snapshot_files(tmp_path: Path) -> Path:
+    (tmp_path / "truncated.json").write_text(H200.to_json()[:70])
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00\x01")
+    (tmp_path / "deep.json").write_text(_nested(100_000))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def test_cli_bad_input_is_one_line(case: str, snapshot_files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv, code, fragment = CLI_CASES[case]
+    argv = [a.replace("{tmp}", str(snapshot_files)) for a in argv]
+    assert main(["explain", "--no-plugins", *argv]) == code
+    _, err = capsys.readouterr()
+    assert fragment in err and "Traceback" not in err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_unknown_command_is_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_docs_list_every_case() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
+    missing = [c for c in [*(c.id for c in CASES), *CLI_CASES, *VALID] if f"`{c}`" not in text]
+    assert not missing, f"docs/errors.md does not list: {missing}"
+
+
+# --- unusual but valid: these must simply work, with the right numbers -------------------------------
+
+def _check(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int] = (128, 128),
+           **kw: Any) -> None:
+    assert out.shape == (*x.shape[:-1], w.shape[0])
+    if out.numel():
+        assert rel_err(out, expected(x.contiguous(), w, s, block, **kw)) < 1e-2
+
+
+def _empty_batch() -> None:
+    w, s = random_problem(N, K, seed=4)
+    out = _sel().prepare(w, s)(torch.empty(0, K, dtype=torch.bfloat16))
+    assert out.shape == (0, N) and out.dtype == torch.bfloat16
+
+
+def _empty_batch_3d_bias() -> None:
+    w, s = random_problem(N, K, seed=5)
+    out = _sel().prepare(w, s)(torch.empty(2, 0, K, dtype=torch.float16), bias=torch.zeros(N, dtype=torch.float16))
+    assert out.shape == (2, 0, N) and out.dtype == torch.float16
+
+
+def _empty_batch_prequantized() -> None:
+    w, s = random_problem(N, K, seed=6)
+    out = _sel().prepare(w, s, out_dtype=torch.bfloat16)(torch.empty(0, K, dtype=E4M3), input_scale=torch.empty(0, 3))
+    assert out.shape == (0, N)
+
+
+def _lead_dims(*lead: int) -> Callable[[], None]:
+    def run() -> None:
+        w, s = random_problem(N, K, seed=7)
+        x = torch.randn(*lead, K, dtype=torch.bfloat16)
+        _check(_sel().prepare(w, s)(x), x, w, s)
+
+    return run
+
+
+def _transposed() -> None:
+    w, s = random_problem(N, K, seed=8)
+    x = torch.randn(K, 5, dtype=torch.bfloat16).t()
+    assert not x.is_contiguous()
+    _check(_sel().prepare(w, s)(x), x, w, s)
+
+
+def _sliced_3d() -> None:
+    w, s = random_problem(N, K, seed=9)
+    x = torch.randn(3, 4, 2 * K, dtype=torch.bfloat16)[:, ::2, K // 2: K // 2 + K]
+    assert not x.is_contiguous()
+    _check(_sel().prepare(w, s)(x), x, w, s)
+
+
+def _broadcast_rows() -> None:
+    w, s = random_problem(N, K, seed=10)
+    x = torch.randn(1, K, dtype=torch.bfloat16).expand(6, K)
+    _check(_sel().prepare(w, s)(x), x, w, s)
+
+
+def _partial_k_block() -> None:
+    w, s = random_problem(N, 200, seed=11)  # K=200: the last 128-block is partial, scale [2, 2]
+    x = torch.randn(3, 200, dtype=torch.bfloat16)
+    _check(_sel().prepare(w, s)(x), x, w, s)
+
+
+def _unparsable_torch_version() -> None:
+    caps = Capabilities(device_kind="xpu", torch_version="not-a-version", float8_dtypes=("float8_e4m3fn",),
+                        has_scaled_mm=True, scaling_types=("BlockWise1x128", "BlockWise128x128"))
+    selection = _sel(caps)
+    assert selection.backend.name == "reference"
+    xpu = next(c for c in selection.verdicts if c.name == "xpu-scaled-mm")
+    assert not xpu.accepted and "found torch not-a-version" in xpu.reason
+
+
+def _order_as_string() -> None:
+    assert _sel(order="triton, reference").backend.name == "reference"
+
+
+VALID: dict[str, Callable[[], None]] = {
+    "valid-empty-batch": _empty_batch,
+    "valid-empty-batch-3d-bias": _empty_batch_3d_bias,
+    "valid-empty-batch-prequantized": _empty_batch_prequantized,
+    "valid-3d-input": _lead_dims(2, 3),
+    "valid-4d-input": _lead_dims(2, 2, 3),
+    "valid-transposed-input": _transposed,
+    "valid-sliced-3d-input": _sliced_3d,
+    "valid-broadcast-rows": _broadcast_rows,
+    "valid-partial-k-block": _partial_k_block,
+    "valid-unparsable-torch-version": _unparsable_torch_version,
+    "valid-order-as-string": _order_as_string,
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALID))
+def test_unusual_but_valid_input_works(case: str) -> None:
+    VALID[case]()
