@@ -45,17 +45,23 @@ class Timing:
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """``deepseek-v3`` or ``N,K`` pairs (``2112,7168 4096,7168`` or ``2112x7168,4096x7168``)."""
-    if text.strip().lower() in SHAPE_SETS:
-        return list(SHAPE_SETS[text.strip().lower()])
-    tokens = [t for t in text.replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if t]
-    try:
-        numbers = [int(t) for t in tokens]
-    except ValueError:
-        numbers = []
-    if not numbers or len(numbers) % 2 or min(numbers) <= 0:
-        raise Fp8SelectError(f"--shapes: expected {' or '.join(SHAPE_SETS)} or positive N,K pairs, found {text!r}")
-    return list(zip(numbers[::2], numbers[1::2], strict=True))
+    """Shape-set names and ``N,K`` pairs, mixed: ``deepseek-v3``, ``2112,7168,4096x7168``, ``deepseek-v3,12288,7168``."""
+    tokens = [t for t in text.lower().replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if t]
+    shapes: list[tuple[int, int]] = []
+    numbers: list[int] = []
+    for token in tokens:
+        if token in SHAPE_SETS:
+            shapes.extend(SHAPE_SETS[token])
+            continue
+        try:
+            numbers.append(int(token))
+        except ValueError:
+            numbers = [-1]
+            break
+    if (not shapes and not numbers) or len(numbers) % 2 or (numbers and min(numbers) <= 0):
+        raise Fp8SelectError(f"--shapes: expected {' or '.join(SHAPE_SETS)} and/or positive N,K pairs, found {text!r}")
+    shapes.extend(zip(numbers[::2], numbers[1::2], strict=True))
+    return list(dict.fromkeys(shapes))
 
 
 def parse_ms(text: str) -> list[int]:
@@ -123,13 +129,21 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(diff.norm() / ref.norm().clamp_min(1e-30))
 
 
-def _fp64_reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+def fp64_reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     from fp8select.backends.reference import dequantize_activation, dequantize_weight
     from fp8select.kernels.quant import quantize_per_token_group
 
     xq, xs = quantize_per_token_group(x, block[1], dtype=w.dtype)
     a = dequantize_activation(xq, xs, block[1], torch.float64)
     return a @ dequantize_weight(w, s, block, torch.float64).t()
+
+
+def checked_call(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
+    """``layer(x)`` with its output memory poisoned first; None when it is not within 1e-2 of ``ref``."""
+    _poison((x.shape[0], ref.shape[1]), x.device)
+    out = layer(x)
+    torch.cuda.synchronize()
+    return out if _rel_err(out, ref) < REL_ERR_MAX else None
 
 
 def single_backend(selection: Selection, backend: Backend) -> Selection:
@@ -139,12 +153,13 @@ def single_backend(selection: Selection, backend: Backend) -> Selection:
 
 def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
             backends: Sequence[str] | None = None, replays: int = 50, block: tuple[int, int] = (128, 128),
-            progress: Callable[[str], None] | None = None, seed: int = 0) -> list[dict[str, Any]]:
+            progress: Callable[[str], None] | None = None, seed: int = 0, auto: bool = True) -> list[dict[str, Any]]:
     """One row per (N, K, M, backend): correctness, whole-op and GEMM-alone timings, roofline.
 
     ``backends`` defaults to every backend the selection accepted except ``reference``
     (whose fp32 dequantization is for correctness, not speed). ``bf16`` rows time
-    ``torch.matmul`` on the dequantized weight.
+    ``torch.matmul`` on the dequantized weight. ``auto`` rows time the layer a user gets from
+    ``selection.prepare`` (tuning table included), with the backend it ran in ``ran``.
     """
     from fp8select.backends.reference import dequantize_weight
 
@@ -172,11 +187,17 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 gemm_layers[name] = [sel.prepare(w, scale, block, out_dtype=torch.bfloat16) for w in weights]
             except Fp8SelectError as exc:
                 skipped[name] = str(exc).splitlines()[0]
+        if auto:
+            try:
+                layers["auto"] = [selection.prepare(w, scale, block) for w in weights]
+                gemm_layers["auto"] = []
+            except Fp8SelectError as exc:
+                skipped["auto"] = str(exc).splitlines()[0]
         w_bf16 = dequantize_weight(base, scale, block, torch.bfloat16)
         bf16_weights = [w_bf16] + [w_bf16.clone() for _ in range(rotation_copies(2 * n * k) - 1)]
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
-            ref = _fp64_reference(x, base, scale, block)
+            ref = fp64_reference(x, base, scale, block)
             hbm_us, flop_us = floors_us(n, k, m)
             common = {"n": n, "k": k, "m": m, "hbm_floor_us": round(hbm_us, 3), "fp8_floor_us": round(flop_us, 3)}
             for name, reason in skipped.items():
@@ -196,6 +217,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     row["whole"] = whole.to_dict()
                     row["hbm_fraction"] = round(hbm_us / whole.median_us, 4)
                     row["tflops"] = round(2 * m * n * k / whole.median_us / 1e6, 2)
+                    if name == "auto":
+                        row["ran"] = per_copy[0].plan(m).name
+                        continue
                     backend = by_name[name]
                     xq, xs = _quantize_for(backend, x)
                     gemm = time_graph([lambda layer=layer, xq=xq, xs=xs: layer(xq, input_scale=xs) for layer in gemm_layers[name]],
@@ -235,7 +259,7 @@ def winners(rows: Sequence[dict[str, Any]], candidates: Sequence[str] | None = N
     """The fastest correct backend (whole op, median) per (N, K, M), among ``candidates``."""
     best: dict[tuple[int, int, int], tuple[float, str]] = {}
     for r in rows:
-        if "whole" not in r or r["backend"] == "bf16-matmul" or (candidates is not None and r["backend"] not in candidates):
+        if "whole" not in r or r["backend"] in ("bf16-matmul", "auto") or (candidates is not None and r["backend"] not in candidates):
             continue
         key = (r["n"], r["k"], r["m"])
         t = r["whole"]["median_us"]
@@ -252,6 +276,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         key = (r["n"], r["k"], r["m"])
         if "whole" in r:
             note = "WINNER" if win.get(key) == r["backend"] else ""
+            if r["backend"] == "auto":
+                note = f"ran {r.get('ran')}"
             gemm = r.get("gemm", {}).get("median_us", float("nan"))
             tflops = 2 * r["m"] * r["n"] * r["k"] / r["whole"]["median_us"] / 1e6
             lines.append(f"{r['n']:>6} {r['k']:>6} {r['m']:>5}  {r['backend']:<15} {r['whole']['median_us']:>9.1f} {gemm:>9.1f} "
@@ -305,3 +331,47 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures the performance targets are stated in (ratios from this one run).
+
+    - ``auto_vs_fastest``: geometric mean over (N, K, M) of auto time / fastest backend time
+      (1.0 is perfect; the target is <= 1.03);
+    - ``triton_vs_auto``: geometric mean of always-Triton time / auto time (target >= 1.4);
+    - ``small_m_cublas_vs_triton``: M <= 16, cuBLAS block-wise whole-op time / Triton's
+      (target >= 1.15), and ``small_m_min_hbm_fraction`` of Triton for N*K >= 16M (>= 0.6);
+    - ``large_m_triton_speed_vs_cublas``: M >= 1024, cuBLAS time / Triton time (target >= 0.8).
+    """
+    times: dict[tuple[int, int, int], dict[str, float]] = {}
+    hbm: dict[tuple[int, int, int], float] = {}
+    for r in rows:
+        if "whole" in r:
+            times.setdefault((r["n"], r["k"], r["m"]), {})[r["backend"]] = r["whole"]["median_us"]
+            if r["backend"] == "triton":
+                hbm[(r["n"], r["k"], r["m"])] = r.get("hbm_fraction", 0.0)
+    auto_ratio, triton_ratio, small, large = [], [], [], []
+    for (_, _, m), t in times.items():
+        real = {b: v for b, v in t.items() if b not in ("auto", "bf16-matmul")}
+        if "auto" in t and real:
+            auto_ratio.append(t["auto"] / min(real.values()))
+            if "triton" in t:
+                triton_ratio.append(t["triton"] / t["auto"])
+        if "triton" in t and "cuda-scaled-mm" in t:
+            (small if m <= 16 else large if m >= 1024 else []).append(t["cuda-scaled-mm"] / t["triton"])
+    small_hbm = [f for (n, k, m), f in hbm.items() if m <= 16 and n * k >= 16_000_000]
+    out = {
+        "auto_vs_fastest": _geomean(auto_ratio),
+        "auto_vs_fastest_worst": max(auto_ratio) if auto_ratio else None,
+        "triton_vs_auto": _geomean(triton_ratio),
+        "small_m_cublas_vs_triton": _geomean(small),
+        "small_m_min_hbm_fraction": min(small_hbm) if small_hbm else None,
+        "large_m_triton_speed_vs_cublas": _geomean(large),
+        "large_m_triton_speed_vs_cublas_worst": min(large) if large else None,
+        "points": len(times),
+    }
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}

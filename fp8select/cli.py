@@ -32,6 +32,14 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--replays", type=int, default=50, help="CUDA-graph replays per timing (median reported)")
     be.add_argument("--json", metavar="FILE", help="write the raw rows with device name and versions")
     be.add_argument("--plot", metavar="FILE.png", help="plot time against M per shape (needs matplotlib)")
+    tu = sub.add_parser("tune", help="measure per (N, K, M bucket) and write a tuning table for prepare() to use")
+    tu.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) and/or N,K pairs")
+    tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
+    tu.add_argument("--out", metavar="FILE", help="write the table here instead of the cache directory")
+    tu.add_argument("--json", metavar="FILE", help="also write every timing measured")
+    tu.add_argument("--replays", type=int, default=30, help="CUDA-graph replays per timing")
+    tu.add_argument("--max-configs", type=int, default=10, help="Triton configurations tried per (N, K, M)")
+    tu.add_argument("--budget-s", type=float, default=float("inf"), help="stop starting new points after this many seconds")
     return parser
 
 
@@ -42,6 +50,9 @@ def _snapshot(args: argparse.Namespace) -> Capabilities:
                 caps = Capabilities.from_json(fh.read())
         except OSError as exc:
             raise Fp8SelectError(f"--capabilities: cannot read {args.capabilities!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise Fp8SelectError(f"--capabilities: expected UTF-8 JSON text in {args.capabilities!r}, "
+                                 f"found byte {exc.object[exc.start]:#04x} at position {exc.start}") from None
     else:
         caps = detect_capabilities()
     overrides: dict[str, str] = {}
@@ -61,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "bench":
             return _bench(args)
+        if args.command == "tune":
+            return _tune(args)
         caps = _snapshot(args)
         selection = resolve(caps, backend=args.backend or None, disable=parse_names(args.disable),
                             plugins=not args.no_plugins)
@@ -94,9 +107,12 @@ def _bench(args: argparse.Namespace) -> int:
     rows = bench.measure(selection, shapes, ms, backends=backends, replays=args.replays,
                          progress=lambda line: print(line, flush=True))
     print(bench.format_table(rows))
+    figures = bench.summary(rows)
+    print("summary: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"environment": bench.environment(), "chain": [b.name for b in selection.chain],
+                       "tuning_table": (selection.tuning or {}).get("_path"), "summary": figures,
                        "capabilities": selection.capabilities.to_dict(), "rows": rows}, fh, indent=1)
     if args.plot:
         try:
@@ -105,3 +121,28 @@ def _bench(args: argparse.Namespace) -> int:
             print("fp8select: --plot needs matplotlib (pip install 'fp8select[plot]')", file=sys.stderr)
     failed = [r for r in rows if r.get("correct") is False or "error" in r]
     return 1 if failed else 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import torch
+
+    from fp8select import bench, tuning
+    from fp8select.tuning_cache import cache_dir, save_table, table_path
+
+    shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
+    if args.replays < 1 or args.max_configs < 1:
+        raise Fp8SelectError(f"--replays/--max-configs: expected positive integers, found {args.replays}/{args.max_configs}")
+    if not torch.cuda.is_available():
+        raise Fp8SelectError("tune: needs a CUDA GPU, found none")
+    selection = resolve(tuning=False)
+    caps = selection.capabilities
+    print(f"fp8select tune on {caps.device_name}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
+    table, rows = tuning.tune(selection, shapes, ms, replays=args.replays, max_configs=args.max_configs,
+                              budget_s=args.budget_s, progress=lambda line: print(line, flush=True))
+    path = args.out or str(table_path(cache_dir(caps.env), table["fingerprint"]))
+    save_table(path, table)
+    print(f"tuning table ({len(table['entries'])} shapes, fingerprint {table['fingerprint']}) written to {path}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"environment": bench.environment(), "table": table, "rows": rows}, fh, indent=1)
+    return 0

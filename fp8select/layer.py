@@ -18,6 +18,7 @@ from fp8select.backends.base import Backend, PreparedWeight
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
 from fp8select.problem import Problem, dtype_name
 from fp8select.selection import Candidate
+from fp8select.tuning import routes_for
 
 if TYPE_CHECKING:
     from fp8select.selection import Selection
@@ -53,6 +54,8 @@ def check_weight(weight: object, weight_scale: object, block: tuple[int, int]) -
         raise InvalidDtypeError(f"weight: expected dtype {allowed}, found {dtype_name(weight.dtype)}")
     if weight.dim() != 2:
         raise InvalidInputError(f"weight: expected a 2-D [N, K] tensor, found shape {tuple(weight.shape)}")
+    if weight.device.type == "meta":
+        raise InvalidInputError("weight: expected a tensor holding data, found one on the meta device (load the weights first)")
     n, k = weight.shape
     if n == 0 or k == 0:
         raise InvalidInputError(f"weight: expected N > 0 and K > 0, found shape {tuple(weight.shape)}")
@@ -96,11 +99,16 @@ class Fp8Linear:
         self.primary: Backend = accepted[0]
         self.fallback: Backend | None = accepted[1] if len(accepted) > 1 else None
         self.prepared: dict[str, PreparedWeight] = {}
+        self._plans: dict[tuple[int, torch.dtype, torch.dtype], Backend] = {}
         self.prepared[self.primary.name] = self.primary.prepare(weight, weight_scale, block, self.caps)
         if self.fallback is not None:
             shared = self.prepared[self.primary.name].weight_nk
             self.prepared[self.fallback.name] = self.fallback.prepare(
                 shared if shared is not None else weight, weight_scale, block, self.caps)
+        self.routes = routes_for(selection.tuning, self.n, self.k) if block == (128, 128) else None
+        if self.routes is not None and self.routes.exact and "triton" in self.prepared:
+            tuned = {b: dict(self.routes.entry(b) or {}).get("triton") for b in (2**i for i in range(14))}
+            self.prepared["triton"].extra["tuned"] = {b: t for b, t in tuned.items() if t}
 
     def _problem(self, m: int | None, act: torch.dtype, out: torch.dtype) -> Problem:
         return Problem(self.n, self.k, self.block_size, m, self.weight_dtype, act, out)
@@ -115,9 +123,16 @@ class Fp8Linear:
         return tuple(self.prepared)
 
     def plan(self, m: int, act_dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> Backend:
-        """The backend a call with ``m`` rows of ``act_dtype`` goes to."""
+        """The backend a call with ``m`` rows of ``act_dtype`` goes to: the tuning table's measured
+        choice for this shape and M bucket when there is one (primary or fallback), else the
+        primary unless its gate rejects the call."""
         out = out_dtype or self.out_dtype or act_dtype
         problem = self._problem(m, act_dtype, out)
+        if self.routes is not None:
+            entry = self.routes.entry(m)
+            measured = next((b for b in (self.primary, self.fallback) if b is not None and entry and b.name == entry["backend"]), None)
+            if measured is not None and measured.supports(problem, self.caps).ok:
+                return measured
         rejected: list[Candidate] = []
         for rank, backend in enumerate(b for b in (self.primary, self.fallback) if b is not None):
             verdict = backend.supports(problem, self.caps)
@@ -134,7 +149,12 @@ class Fp8Linear:
         m = x2.shape[0]
         if m == 0:
             return torch.empty((*lead, self.n), dtype=out_dtype, device=x.device)
-        backend = self.plan(m, x.dtype, out_dtype)
+        key = (m, x.dtype, out_dtype)
+        backend = self._plans.get(key)
+        if backend is None:
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            backend = self._plans[key] = self.plan(m, x.dtype, out_dtype)
         out = backend.run(self.prepared[backend.name], x2, input_scale=scale2, bias=bias, out_dtype=out_dtype, caps=self.caps)
         return out.reshape(*lead, self.n)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ class Selection:
     chain: tuple[Backend, ...]
     disabled: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    tuning: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def fallbacks(self) -> tuple[Backend, ...]:
@@ -69,6 +70,9 @@ class Selection:
             lines.append(f"{c.rank:>4}  {c.name:<{width}}  {verdict:<8}  {c.reason}")
         lines.append("")
         lines.append("fallback chain: " + " -> ".join(b.name for b in self.chain))
+        if self.tuning:
+            lines.append(f"tuning table: {self.tuning.get('_path', 'given')} ({len(self.tuning.get('entries', {}))} shapes), "
+                         "chooses per M between the chosen backend and its fallback")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -81,6 +85,7 @@ class Selection:
             "verdicts": [c.to_dict() for c in self.verdicts],
             "capabilities": self.capabilities.to_dict(),
             "fingerprint": self.capabilities.fingerprint(),
+            "tuning_table": self.tuning.get("_path", "given") if self.tuning else None,
         }
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor,
