@@ -102,9 +102,13 @@ class Fp8Linear:
         self._plans: dict[tuple[int, torch.dtype, torch.dtype], Backend] = {}
         self.prepared[self.primary.name] = self.primary.prepare(weight, weight_scale, block, self.caps)
         if self.fallback is not None:
-            shared = self.prepared[self.primary.name].weight_nk
-            self.prepared[self.fallback.name] = self.fallback.prepare(
-                shared if shared is not None else weight, weight_scale, block, self.caps)
+            primary = self.prepared[self.primary.name]
+            if primary.weight_nk is not None:  # share the primary's weight (requantized or converted ones too)
+                shared_weight = primary.weight_nk
+                shared_scale = primary.scale_nk if primary.scale_nk is not None else weight_scale
+            else:  # an irreversible layout (a shuffle): the fallback keeps the caller's checkpoint
+                shared_weight, shared_scale = weight, weight_scale
+            self.prepared[self.fallback.name] = self.fallback.prepare(shared_weight, shared_scale, block, self.caps)
         self.routes = routes_for(selection.tuning, self.n, self.k) if block == (128, 128) else None
         if self.routes is not None and self.routes.exact and "triton" in self.prepared:
             tuned = {b: dict(self.routes.entry(b) or {}).get("triton") for b in (2**i for i in range(14))}

@@ -10,7 +10,8 @@ from matrix import MATRIX
 from fp8select import Capabilities, CapabilitiesError, detect_capabilities
 
 SNAPSHOT_KEYS = {"device_kind", "device_name", "compute_capability", "gfx_arch", "torch_version", "cuda_version",
-                 "hip_version", "xpu_version", "has_scaled_mm", "scaling_types", "float8_dtypes", "packages", "env"}
+                 "hip_version", "xpu_version", "has_scaled_mm", "scaling_types", "float8_dtypes", "packages", "env",
+                 "package_symbols", "functional", "triton_backends", "npu_soc_version"}
 
 
 def test_detect_on_this_machine_is_cached_and_plain() -> None:

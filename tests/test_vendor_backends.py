@@ -137,7 +137,9 @@ def test_deepgemm_sm100_requantizes_to_ue8m0_and_packs(monkeypatch: pytest.Monke
     assert torch.equal(prepared.extra["scale_nk"], s2) and vl.is_power_of_two(s2)
     assert prepared.scale.dtype == torch.int32 and prepared.scale.shape == (n, 2) and prepared.scale.stride() == (1, n)
     assert torch.equal(vl.unpack_ue8m0(prepared.scale, 5), vl.expand_block_rows(s2, n))
-    assert prepared.weight_nk is None and layer.prepared["reference"].weight is w  # values changed: not shared
+    # the fallback shares the requantized weight and its power-of-two scales, so both compute one function
+    assert layer.prepared["reference"].weight is prepared.weight_nk is prepared.weight
+    assert torch.equal(layer.prepared["reference"].scale, s2)
 
     gen = torch.Generator().manual_seed(1)
     for shape in ((1, k), (5, k), (16, k), (2, 3, k)):
@@ -172,7 +174,8 @@ def test_deepgemm_sm100_sends_pre_quantized_input_to_the_fallback(monkeypatch: p
     assert layer.plan(4, torch.float8_e4m3fn).name == "reference"
     q, xs = quantize_groups(torch.randn(4, 512))
     y = layer(q.contiguous(), input_scale=xs.float())
-    assert rel_err(y, expected(q, w, s, BLOCK, input_scale=xs)) < TOL
+    w2, s2 = vl.requantize_ue8m0(w, s)  # the fallback shares the requantized weight
+    assert rel_err(y, expected(q, w2, s2, BLOCK, input_scale=xs)) < TOL
     assert not fake.calls_to("fp8_gemm_nt")
     verdict = layer.primary.supports(layer._problem(4, torch.float8_e4m3fn, torch.bfloat16), layer.caps)
     assert not verdict.ok and "UE8M0" in verdict.reason
@@ -339,7 +342,8 @@ def test_aiter_gfx942_normalises_to_fnuz(monkeypatch: pytest.MonkeyPatch) -> Non
     w_fnuz, s_fnuz = _fnuz(w, s)
     assert prepared.weight.dtype == torch.float8_e4m3fnuz and torch.equal(prepared.scale, s_fnuz)
     assert torch.equal(prepared.weight.float(), w_fnuz.float())
-    assert prepared.weight_nk is None and layer.prepared["reference"].weight is w
+    assert layer.prepared["reference"].weight is prepared.weight_nk is prepared.weight  # shared, fnuz
+    assert torch.equal(layer.prepared["reference"].scale, s_fnuz)
     _run_and_compare(layer, w_fnuz, s_fnuz, (1, 5, 16))  # activations are quantized to e4m3fnuz (max 240)
     _all_ok(fake)
     call = fake.calls_to("gemm_a8w8_blockscale")[1]

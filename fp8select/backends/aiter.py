@@ -12,7 +12,7 @@ bias argument, so it is added afterwards.
 Load-time work (:meth:`AiterBackend.prepare`):
 
 * gfx942 computes in ``float8_e4m3fnuz``: an e4m3fn checkpoint is converted (same bits, 0x80
-  -> 0, scales doubled); the fallback then keeps the caller's weight (``weight_nk`` is None).
+  -> 0, scales doubled); the fallback shares the converted weight and scales (``scale_nk``).
 * the pre-shuffled weight layout, used only when opted in with ``FP8SELECT_AITER_PRESHUFFLE=1``
   on gfx950 with HIP >= 7.2 (SGLang's condition: hipcc 7.0 miscompiles that kernel, SGLang
   #23319) and N % 16 == 0, K % 32 == 0.
@@ -133,12 +133,13 @@ class AiterBackend(Backend):
         shared: torch.Tensor | None = w
         if self.normalise_fnuz and self.weight_dtype(caps) == torch.float8_e4m3fnuz and w.dtype == torch.float8_e4m3fn:
             w, scale = e4m3fn_to_e4m3fnuz(w, scale)
-            shared = None  # other bits, other scales: the fallback keeps the caller's checkpoint
+            shared = w  # the fallback (Triton needs fnuz on gfx942 too) shares it, with scale_nk
+        scale_nk = scale if scale is not weight_scale else None
         if preshuffle:
             w = shuffle_weight_16x16(w)
-            shared = None
+            shared, scale_nk = None, None
         return PreparedWeight(self.name, w, scale, tuple(block_size), n, k, shared,  # type: ignore[arg-type]
-                              extra={"gemm": gemm, "preshuffled": preshuffle})
+                              extra={"gemm": gemm, "preshuffled": preshuffle}, scale_nk=scale_nk)
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:

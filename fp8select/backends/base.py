@@ -29,8 +29,10 @@ BLOCK_1x128 = (1, 128)
 class PreparedWeight:
     """A weight in one backend's layout, made once at load time.
 
-    ``weight_nk`` is a view of the fp8 weight as [N, K] (no copy) when the backend's layout
-    allows one, so a fallback backend can share the weight; ``scale`` is the backend's
+    ``weight_nk`` is the fp8 weight as an [N, K] tensor (a view, no copy) when the backend's
+    layout allows one, so a fallback backend can share the weight; ``scale_nk`` is its block
+    scale in the checkpoint layout when that differs from the caller's (a requantized or
+    fnuz-converted weight), None when the caller's scale applies; ``scale`` is the backend's
     weight-scale tensor; ``extra`` holds anything else its ``run`` needs.
     """
 
@@ -42,6 +44,7 @@ class PreparedWeight:
     k: int
     weight_nk: torch.Tensor | None
     extra: dict[str, Any] = field(default_factory=dict)
+    scale_nk: torch.Tensor | None = None
 
 
 class Backend:

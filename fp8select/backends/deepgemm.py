@@ -145,10 +145,10 @@ class DeepGemmBackend(Backend):
             scale, shared = weight_scale.contiguous(), w  # a UE8M0 checkpoint: nothing to re-quantize
         else:
             w, scale = requantize_ue8m0(weight, weight_scale, tuple(block_size))  # type: ignore[arg-type]
-            shared = None  # the values changed: the fallback keeps the caller's weight
+            shared = w  # the fallback shares the requantized weight with its power-of-two scales (scale_nk)
         packed = pack_ue8m0(expand_block_rows(scale, n, block_size[0]))
         return PreparedWeight(self.name, w, packed, tuple(block_size), n, k, shared,  # type: ignore[arg-type]
-                              extra={"gemm": gemm, "scale_nk": scale})
+                              extra={"gemm": gemm, "scale_nk": scale}, scale_nk=scale)
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
