@@ -153,14 +153,17 @@ def single_backend(selection: Selection, backend: Backend) -> Selection:
 
 def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
             backends: Sequence[str] | None = None, replays: int = 50, block: tuple[int, int] = (128, 128),
-            progress: Callable[[str], None] | None = None, seed: int = 0, auto: bool = True) -> list[dict[str, Any]]:
+            progress: Callable[[str], None] | None = None, seed: int = 0, auto: bool = True,
+            budget_s: float = math.inf) -> list[dict[str, Any]]:
     """One row per (N, K, M, backend): correctness, whole-op and GEMM-alone timings, roofline.
 
     ``backends`` defaults to every backend the selection accepted except ``reference``
     (whose fp32 dequantization is for correctness, not speed). ``bf16`` rows time
     ``torch.matmul`` on the dequantized weight. ``auto`` rows time the layer a user gets from
-    ``selection.prepare`` (tuning table included), with the backend it ran in ``ran``.
+    ``selection.prepare`` (tuning table included), with the backend it ran in ``ran``. No new
+    shape is started after ``budget_s`` seconds.
     """
+    start = time.monotonic()
     from fp8select.backends.reference import dequantize_weight
 
     device = torch.device("cuda")
@@ -169,6 +172,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
     rows: list[dict[str, Any]] = []
     gen = torch.Generator(device=device).manual_seed(seed)
     for n, k in shapes:
+        if time.monotonic() - start > budget_s:
+            rows.append({"n": n, "k": k, "m": 0, "backend": "-", "skipped": "time budget"})
+            continue
         copies = rotation_copies(n * k)
         base = (torch.randn(n, k, device=device, generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
         scale = torch.rand(math.ceil(n / block[0]), math.ceil(k / block[1]), device=device, generator=gen) * 1e-3 + 1e-4

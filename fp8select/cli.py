@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--replays", type=int, default=50, help="CUDA-graph replays per timing (median reported)")
     be.add_argument("--json", metavar="FILE", help="write the raw rows with device name and versions")
     be.add_argument("--plot", metavar="FILE.png", help="plot time against M per shape (needs matplotlib)")
+    be.add_argument("--budget-s", type=float, default=float("inf"), help="start no new shape after this many seconds")
     tu = sub.add_parser("tune", help="measure per (N, K, M bucket) and write a tuning table for prepare() to use")
     tu.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) and/or N,K pairs")
     tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
@@ -104,7 +105,7 @@ def _bench(args: argparse.Namespace) -> int:
     selection = resolve()
     backends = parse_names(args.backends) or None
     print(f"fp8select bench on {torch.cuda.get_device_name(0)}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
-    rows = bench.measure(selection, shapes, ms, backends=backends, replays=args.replays,
+    rows = bench.measure(selection, shapes, ms, backends=backends, replays=args.replays, budget_s=args.budget_s,
                          progress=lambda line: print(line, flush=True))
     print(bench.format_table(rows))
     figures = bench.summary(rows)
