@@ -1,0 +1,53 @@
+"""The pure parts of bench: parsing, byte counts, winners and the target figures (no GPU needed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fp8select import Fp8SelectError, bench
+
+
+def test_parse_shapes_mixes_sets_and_pairs() -> None:
+    assert bench.parse_shapes("2112,7168 4096x7168") == [(2112, 7168), (4096, 7168)]
+    ds = bench.parse_shapes("deepseek-v3")
+    assert len(ds) == 8 and (36864, 7168) in ds
+    assert bench.parse_shapes("deepseek-v3,12288,7168")[-1] == (12288, 7168)
+    for bad in ("", "12", "12,x", "0,128", "llama"):
+        with pytest.raises(Fp8SelectError, match="--shapes"):
+            bench.parse_shapes(bad)
+    assert bench.parse_ms("1, 16,8192") == [1, 16, 8192]
+    with pytest.raises(Fp8SelectError, match="--m"):
+        bench.parse_ms("0,1")
+
+
+def test_byte_and_time_floors() -> None:
+    n, k, m = 7168, 16384, 16
+    assert bench.min_bytes(n, k, m) == n * k + 56 * 128 * 4 + m * k * 2 + m * n * 2
+    hbm_us, flop_us = bench.floors_us(n, k, m)
+    assert math.isclose(hbm_us, bench.min_bytes(n, k, m) / 4.3e12 * 1e6)
+    assert flop_us < hbm_us  # decode is memory-bound
+    assert bench.rotation_copies(15 * 2**20) == 12 and bench.rotation_copies(2**30) == 1
+
+
+def _row(n: int, k: int, m: int, backend: str, us: float, hbm: float = 0.5) -> dict[str, object]:
+    return {"n": n, "k": k, "m": m, "backend": backend, "whole": {"median_us": us, "min_us": us, "max_us": us},
+            "hbm_fraction": hbm}
+
+
+def test_summary_states_the_targets() -> None:
+    rows = [
+        _row(7168, 16384, 1, "cuda-scaled-mm", 40.0), _row(7168, 16384, 1, "triton", 32.0, 0.8), _row(7168, 16384, 1, "auto", 32.0),
+        _row(7168, 16384, 4096, "cuda-scaled-mm", 100.0), _row(7168, 16384, 4096, "triton", 200.0), _row(7168, 16384, 4096, "auto", 103.0),
+        _row(7168, 16384, 4096, "bf16-matmul", 50.0),
+    ]
+    s = bench.summary(rows)
+    assert s["points"] == 2
+    assert math.isclose(s["auto_vs_fastest"], math.sqrt(1.0 * 1.03), rel_tol=1e-3)
+    assert math.isclose(s["triton_vs_auto"], math.sqrt(1.0 * 200 / 103), rel_tol=1e-3)
+    assert math.isclose(s["small_m_cublas_vs_triton"], 1.25) and s["small_m_min_hbm_fraction"] == 0.8
+    assert math.isclose(s["large_m_triton_speed_vs_cublas"], 0.5)
+    assert bench.winners(rows) == {(7168, 16384, 1): "triton", (7168, 16384, 4096): "cuda-scaled-mm"}
+    table = bench.format_table(rows + [{"n": 1, "k": 1, "m": 1, "backend": "x", "error": "boom"}])
+    assert "WINNER" in table and "boom" in table
