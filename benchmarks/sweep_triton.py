@@ -1,32 +1,43 @@
 #!/usr/bin/env python3
-"""Sweep launch configs of the Triton block-FP8 GEMM on a GPU and write a config table.
+"""Sweep launch configs and paths of the Triton block-FP8 linear on a GPU and write a config table.
 
 Run on the target GPU (H200) from the repository root::
 
     python benchmarks/sweep_triton.py --out $OUT/sweep.json [--shapes deepseek-v3]
-        [--m 1,8,16,64,128,512,2048,8192] [--budget-s 400] [--quick]
+        [--m 1,8,16,64,128,512,2048,8192] [--budget-s 400] [--max-candidates 12]
+        [--paths gemm,fused,decode,swap] [--quick]
 
-For each (N, K) and M bucket it checks every candidate config against an fp32 dequantized
-reference (relative Frobenius error < 1e-2, output poisoned first), then times it with
-CUDA-graph replay (median of >= 50 replays, weights rotated through enough copies to exceed
-twice the L2), for the separate-quant GEMM and, for M <= 64, the fused-quant path. Search is
-two-stage to fit a few minutes of GPU time: a handful of tile shapes with a split-K sized to
-fill the SMs, then the neighbours of the winner (split-K x2 / /2, pipeline depth, warps).
-Configs are compile-time shared across shapes, so most compiles happen once.
+For each (N, K) and M bucket it runs :func:`fp8select.kernels.triton_search.search` (the same
+search the ``tune`` command uses): every config names its path (``gemm``: quantization kernel +
+GEMM; ``fused``: GEMM quantizing in its K loop; ``decode``: swap-AB GEMM quantizing in its K
+loop, one launch; ``swap``: quantization kernel + swap-AB GEMM), its split-K summation
+(``FIXUP``: in-kernel by the last split, or a second kernel) and optionally ``TMA`` tile loads
+(shown as ``sk<n>f`` and ``tma`` in the log), and is timed as the WHOLE
+linear (bf16 in, quantization included, bf16 out) through ``triton_gemm.linear``, after a check
+against an fp32 dequantized reference (relative Frobenius error < 1e-2, output poisoned
+first); timings use CUDA-graph replay (median of >= 50 replays, weights rotated through
+enough copies to exceed twice the L2). For the fused paths the output is also compared bit
+for bit with the same config run on the separately quantized activation (``bitwise_vs_prequant``:
+proof on the GPU that the in-kernel quantization equals the quantization kernel's). The best
+gemm-path config is also timed on its own on the pre-quantized activation (``gemm_alone``,
+comparable with run 1's per-GEMM numbers).
 
 Competitors timed in the same run: cuBLAS block-wise ``torch.nn.functional.scaled_mm``
 (1x128 activation scales M-major, 128x128 weight scales as the checkpoint's ``.t()``; M it
-rejects is retried padded to a multiple of 16 and reported separately) and bf16
-``torch.matmul`` on the dequantized weight.
+rejects is retried padded to a multiple of 16 and reported separately; GEMM only, no
+quantization) and bf16 ``torch.matmul`` on the dequantized weight.
 
 ``--device cpu`` runs the same driver on tiny shapes under ``TRITON_INTERPRET=1`` (wall-clock
 timing, no graphs) to smoke-test it without a GPU; its numbers mean nothing.
 
 The JSON holds the device, versions, per-(N, K, M) results and a ``table`` section in the
-format of ``fp8select/kernels/triton_configs.json``; the table alone is also written beside it
-as ``<out stem>.triton_configs.json``, ready to copy over the packaged file. Both are rewritten after every
-(shape, M) so a run cut short still leaves its results. The run stops within ``--budget-s``
-(measured from process start), sharing the time fairly between the remaining units.
+format of ``fp8select/kernels/triton_configs.json`` (per-path bests under ``gemm``, ``fused``,
+``decode``, ``swap``; the fastest whole-op config with its path under ``linear``, which is what
+``triton_gemm.linear`` uses by default); the table alone is also written beside it as
+``<out stem>.triton_configs.json``, ready to copy over the packaged file. Both are rewritten
+after every (shape, M) so a run cut short still leaves its results. The run stops within
+``--budget-s`` (measured from process start), sharing the time fairly between the remaining
+units.
 """
 
 from __future__ import annotations
@@ -60,20 +71,24 @@ DEEPSEEK_V3_SHAPES: list[tuple[int, int]] = [
 DEFAULT_M: tuple[int, ...] = (1, 8, 16, 64, 128, 512, 2048, 8192)
 QUICK_SHAPES: list[tuple[int, int]] = [(7168, 2048), (2112, 7168)]
 QUICK_M: tuple[int, ...] = (1, 16, 512)
-FUSED_MAX_M = 64
 HBM_BYTES_PER_S = 4.3e12
 REL_ERR_MAX = 1e-2
-SMEM_LIMIT_BYTES = 227 * 1024
-SPLITS = (1, 2, 4, 8, 16)
-STAGES_MIN, STAGES_MAX = 3, 5
 BLOCK_K = 128
-GROUP_M = 8
 RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure helpers (no CUDA): parsing, candidate generation, table building
+# Pure helpers (no CUDA): parsing, table building. Candidate configs and the search live in
+# fp8select.kernels.triton_search (shared with the tune command).
 # ---------------------------------------------------------------------------------------------
+
+
+def _search_module() -> Any:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from fp8select.kernels import triton_search
+
+    return triton_search
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -94,95 +109,34 @@ def parse_m_list(text: str) -> list[int]:
     return values
 
 
-def make_config(block_m: int, block_n: int, warps: int, stages: int, split: int = 1) -> dict[str, int]:
-    """A launch config dict in the table's key order."""
-    return {
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "BLOCK_K": BLOCK_K,
-        "GROUP_M": GROUP_M,
-        "SPLIT_K": split,
-        "num_warps": warps,
-        "num_stages": stages,
-    }
-
-
-def smem_bytes(cfg: dict[str, int], fused: bool) -> int:
-    """Shared memory the pipelined A and B tiles need (A is bf16 when fused)."""
-    a_bytes = 2 if fused else 1
-    return cfg["num_stages"] * (cfg["BLOCK_M"] * BLOCK_K * a_bytes + cfg["BLOCK_N"] * BLOCK_K)
-
-
-def fill_split(n: int, k: int, m: int, block_m: int, block_n: int, sms: int) -> int:
-    """Smallest split-K giving at least two programs per SM, keeping >= 4 K blocks per split."""
-    tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
-    k_blocks = math.ceil(k / BLOCK_K)
-    split = 1
-    while split < SPLITS[-1] and tiles * split < 2 * sms and k_blocks // (2 * split) >= 4:
-        split *= 2
-    return split
-
-
-def _tiles_for(m: int) -> list[tuple[int, int, int, int]]:
-    """Stage-1 tile shapes ``(BLOCK_M, BLOCK_N, warps, stages)`` for an M bucket, best guess first."""
-    if m <= 16:
-        return [(16, 64, 4, 4), (16, 128, 4, 4), (16, 32, 4, 4), (16, 128, 8, 4), (16, 256, 8, 3)]
-    if m <= 64:
-        bm = 32 if m <= 32 else 64
-        return [(bm, 64, 4, 4), (bm, 128, 4, 4), (16, 64, 4, 4), (bm, 128, 8, 3), (bm, 256, 8, 3)]
-    if m <= 512:
-        return [(64, 128, 4, 3), (128, 128, 8, 3), (64, 256, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)]
-    return [(128, 128, 8, 3), (128, 256, 8, 3), (64, 256, 8, 3), (128, 128, 8, 4), (64, 128, 4, 3)]
-
-
-def stage1_candidates(n: int, k: int, m: int, *, fused: bool, sms: int, limit: int = 5) -> list[dict[str, int]]:
-    """First-round configs: a few tile shapes, each with the split-K that fills the SMs."""
-    out: list[dict[str, int]] = []
-    for bm, bn, warps, stages in _tiles_for(m):
-        cfg = make_config(bm, bn, warps, stages, fill_split(n, k, m, bm, bn, sms))
-        if smem_bytes(cfg, fused) <= SMEM_LIMIT_BYTES and cfg not in out:
-            out.append(cfg)
-    return out[:limit]
-
-
-def neighbours(cfg: dict[str, int], n: int, k: int, m: int, *, fused: bool, sms: int) -> list[dict[str, int]]:
-    """Second-round configs around a winner: split-K x2 and /2, pipeline depth +-1, warps 4<->8."""
-    k_blocks = math.ceil(k / BLOCK_K)
-    out: list[dict[str, int]] = []
-
-    def add(**change: int) -> None:
-        new = {**cfg, **change}
-        if new != cfg and new not in out and smem_bytes(new, fused) <= SMEM_LIMIT_BYTES:
-            out.append(new)
-
-    split = cfg["SPLIT_K"]
-    if m <= 512:
-        if split * 2 <= SPLITS[-1] and k_blocks // (split * 2) >= 2:
-            add(SPLIT_K=split * 2)
-        if split > 1:
-            add(SPLIT_K=split // 2)
-    for stages in (cfg["num_stages"] + 1, cfg["num_stages"] - 1):
-        if STAGES_MIN <= stages <= STAGES_MAX:
-            add(num_stages=stages)
-    if cfg["BLOCK_M"] * cfg["BLOCK_N"] >= 64 * 64:
-        add(num_warps=8 if cfg["num_warps"] == 4 else 4)
-    return out
+def parse_paths(text: str) -> list[str]:
+    """Comma-separated subset of the linear paths (``all`` for every path)."""
+    paths = _search_module().PATHS
+    if text.strip().lower() == "all":
+        return list(paths)
+    chosen = [tok.strip() for tok in text.split(",") if tok.strip()]
+    unknown = [p for p in chosen if p not in paths]
+    if not chosen or unknown:
+        raise ValueError(f"--paths wants a subset of {paths}, got {text!r}")
+    return chosen
 
 
 def build_table(results: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Collect each result's best config into the ``triton_configs.json`` format."""
-    table: dict[str, Any] = {"format": 1, "source": dict(meta or {}), "gemm": {}, "fused": {}}
+    """Collect the results' best configs into the ``triton_configs.json`` format.
+
+    Per-path sections hold each path's fastest config; ``linear`` the fastest over all paths.
+    """
+    search = _search_module()
+    table: dict[str, Any] = {"format": 2, "source": dict(meta or {}), "linear": {}}
+    for path in search.PATHS:
+        table[path] = {}
     for res in results:
-        best = res.get("best")
-        if not best:
-            continue
-        section = table[res["path"]]
-        section.setdefault(f"{res['n']},{res['k']}", {})[str(_bucket(res["m"]))] = best["config"]
+        shape, bucket = f"{res['n']},{res['k']}", str(search.m_bucket(res["m"]))
+        for path, rec in (res.get("paths") or {}).items():
+            table[path].setdefault(shape, {})[bucket] = rec["config"]
+        if res.get("best"):
+            table["linear"].setdefault(shape, {})[bucket] = res["best"]["config"]
     return table
-
-
-def _bucket(m: int) -> int:
-    return 1 if m <= 1 else min(1 << (m - 1).bit_length(), 8192)
 
 
 def min_bytes(n: int, k: int, m: int) -> int:
@@ -195,9 +149,12 @@ def rotation_copies(bytes_per_call: int, l2_bytes: int, cap: int = 32) -> int:
     return max(1, min(cap, math.ceil(2 * l2_bytes / max(1, bytes_per_call))))
 
 
-def _fmt_cfg(cfg: dict[str, int]) -> str:
+def _fmt_cfg(cfg: dict[str, Any]) -> str:
+    fixup = "f" if cfg.get("FIXUP") and cfg["SPLIT_K"] > 1 else ""
     return (
-        f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} sk{cfg['SPLIT_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+        f"{cfg.get('path', 'gemm')} {cfg['BLOCK_M']}x{cfg['BLOCK_N']} sk{cfg['SPLIT_K']}{fixup} "
+        f"w{cfg['num_warps']} s{cfg['num_stages']}" + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else "")
+        + (" tma" if cfg.get("TMA") else "")
     )
 
 
@@ -236,7 +193,7 @@ class Sweeper:
         import torch
         import torch.nn.functional as F
 
-        from fp8select.kernels import triton_gemm
+        from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
         from fp8select.kernels.triton_quant import quantize_per_token_group_triton
 
@@ -249,6 +206,8 @@ class Sweeper:
         self.l2_bytes = l2_bytes
         self.budget = Budget(args.budget_s)
         self.tg = triton_gemm
+        self.search_mod = triton_search
+        self.paths = parse_paths(args.paths)
         self.quant = quantize_per_token_group
         self.quant_triton = quantize_per_token_group_triton
         self.m_major = M_MAJOR
@@ -326,8 +285,8 @@ class Sweeper:
 
     # -- one (N, K, M) ---------------------------------------------------------------------
 
-    def sweep_unit(self, n: int, k: int, m: int, unit_end: float) -> list[dict[str, Any]]:
-        """Search both paths for one (N, K, M), time the competitors, return result records."""
+    def sweep_unit(self, n: int, k: int, m: int, unit_end: float) -> dict[str, Any]:
+        """Search paths and configs for one (N, K, M) on the whole op, time the competitors."""
         torch = self.torch
         dev = self.dev
         g_k = math.ceil(k / BLOCK_K)
@@ -345,89 +304,47 @@ class Sweeper:
         del w_deq
         ctx = _Unit(n=n, k=k, m=m, x=x, xq=xq, xs=xs, w_list=w_list, ws_list=ws_list, ref=ref)
 
-        want_fused = m <= FUSED_MAX_M and not self.args.no_fused
-        # The fused search starts from the GEMM's ranking, so it gets the smaller share.
-        gemm_stop = time.monotonic() + (unit_end - time.monotonic()) * (0.6 if want_fused else 1.0)
-        seeds = stage1_candidates(n, k, m, fused=False, sms=self.sms, limit=self.args.stage1)
-        gemm = self.search(ctx, False, seeds, self.args.max_candidates, gemm_stop)
-        results = [gemm]
-        if gemm["best"]:
-            self.annotate(gemm, n, k, m)
-            if self.budget.left() > 0:
-                gemm["linear_us"] = self.time_linear(ctx, gemm["best"]["config"])
+        records: list[dict[str, Any]] = []
 
-        if want_fused and self.budget.left() > 0:
-            ranked = sorted((r for r in gemm["candidates"] if "median_us" in r), key=lambda r: r["median_us"])
-            seeds = [r["config"] for r in ranked[:3]] or stage1_candidates(n, k, m, fused=True, sms=self.sms, limit=3)
-            seeds = [c for c in seeds if smem_bytes(c, True) <= SMEM_LIMIT_BYTES]
-            fused = self.search(ctx, True, seeds, max(3, self.args.max_candidates // 2 + 1), unit_end)
-            if fused["best"]:
-                self.annotate(fused, n, k, m)
-            results.append(fused)
-
-        if not self.args.no_competitors and self.budget.left() > 0:
-            gemm["cublas"] = self.time_cublas(ctx)
-            gemm["bf16"] = self.time_bf16(ctx, base_w, base_ws)
-        return results
-
-    def search(
-        self, ctx: _Unit, fused: bool, seeds: list[dict[str, int]], limit: int, stop_at: float
-    ) -> dict[str, Any]:
-        """Time ``seeds``, then the neighbours of the fastest: at least one config, then until
-        ``limit`` configs or ``stop_at``."""
-        tried: list[dict[str, Any]] = []
-
-        def best() -> dict[str, Any] | None:
-            ok = [r for r in tried if "median_us" in r]
-            return min(ok, key=lambda r: r["median_us"]) if ok else None
-
-        queue = list(seeds)
-        expanded = False
-        while len(tried) < limit:
-            if not queue:
-                top = best()
-                if expanded or top is None:
-                    break
-                expanded = True
-                seen = [r["config"] for r in tried]
-                queue = [
-                    c
-                    for c in neighbours(top["config"], ctx.n, ctx.k, ctx.m, fused=fused, sms=self.sms)
-                    if c not in seen
-                ]
-                continue
-            if tried and (time.monotonic() > stop_at or self.budget.left() <= 0):
-                break
-            cfg = queue.pop(0)
-            rec = self.try_config(ctx, cfg, fused)
-            tried.append(rec)
+        def time_config(cfg: dict[str, Any]) -> float | None:
+            rec = self.try_config(ctx, cfg)
+            records.append(rec)
             status = f"{rec['median_us']:.1f} us" if "median_us" in rec else rec.get("error", "?")
-            _log(f"  {'fused' if fused else 'gemm '} {_fmt_cfg(cfg)}: {status}")
-        return {
-            "n": ctx.n,
-            "k": ctx.k,
-            "m": ctx.m,
-            "path": "fused" if fused else "gemm",
-            "best": best(),
-            "candidates": tried,
-            "weight_copies": len(ctx.w_list),
-        }
+            _log(f"  {_fmt_cfg(cfg)}: {status}")
+            return rec.get("median_us")
 
-    def try_config(self, ctx: _Unit, cfg: dict[str, int], fused: bool) -> dict[str, Any]:
-        """Check one config against the reference, then time it; errors become data."""
+        deadline = min(unit_end, self.budget.deadline)
+        best_cfg, _, _ = self.search_mod.search(
+            n, k, m, time_config, sms=self.sms, max_configs=self.args.max_candidates, deadline=deadline,
+            paths=self.paths,
+        )
+        timed = [r for r in records if "median_us" in r]
+        paths: dict[str, Any] = {}
+        for rec in sorted(timed, key=lambda r: r["median_us"]):
+            paths.setdefault(rec["config"]["path"], rec)
+        best = next((r for r in timed if r["config"] == best_cfg), None)
+        res: dict[str, Any] = {
+            "n": n, "k": k, "m": m, "best": best, "paths": paths, "candidates": records, "weight_copies": len(w_list),
+        }
+        if best:
+            self.annotate(res, n, k, m)
+        gemm_best = paths.get("gemm")
+        if gemm_best and self.budget.left() > 0:
+            res["gemm_alone"] = self.time_gemm_alone(ctx, gemm_best["config"])
+        if not self.args.no_competitors and self.budget.left() > 0:
+            res["cublas"] = self.time_cublas(ctx)
+            res["bf16"] = self.time_bf16(ctx, base_w, base_ws)
+        return res
+
+    def try_config(self, ctx: _Unit, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Check one whole-op config against the reference, then time it; errors become data."""
         torch = self.torch
         tg = self.tg
         record: dict[str, Any] = {"config": cfg}
         t0 = time.monotonic()
 
         def run(i: int) -> Any:
-            if fused:
-                return tg.w8a8_block_linear_fused(
-                    ctx.x, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
-                )
-            return tg.w8a8_block_gemm(
-                ctx.xq, ctx.xs, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
-            )
+            return tg.linear(ctx.x, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg)
 
         try:
             out = self.poisoned(lambda: run(0), ctx.m, ctx.n, cfg["SPLIT_K"])
@@ -435,6 +352,13 @@ class Sweeper:
             record["first_call_s"] = round(time.monotonic() - t0, 2)
             err = self.rel_err(out, ctx.ref)
             record["rel_err"] = err
+            if cfg["path"] in self.search_mod.QUANT_FUSED_PATHS:
+                # Same kernel and config on the quantization kernel's output: equal bits prove
+                # the in-kernel quantization matches it on this device.
+                pre = tg.w8a8_block_gemm(
+                    ctx.xq, ctx.xs, ctx.w_list[0], ctx.ws_list[0], (128, 128), out_dtype=torch.bfloat16, config=cfg
+                )
+                record["bitwise_vs_prequant"] = bool(torch.equal(out, pre))
             if not math.isfinite(err) or err >= REL_ERR_MAX:
                 record["error"] = f"wrong result: relative error {err:.3g} >= {REL_ERR_MAX}"
             else:
@@ -445,24 +369,23 @@ class Sweeper:
         return record
 
     def annotate(self, res: dict[str, Any], n: int, k: int, m: int) -> None:
-        """Add throughput figures for the best config against the H200 ceilings."""
+        """Throughput of the best whole-op config against the H200 ceilings."""
         us = res["best"]["median_us"]
         res["tflops"] = round(2 * m * n * k / us / 1e6, 1)
         res["weight_hbm_frac"] = round(n * k / (us * 1e-6) / HBM_BYTES_PER_S, 3)
         res["min_bytes_hbm_frac"] = round(min_bytes(n, k, m) / (us * 1e-6) / HBM_BYTES_PER_S, 3)
 
-    def time_linear(self, ctx: _Unit, cfg: dict[str, int]) -> dict[str, Any]:
-        """The whole separate-quant linear: Triton activation quant + GEMM, bf16 in and out."""
+    def time_gemm_alone(self, ctx: _Unit, cfg: dict[str, Any]) -> dict[str, Any]:
+        """The gemm path's GEMM on the pre-quantized activation (no quantization launch)."""
         torch = self.torch
 
-        def linear(i: int) -> Any:
-            aq, a_scale = self.quant_triton(ctx.x)
+        def gemm(i: int) -> Any:
             return self.tg.w8a8_block_gemm(
-                aq, a_scale, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
+                ctx.xq, ctx.xs, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg
             )
 
         try:
-            return self.time_calls([functools.partial(linear, i) for i in range(len(ctx.w_list))])
+            return self.time_calls([functools.partial(gemm, i) for i in range(len(ctx.w_list))])
         except Exception as exc:  # noqa: BLE001
             return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -629,9 +552,9 @@ def _run(args: argparse.Namespace) -> int:
         unit_end = sweeper.budget.unit_deadline(len(units) - index)
         _log(f"unit {index + 1}/{len(units)}: N={n} K={k} M={m} (slice {unit_end - time.monotonic():.1f}s)")
         try:
-            report["results"].extend(sweeper.sweep_unit(n, k, m, unit_end))
+            report["results"].append(sweeper.sweep_unit(n, k, m, unit_end))
         except torch.OutOfMemoryError as exc:
-            report["results"].append({"n": n, "k": k, "m": m, "path": "gemm", "error": f"OOM: {exc}"[:300]})
+            report["results"].append({"n": n, "k": k, "m": m, "error": f"OOM: {exc}"[:300]})
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         write()
@@ -647,36 +570,45 @@ def _cell(value: float | None, width: int = 9, suffix: str = "") -> str:
 
 
 def _print_summary(report: dict[str, Any]) -> None:
-    """Short fixed-width table on stdout."""
+    """Short fixed-width table on stdout: per (N, K, M) the fastest whole-op time of each path."""
     print(
         f"\n{report['device']}  torch {report['torch']}  triton {report['triton']}  "
         f"elapsed {report['elapsed_s']}s  complete={report['complete']}  skipped={len(report['skipped'])}"
     )
     print(f"quant torch vs triton mismatches: {report.get('quant_bitwise')}")
+    paths = _search_module().PATHS
     head = (
-        f"{'N':>6} {'K':>6} {'M':>5} {'path':5} {'best config':22} {'us':>9} {'%HBM(W)':>7} {'TFLOPS':>7} "
-        f"{'linear':>9} {'cuBLAS':>9} {'bf16':>9}"
+        f"{'N':>6} {'K':>6} {'M':>5} {'best config':34} {'us':>8} {'%HBM(W)':>7} {'TFLOPS':>7} "
+        + " ".join(f"{p:>8}" for p in paths)
+        + f" {'gemm-only':>9} {'cuBLAS':>8} {'bf16':>8} {'vs cuBLAS':>9}"
     )
     print(head)
     print("-" * len(head))
     for res in report["results"]:
         best = res.get("best")
-        cfg = _fmt_cfg(best["config"]) if best else str(res.get("error", "no valid config"))[:22]
+        cfg = _fmt_cfg(best["config"]) if best else str(res.get("error", "no valid config"))[:34]
         frac = res.get("weight_hbm_frac")
         cublas = res.get("cublas", {})
         cub_us = cublas.get("exact", {}).get("median_us")
-        cub = _cell(cub_us)
+        cub = _cell(cub_us, 8)
         if cub_us is None and "median_us" in cublas.get("padded", {}):
-            cub = _cell(cublas["padded"]["median_us"], suffix="p")
+            cub_us = cublas["padded"]["median_us"]
+            cub = _cell(cub_us, 8, "p")
         elif cub_us is None and cublas:
-            cub = f"{'err':>9}"
+            cub = f"{'err':>8}"
+        per_path = " ".join(_cell((res.get("paths") or {}).get(p, {}).get("median_us"), 8) for p in paths)
+        ratio = cub_us / best["median_us"] if best and cub_us else None
         print(
-            f"{res['n']:>6} {res['k']:>6} {res['m']:>5} {res['path']:5} {cfg:22} "
-            f"{_cell(best['median_us'] if best else None)} {_cell(100 * frac if frac else None, 7, '%')} "
-            f"{_cell(res.get('tflops'), 7)} {_cell(res.get('linear_us', {}).get('median_us'))} {cub} "
-            f"{_cell(res.get('bf16', {}).get('median_us'))}"
+            f"{res['n']:>6} {res['k']:>6} {res['m']:>5} {cfg:34} "
+            f"{_cell(best['median_us'] if best else None, 8)} {_cell(100 * frac if frac else None, 7, '%')} "
+            f"{_cell(res.get('tflops'), 7)} {per_path} {_cell(res.get('gemm_alone', {}).get('median_us'))} {cub} "
+            f"{_cell(res.get('bf16', {}).get('median_us'), 8)} {_cell(ratio, 9, 'x') if ratio else f'{chr(45):>9}'}"
         )
-    print("linear = Triton quant + GEMM; cuBLAS 'p' = M padded to a multiple of 16; %HBM(W) = weight bytes/s over 4.3 TB/s")
+    print(
+        "times in us, whole op (bf16 in, quantization included, bf16 out) per path; gemm-only = the gemm path's "
+        "GEMM on a pre-quantized activation; cuBLAS = block-wise scaled_mm GEMM only ('p': M padded to a multiple "
+        "of 16); vs cuBLAS = cuBLAS time / best whole-op time; %HBM(W) = weight bytes/s over 4.3 TB/s"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -687,10 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma-separated M values (table buckets)")
     p.add_argument("--budget-s", type=float, default=400.0, help="wall-clock budget for the whole run, from start")
     p.add_argument("--quick", action="store_true", help=f"smoke test: shapes {QUICK_SHAPES}, M {QUICK_M}")
-    p.add_argument("--max-candidates", type=int, default=9, help="GEMM configs timed per (shape, M); fused gets half")
-    p.add_argument("--stage1", type=int, default=4, help="tile shapes in the first round")
+    p.add_argument("--max-candidates", type=int, default=12, help="configs (all paths) timed per (shape, M)")
+    p.add_argument("--paths", default="all", help="linear paths to search: 'all' or a subset of gemm,fused,decode,swap")
     p.add_argument("--replays", type=int, default=50, help="timed graph replays, median reported (>= 50 on CUDA)")
-    p.add_argument("--no-fused", action="store_true", help="skip the fused-quant path")
     p.add_argument("--no-competitors", action="store_true", help="skip cuBLAS and bf16 timings")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -49,5 +49,5 @@ def test_summary_states_the_targets() -> None:
     assert math.isclose(s["small_m_cublas_vs_triton"], 1.25) and s["small_m_min_hbm_fraction"] == 0.8
     assert math.isclose(s["large_m_triton_speed_vs_cublas"], 0.5)
     assert bench.winners(rows) == {(7168, 16384, 1): "triton", (7168, 16384, 4096): "cuda-scaled-mm"}
-    table = bench.format_table(rows + [{"n": 1, "k": 1, "m": 1, "backend": "x", "error": "boom"}])
+    table = bench.format_table([*rows, {"n": 1, "k": 1, "m": 1, "backend": "x", "error": "boom"}])
     assert "WINNER" in table and "boom" in table

@@ -29,9 +29,10 @@ import torch
 pytest.importorskip("triton")
 
 import triton
+import triton.language as tl
 
 from fp8select.kernels import triton_gemm as tg
-from fp8select.kernels import triton_quant
+from fp8select.kernels import triton_quant, triton_search
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout, quantize_per_token_group
 
 if type(triton.language.max).__name__ != "InterpretedFunction":
@@ -221,6 +222,261 @@ def test_gemm_default_config() -> None:
     _check(out, x, xq, xs, w, ws, 128, None, torch.bfloat16)
 
 
+# ---------------------------------------------------------------------------------------------
+# linear(): every path (gemm, fused, decode = swap-AB with in-kernel quantization, swap)
+# ---------------------------------------------------------------------------------------------
+
+SWAP_SMALL = {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1}
+
+
+@pytest.mark.parametrize("path", tg.PATHS)
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize(
+    ("block", "split_k", "fixup"), [((128, 128), 1, 0), ((1, 128), 2, 1), ((128, 128), 3, 1), ((128, 128), 2, 0)]
+)
+def test_linear_paths_match_fp64(path: str, m: int, block: tuple[int, int], split_k: int, fixup: int) -> None:
+    n, k = 200, 320  # ragged N (not a multiple of BLOCK_N or 128) and K (2.5 scale groups)
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, block[0])
+    cfg = {**SMALL, "path": path, "SPLIT_K": split_k, "FIXUP": fixup}
+    out = tg.linear(x, w, ws, block, out_dtype=torch.float32, config=cfg)
+    _check(out, x, xq, xs, w, ws, block[0], None, torch.float32)
+
+
+@pytest.mark.parametrize("path", tg.PATHS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_linear_bias_dtypes_strided_fp16_input(path: str, out_dtype: torch.dtype) -> None:
+    m, n, k = 3, 200, 256
+    wide = _activation(m, 2 * k, torch.float16)
+    x = wide[:, 64 : 64 + k]  # row stride 2K
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 128)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    out = tg.linear(x, w, ws, (128, 128), out_dtype=out_dtype, bias=bias, config={**SMALL, "path": path, "SPLIT_K": 2})
+    _check(out, x, xq, xs, w, ws, 128, bias, out_dtype)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 9, 16, 40])
+def test_decode_quantizes_like_the_quant_kernel(m: int) -> None:
+    """In-kernel quantization == quantize_per_token_group, bit for bit.
+
+    ``decode`` quantizes x inside the swap-AB kernel (only next_pow2(M) rows, repeated to the
+    16-row tile: M = 1, 2, 3-4, 5-8, 9-16 take different branches; 40 spans three M tiles);
+    ``swap`` runs the same kernel and dot order on the torch quantizer's output. Equal outputs
+    mean equal fp8 activations and scales (any differing element would change its row).
+    """
+    n, k = 200, 300
+    gen = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, k, generator=gen) * torch.exp(torch.randn(m, 1, generator=gen) * 3)).to(torch.bfloat16)
+    w, ws = _weight(n, k, 128)
+    bias = torch.randn(n)
+    cfg = {**SWAP_SMALL, "SPLIT_K": 2}
+    fused = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, bias=bias, config={**cfg, "path": "decode"})
+    xq, xs = quantize_per_token_group(x)
+    separate = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, bias=bias,
+                                  config={**cfg, "path": "swap"})
+    assert torch.equal(fused, separate)
+    _check(fused, x, xq, xs, w, ws, 128, bias, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.float32])
+def test_fused_paths_equal_separate_quantization(dtype: torch.dtype, x_dtype: torch.dtype) -> None:
+    m, n, k = 5, 128, 256
+    x = _activation(m, k, x_dtype)
+    xq, xs = quantize_per_token_group(x, dtype=dtype)
+    w, ws = _weight(n, k, 128, dtype=dtype)
+    for fused_path, separate_path in (("decode", "swap"), ("fused", "gemm")):
+        fused = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config={**SMALL, "path": fused_path})
+        separate = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32,
+                                      config={**SMALL, "path": separate_path})
+        assert torch.equal(fused, separate), fused_path
+        # and the path through the quantization kernel gives the same bits as well
+        assert torch.equal(tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32,
+                                     config={**SMALL, "path": separate_path}), separate)
+
+
+@pytest.mark.parametrize("path", ["gemm", "decode"])
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_fixup_equals_two_pass_reduction_and_resets_counters(path: str, split_k: int) -> None:
+    m, n, k = 17, 200, 640
+    x = _activation(m, k)
+    w, ws = _weight(n, k, 128)
+    bias = torch.randn(n)
+    cfg = {**SMALL, "path": path, "SPLIT_K": split_k}
+    one_launch = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config={**cfg, "FIXUP": 1})
+    two_pass = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config={**cfg, "FIXUP": 0})
+    # Both sum the partials in split order: bitwise equal (and run-to-run reproducible).
+    assert torch.equal(one_launch, two_pass)
+    assert tg._COUNTERS and all(int(buf.abs().sum()) == 0 for buf in tg._COUNTERS.values())
+
+
+@pytest.mark.parametrize("layout", [M_MAJOR, ScaleLayout(mn_major=True, m_align=4)])
+def test_swap_prequantized_scale_layouts_and_weight_scale_strides(layout: ScaleLayout) -> None:
+    m, n, k = 3, 200, 320
+    x = _activation(m, k)
+    xq, xs_row = quantize_per_token_group(x)
+    _, xs = quantize_per_token_group(x, layout=layout)
+    w, ws = _weight(n, k, 128)
+    ws_t = ws.t().contiguous().t()  # same values, column-major strides
+    cfg = {**SWAP_SMALL, "path": "swap"}
+    out = tg.w8a8_block_gemm(xq, xs, w, ws_t, (128, 128), out_dtype=torch.float32, config=cfg)
+    out_row = tg.w8a8_block_gemm(xq, xs_row, w, ws, (128, 128), out_dtype=torch.float32, config=cfg)
+    assert torch.equal(out, out_row)
+    _check(out, x, xq, xs_row, w, ws, 128, None, torch.float32)
+
+
+_ORIGINAL_REPEAT_ROWS = tg._repeat_rows
+
+
+@triton.jit
+def _repeat_rows_without_reshape(t, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    tl.static_assert((ROWS == 1) or (ROWS == BLOCK_M), "reshape unsupported (simulated)")
+    return _ORIGINAL_REPEAT_ROWS(t, ROWS, BLOCK_M)
+
+
+def test_decode_falls_back_to_whole_tile_when_row_repeat_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, n, k = 3, 128, 256  # QUANT_ROWS 4 of a 16-row tile: the reshape branch
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 128)
+    want = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config={**SWAP_SMALL, "path": "decode"})
+    monkeypatch.setattr(tg, "_repeat_rows", _repeat_rows_without_reshape)
+    monkeypatch.setattr(tg, "_REPEAT_RESHAPE_OK", [True])
+    got = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config={**SWAP_SMALL, "path": "decode"})
+    assert tg._REPEAT_RESHAPE_OK == [False]
+    assert torch.equal(got, want)  # whole wrapped tile quantized: same rows, same results
+    _check(got, x, xq, xs, w, ws, 128, None, torch.float32)
+
+
+@pytest.mark.parametrize("path", tg.PATHS)
+@pytest.mark.parametrize(("m", "block"), [(1, (128, 128)), (17, (1, 128))])
+def test_tma_loads_equal_pointer_loads(path: str, m: int, block: tuple[int, int]) -> None:
+    """TMA descriptors zero-fill the ragged N and K edges: same bits as the masked pointer loads."""
+    n, k = 200, 320
+    x = _activation(m, k)
+    w, ws = _weight(n, k, block[0])
+    cfg = {**SMALL, "path": path, "SPLIT_K": 2, "FIXUP": 1}
+    ptr = tg.linear(x, w, ws, block, out_dtype=torch.float32, config=cfg)
+    tma = tg.linear(x, w, ws, block, out_dtype=torch.float32, config={**cfg, "TMA": 1})
+    assert torch.equal(tma, ptr)
+    # A weight whose rows are not 16-byte aligned cannot back a descriptor: pointer loads then.
+    wide = torch.zeros(n, k + 8, dtype=E4M3)
+    wide[:, :k] = w
+    odd = tg.linear(x, wide[:, :k], ws, block, out_dtype=torch.float32, config={**cfg, "TMA": 1})
+    assert torch.equal(odd, ptr)
+
+
+def test_swap_1x128_weight_scales_and_wide_tile() -> None:
+    m, n, k = 2, 96, 384  # BLOCK_N 64 over 96 rows of per-row weight scales
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 1)
+    for cfg in ({**SWAP_SMALL, "path": "decode"}, {"BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 2, "path": "decode"}):
+        out = tg.linear(x, w, ws, (1, 128), out_dtype=torch.float32, config=cfg)
+        _check(out, x, xq, xs, w, ws, 1, None, torch.float32)
+
+
+def test_linear_empty_and_zero_k() -> None:
+    w, ws = _weight(128, 256, 128)
+    for path in tg.PATHS:
+        out = tg.linear(torch.empty(0, 256, dtype=torch.bfloat16), w, ws, (128, 128), out_dtype=torch.bfloat16,
+                        config={"path": path})
+        assert out.shape == (0, 128)
+    bias = torch.randn(128)
+    w0 = torch.empty(128, 0, dtype=E4M3)
+    out = tg.linear(torch.empty(2, 0), w0, torch.empty(1, 0), (128, 128), out_dtype=torch.float32, bias=bias,
+                    config={"path": "decode"})
+    assert torch.equal(out, bias.expand(2, 128))
+
+
+def test_linear_default_path_is_the_table_choice() -> None:
+    # The packaged table has no measured "linear" section: the gemm path, with its gemm config.
+    cfg = tg.linear_config(2112, 7168, 1)
+    assert cfg["path"] == "gemm" and cfg["FIXUP"] == 0
+    assert {key: cfg[key] for key in tg.CONFIG_KEYS} == tg.get_config(2112, 7168, 1, fused=False)
+    decode = _cfg(16, 4) | {"path": "decode", "FIXUP": 1}
+    table = {"linear": {"256,512": {"1": decode, "1024": _cfg(128) | {"path": "gemm"}}}, "decode": {}}
+    assert tg.linear_config(256, 512, 2, table=table) == decode
+    assert tg.linear_config(256, 512, 4096, table=table) == _cfg(128) | {"path": "gemm", "FIXUP": 0}
+    assert tg.linear_config(256, 640, 1, table=table)["path"] == "gemm"  # shape not in the table
+    # A partial config names a path: the rest comes from that path's defaults.
+    heuristic = tg.path_config(7168, 16384, 1, "decode")
+    assert heuristic == triton_search.heuristic_config(7168, 16384, 1, "decode")
+    assert heuristic["SPLIT_K"] > 1 and heuristic["BLOCK_N"] >= 64
+    assert tg._resolve({"path": "decode", "SPLIT_K": 2}, 7168, 16384, 1, None) == {**heuristic, "SPLIT_K": 2}
+
+
+def test_linear_runs_through_the_table_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, n, k = 2, 128, 256
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 128)
+    table = {"linear": {f"{n},{k}": {"2": {**_cfg(16), "path": "decode"}}}}
+    monkeypatch.setattr(tg, "_cached_table", lambda path: table)
+    seen: list[dict] = []
+    launch = tg._launch
+    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
+    out = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32)
+    assert [c["path"] for c in seen] == ["decode"]
+    _check(out, x, xq, xs, w, ws, 128, None, torch.float32)
+
+
+def test_backend_run_uses_tuned_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fp8select.backends.base import PreparedWeight
+    from fp8select.backends.triton import TritonBackend
+
+    m, n, k = 3, 128, 256
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 128)
+    tuned = {**_cfg(16, 2), "path": "decode", "FIXUP": 1}
+    prepared = PreparedWeight("triton", w, ws, (128, 128), n, k, w, extra={"tuned": {4: {"config": tuned}}})
+    seen: list[dict] = []
+    launch = tg._launch
+    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
+    backend = TritonBackend()
+    out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=None)  # type: ignore[arg-type]
+    assert seen[-1] == tuned
+    _check(out, x, xq, xs, w, ws, 128, None, torch.float32)
+    pre = backend.run(prepared, xq, input_scale=xs, bias=None, out_dtype=torch.float32, caps=None)  # type: ignore[arg-type]
+    assert seen[-1]["path"] == "swap" and torch.equal(pre, out)  # same kernel on the pre-quantized input
+    untuned = PreparedWeight("triton", w, ws, (128, 128), n, k, w)
+    backend.run(untuned, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=None)  # type: ignore[arg-type]
+    assert seen[-1]["path"] == "gemm"
+
+
+def test_hardware_rounding_only_for_compiled_nvidia_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fp32 pre-rounding (for the interpreter's cast) is skipped only where the cast is the
+    NVIDIA cvt.rn.satfinite instruction; the GPU run checks those bits against torch."""
+
+    class InterpretedFunction:
+        pass
+
+    class JITFunction:
+        pass
+
+    cuda = torch.device("cuda")
+    assert triton_quant.hw_rne(JITFunction(), cuda, E4M3)
+    assert triton_quant.hw_rne(JITFunction(), cuda, torch.float8_e5m2)
+    assert not triton_quant.hw_rne(JITFunction(), cuda, torch.float8_e4m3fnuz)
+    assert not triton_quant.hw_rne(InterpretedFunction(), cuda, E4M3)
+    assert not triton_quant.hw_rne(JITFunction(), torch.device("cpu"), E4M3)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not triton_quant.hw_rne(JITFunction(), cuda, E4M3)
+    assert not triton_quant.hw_rne(tg._w8a8_swap_kernel, torch.device("cpu"), E4M3)
+
+
+def test_validate_config_optional_keys() -> None:
+    full = {**_cfg(16), "path": "decode", "FIXUP": 1}
+    assert tg.validate_config(full) == full
+    assert list(tg.validate_config({"FIXUP": 0, "path": "gemm", **_cfg(16)})) == [*tg.CONFIG_KEYS, "path", "FIXUP"]
+    for bad, match in [({"path": "decode2"}, "path"), ({"FIXUP": True}, "FIXUP"), ({"FIXUP": 2}, "FIXUP")]:
+        with pytest.raises(ValueError, match=match):
+            tg.validate_config({**_cfg(16), **bad})
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -234,6 +490,8 @@ def test_gemm_default_config() -> None:
         ({"config": {"BLOCK_N": 48}}, "power of two"),
         ({"config": {"SPLIT_K": 0}}, "SPLIT_K"),
         ({"config": {"TILE": 1}}, "unknown"),
+        ({"config": {"path": "nope"}}, "path"),
+        ({"config": {"FIXUP": 2}}, "FIXUP"),
         ({"b": torch.zeros(128, 256, dtype=torch.float8_e5m2)}, "same fp8 dtype"),
     ],
 )
@@ -306,6 +564,8 @@ def test_load_config_table_from_path_and_rejects_bad_tables(tmp_path: Path) -> N
         ({"gemm": {"128x256": {"4": _cfg(16)}}}, "N,K"),
         ({"gemm": {"128,256": {"3": _cfg(16)}}}, "power of two"),
         ({"gemm": {"128,256": {"4": {**_cfg(16), "BLOCK_K": 64}}}}, "BLOCK_K"),
+        ({"linear": {"128,256": {"4": _cfg(16)}}}, "must name its 'path'"),
+        ({"decode": {"128,256": {"4": {**_cfg(16), "path": "gemm"}}}}, "in section 'decode'"),
     ]:
         bad_path = tmp_path / f"bad{len(match)}.json"
         bad_path.write_text(json.dumps(bad))
@@ -339,41 +599,49 @@ def _sweep_module() -> ModuleType:
     return module
 
 
-def test_sweep_candidates_are_valid_and_table_round_trips() -> None:
+def test_sweep_parsing_and_table_round_trip() -> None:
     sweep = _sweep_module()
     shapes = sweep.parse_shapes("deepseek-v3")
     assert (7168, 16384) in shapes and len(shapes) == 8
     assert sweep.parse_shapes("128x256,4096,7168") == [(128, 256), (4096, 7168)]
     assert sweep.parse_m_list("1,8,16") == [1, 8, 16]
+    assert sweep.parse_paths("all") == list(tg.PATHS)
+    assert sweep.parse_paths("gemm, decode") == ["gemm", "decode"]
+    with pytest.raises(ValueError, match="subset"):
+        sweep.parse_paths("gemm,bogus")
+    assert not hasattr(sweep, "stage1_candidates"), "candidate logic belongs in fp8select.kernels.triton_search"
     results = []
     for n, k in shapes:
         for m in sweep.DEFAULT_M:
-            cands = sweep.stage1_candidates(n, k, m, fused=False, sms=132)
-            assert 1 <= len(cands) <= 8
-            for cfg in cands + sweep.neighbours(cands[0], n, k, m, fused=m <= 64, sms=132):
-                tg.validate_config(cfg)
-            results.append({"n": n, "k": k, "m": m, "path": "gemm", "best": {"config": cands[0]}})
+            cands = triton_search.candidates(n, k, m)
+            by_path = {c["path"]: {"config": c, "median_us": 1.0} for c in reversed(cands)}
+            results.append({"n": n, "k": k, "m": m, "best": {"config": cands[0]}, "paths": by_path})
     table = sweep.build_table(results)
+    assert set(table["linear"]) == {f"{n},{k}" for n, k in shapes}
     assert set(table["gemm"]) == {f"{n},{k}" for n, k in shapes}
     reparsed = json.loads(tg.format_config_table(table))
     want = next(r for r in results if (r["n"], r["k"], r["m"]) == (7168, 16384, 1))["best"]["config"]
-    assert tg.get_config(7168, 16384, 1, fused=False, table=reparsed) == want
+    assert tg.linear_config(7168, 16384, 1, table=reparsed) == want
+    assert tg.path_config(7168, 16384, 1, "gemm", table=reparsed)["path"] == "gemm"
 
 
 def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     cmd = [
         sys.executable, str(REPO / "benchmarks" / "sweep_triton.py"), "--device", "cpu", "--out", str(out),
-        "--shapes", "128x256", "--m", "1", "--replays", "1", "--max-candidates", "2", "--stage1", "1",
-        "--budget-s", "120",
+        "--shapes", "128x256", "--m", "1", "--replays", "1", "--max-candidates", "2", "--budget-s", "120",
     ]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["complete"] and report["quant_bitwise"]["row_major"]["fp8_mismatches"] == 0
-    paths = {r["path"]: r for r in report["results"]}
-    assert paths["gemm"]["best"]["rel_err"] < 1e-2 and paths["fused"]["best"]["rel_err"] < 1e-2
-    assert "error" in paths["gemm"]["cublas"]["exact"]  # block-wise scaled_mm is CUDA-only
+    (res,) = report["results"]
+    assert res["best"]["rel_err"] < 1e-2
+    assert set(res["paths"]) == {"decode", "gemm"}  # the first two candidates at M = 1
+    assert res["paths"]["decode"]["bitwise_vs_prequant"] is True
+    assert "median_us" in res["gemm_alone"]
+    assert "error" in res["cublas"]["exact"]  # block-wise scaled_mm is CUDA-only
     table = tg.load_config_table(tmp_path / "sweep.triton_configs.json")
-    assert "1" in table["gemm"]["128,256"] and "1" in table["fused"]["128,256"]
+    assert table["linear"]["128,256"]["1"] == res["best"]["config"]
+    assert "1" in table["gemm"]["128,256"] and "1" in table["decode"]["128,256"]

@@ -42,15 +42,11 @@ class TritonBackend(Backend):
         from fp8select.kernels import triton_gemm
 
         m = x.shape[0]
-        tuned = prepared.extra.get("tuned", {}).get(triton_gemm.m_bucket(m))
-        config = tuned["config"] if tuned else None
-        if input_scale is None and tuned and tuned.get("fused"):
-            return triton_gemm.w8a8_block_linear_fused(x, prepared.weight, prepared.scale, prepared.block_size,
-                                                       out_dtype=out_dtype, bias=bias, config=config)
+        # A measured config (with its "path") from the tuning table, when there is one;
+        # otherwise the kernels' own table/heuristic choice.
+        config = (prepared.extra.get("tuned", {}).get(triton_gemm.m_bucket(m)) or {}).get("config")
         if input_scale is None:
-            from fp8select.kernels.triton_quant import quantize_per_token_group_triton
-
-            x, input_scale = quantize_per_token_group_triton(x, prepared.block_size[1], dtype=prepared.weight.dtype)
-        cfg = config or triton_gemm.get_config(prepared.n, prepared.k, m, fused=False)
+            return triton_gemm.linear(x, prepared.weight, prepared.scale, prepared.block_size,
+                                      out_dtype=out_dtype, bias=bias, config=config)
         return triton_gemm.w8a8_block_gemm(x, input_scale, prepared.weight, prepared.scale, prepared.block_size,
-                                           out_dtype=out_dtype, bias=bias, config=cfg)
+                                           out_dtype=out_dtype, bias=bias, config=config)

@@ -3,12 +3,14 @@
 The ``@triton.jit`` helpers :func:`fp8_group_scale` and :func:`fp8_quantize` are shared with
 the fused GEMM in :mod:`.triton_gemm`, so the separate and the fused paths quantize alike.
 
-Bitwise equality with torch needs three things that Triton does not give by default:
-IEEE division (``tl.math.div_rn``; ``/`` on fp32 is approximate on NVIDIA GPUs), the UE8M0
-power-of-two rounding done on the bit pattern (``log2``/``exp2`` are approximate), and the
-round-to-nearest-even onto the fp8 grid done in fp32 before the cast (the Triton CPU
-interpreter's fp32->fp8 cast does not carry a rounded-up mantissa into the exponent; after
-the pre-rounding every cast is exact, so GPU and interpreter agree).
+Bitwise equality with torch needs: IEEE division (``tl.math.div_rn``; ``/`` on fp32 is
+approximate on NVIDIA GPUs), the UE8M0 power-of-two rounding done on the bit pattern
+(``log2``/``exp2`` are approximate), and a round-to-nearest-even fp32->fp8 conversion. On
+NVIDIA GPUs Triton's cast is the hardware ``cvt.rn.satfinite`` (RNE), used as is
+(``HW_RNE=True``). The Triton CPU interpreter's cast does not carry a rounded-up mantissa
+into the exponent, so there (and on ROCm/XPU, whose casts were not checked) the value is
+first rounded onto the fp8 grid in fp32 (:func:`_round_to_fp8_grid`, ~10 integer/float ops
+per element), after which every cast is exact. :func:`hw_rne` picks the mode per launch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,18 @@ from .quant import (
     fp8_format,
 )
 
-__all__ = ["fp8_constexprs", "fp8_group_scale", "fp8_quantize", "quantize_per_token_group_triton"]
+__all__ = ["fp8_constexprs", "fp8_group_scale", "fp8_quantize", "hw_rne", "quantize_per_token_group_triton"]
+
+
+def hw_rne(kernel: object, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``kernel`` launched on ``device`` may rely on the fp32->``dtype`` cast rounding to
+    nearest even: compiled (not interpreted) for an NVIDIA GPU, where Triton emits
+    ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` for e4m3fn and e5m2. Everywhere else (and for the
+    fnuz types) the kernels round in fp32 first.
+    """
+    interpreted = type(kernel).__name__ == "InterpretedFunction"
+    native = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    return native and device.type == "cuda" and torch.version.hip is None and not interpreted
 
 
 def fp8_constexprs(dtype: torch.dtype) -> dict[str, float | int]:
@@ -73,14 +86,18 @@ def fp8_quantize(
     FP8_MAX: tl.constexpr,
     FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr,
+    HW_RNE: tl.constexpr,
 ):
-    """fp32 ``x / scale`` saturated to +-FP8_MAX and rounded onto the fp8 grid (still fp32).
+    """fp32 ``x / scale`` saturated to +-FP8_MAX, ready for the cast to the fp8 element type.
 
-    The caller casts the result to the fp8 element type; the cast is exact.
+    With ``HW_RNE`` the cast itself rounds to nearest even; otherwise the value is rounded
+    onto the fp8 grid here (still fp32) and the caller's cast is exact.
     """
     y = tl.math.div_rn(x, scale)
     y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
-    return _round_to_fp8_grid(y, FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
+    if not HW_RNE:
+        y = _round_to_fp8_grid(y, FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
+    return y
 
 
 @triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg", "eps"])
@@ -103,6 +120,7 @@ def _quant_kernel(
     FP8_MAX: tl.constexpr,
     FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr,
+    HW_RNE: tl.constexpr,
 ):
     """One program quantizes a ``[BLOCK_M, GROUP]`` tile: BLOCK_M tokens, one K group."""
     pid_m = tl.program_id(0)
@@ -117,7 +135,7 @@ def _quant_kernel(
         x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0
     ).to(tl.float32)
     scale = fp8_group_scale(tl.max(tl.abs(x), axis=1), eps, FP8_MAX, UE8M0)
-    q = fp8_quantize(x, scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
+    q = fp8_quantize(x, scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
     tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + rows64 * stride_sm + group * stride_sg, scale, mask=row_ok)
 
@@ -163,6 +181,7 @@ def quantize_per_token_group_triton(
         GROUP_P2=group_p2,
         BLOCK_M=block_m,
         UE8M0=layout.ue8m0,
+        HW_RNE=hw_rne(_quant_kernel, x.device, dtype),
         num_warps=4,
         **fp8_constexprs(dtype),
     )
