@@ -108,3 +108,18 @@ def test_layer_reports_its_plan(selection) -> None:  # type: ignore[no-untyped-d
     layer = selection.prepare(w, s)
     assert layer.primary.name == "reference" and layer.fallback is None
     assert "reference" in repr(layer)
+
+
+def test_triton_on_gfx942_converts_the_weight_to_fnuz_once() -> None:
+    from fp8select.backends.triton import TritonBackend
+
+    caps = MATRIX["mi300x"][0]
+    w, s = random_problem(256, 384)
+    pw = TritonBackend().prepare(w, s, (128, 128), caps)
+    assert pw.weight.dtype == torch.float8_e4m3fnuz and pw.weight_nk is pw.weight
+    assert torch.equal(pw.scale, s * 2) and torch.equal(pw.scale_nk, pw.scale)
+    # same values: fnuz bits mean half, scales doubled
+    from fp64_reference import dequant_weight
+
+    assert torch.equal(dequant_weight(pw.weight, pw.scale, (128, 128)), dequant_weight(w, s, (128, 128)))
+    assert TritonBackend().prepare(w, s, (128, 128), MATRIX["mi355x"][0]).weight is w

@@ -37,6 +37,18 @@ class TritonBackend(Backend):
     def weight_dtype(self, caps: Capabilities) -> torch.dtype:
         return torch.float8_e4m3fnuz if caps.gfx_arch == "gfx942" else torch.float8_e4m3fn
 
+    def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
+                caps: Capabilities) -> PreparedWeight:
+        """The checkpoint layout; on gfx942 an e4m3fn weight becomes e4m3fnuz (Triton's e4m3fn dot
+        fails there), same bits but 0x80, scales doubled, once at load time."""
+        if self.weight_dtype(caps) == torch.float8_e4m3fnuz and weight.dtype == torch.float8_e4m3fn:
+            from fp8select.kernels.vendor_layouts import e4m3fn_to_e4m3fnuz
+
+            w, s = e4m3fn_to_e4m3fnuz(weight, weight_scale)
+            n, k = w.shape
+            return PreparedWeight(self.name, w, s, tuple(block_size), n, k, w, scale_nk=s)  # type: ignore[arg-type]
+        return super().prepare(weight, weight_scale, block_size, caps)
+
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
         from fp8select.kernels import triton_gemm
