@@ -127,18 +127,24 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows: list[dict[str, Any]] = []
     gen = torch.Generator(device="cuda").manual_seed(1)
+    points_left = len(shapes) * len(ms)
     for n, k in shapes:
         base = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
         scale = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda", generator=gen) * 1e-3 + 1e-4
         weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
         layers = {b.name: [bench.single_backend(selection, b).prepare(w, scale) for w in weights] for b in backends}
         for m in ms:
-            if time.monotonic() - start > budget_s:
+            left = budget_s - (time.monotonic() - start)
+            points_left -= 1
+            if left <= 0:
                 rows.append({"n": n, "k": k, "m": m, "skipped": "budget"})
                 continue
+            # each remaining point gets a fair share of the budget for its Triton search
+            deadline = time.monotonic() + left / (points_left + 1)
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
             ref = bench.fp64_reference(x, base, scale, (128, 128))
-            entry = _tune_point(layers, x, ref, n, k, m, replays=replays, max_configs=max_configs, sms=sms, rows=rows)
+            entry = _tune_point(layers, x, ref, n, k, m, replays=replays, max_configs=max_configs, sms=sms, rows=rows,
+                                deadline=deadline)
             if entry is not None:
                 table["entries"].setdefault(f"{n},{k}", {})[str(m_bucket(m))] = entry
                 if progress is not None:
@@ -149,7 +155,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
 
 
 def _tune_point(layers: Mapping[str, list[Any]], x: Any, ref: Any, n: int, k: int, m: int, *, replays: int,
-                max_configs: int, sms: int, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+                max_configs: int, sms: int, rows: list[dict[str, Any]], deadline: float = math.inf) -> dict[str, Any] | None:
     """Time every backend (Triton over a configuration search) at one (N, K, M); the table entry."""
     from fp8select import bench
     from fp8select.kernels import triton_search
@@ -173,7 +179,7 @@ def _tune_point(layers: Mapping[str, list[Any]], x: Any, ref: Any, n: int, k: in
                 except Exception:  # noqa: BLE001 - a config that fails to compile or launch is skipped
                     return None
 
-            cfg, us, tried = triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs)
+            cfg, us, tried = triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs, deadline=deadline)
             rows.extend({"n": n, "k": k, "m": m, "backend": "triton", "config": t.get("config"), "us": t.get("us")} for t in tried)
             for layer in layers["triton"]:
                 layer.prepared["triton"].extra.pop("tuned", None)
