@@ -147,8 +147,12 @@ def checked_call(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
 
 
 def single_backend(selection: Selection, backend: Backend) -> Selection:
-    """A selection whose chain is just ``backend`` (so a call it cannot take fails, not falls back)."""
-    return Selection(backend, selection.verdicts, "argument", selection.capabilities, (backend,))
+    """A selection whose chain is just ``backend`` (so a call it cannot take fails, not falls back).
+
+    It keeps the selection's tuning table, so each backend is measured at its tuned best (the
+    Triton configurations found by ``tune``), which is what the ``auto`` choice is compared to.
+    """
+    return Selection(backend, selection.verdicts, "argument", selection.capabilities, (backend,), tuning=selection.tuning)
 
 
 def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
