@@ -30,7 +30,7 @@ def main() -> int:
     for m, k in ((16, 7168), (1024, 7168), (4096, 7168), (4096, 16384)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         for name, layout in (("row", ROW_MAJOR), ("m_major", M_MAJOR)):
-            t = time_graph([lambda layout=layout: quantize_per_token_group_triton(x, layout=layout)], 50)
+            t = time_graph([lambda layout=layout, x=x: quantize_per_token_group_triton(x, layout=layout)], 50)
             moved = m * k * 3 + m * (k // 128) * 4
             rows.append({"m": m, "k": k, "layout": name, "us": round(t.median_us, 2),
                          "tb_per_s": round(moved / t.median_us / 1e6, 2)})
