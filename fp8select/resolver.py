@@ -132,9 +132,10 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     (:func:`fp8select.tuning.find_table`: ``FP8SELECT_TUNING_TABLE``, the cache directory, then
     the tables shipped with fp8select); layers prepared from the selection then choose per M
     bucket between the chosen backend and its fallback as measured. False uses none; a mapping
-    is used as the table.
+    is used as the table. With ``group``, rank 0's table (found or given) is broadcast, so every
+    rank makes the same per-M decisions.
     """
-    _check_arguments(capabilities, verify, plugins, group, on_mismatch)
+    _check_arguments(capabilities, verify, plugins, group, on_mismatch, tuning)
     detected = capabilities is None
     caps = detect_capabilities() if capabilities is None else capabilities
     do_verify = verify if verify is not None else (detected and caps.device_kind != "cpu")
@@ -147,24 +148,32 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
         outcome = _resolve_here(caps, backend, disable, order, plugins, do_verify)
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
-    return _with_tuning(agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch), tuning)
+    return _with_tuning(agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch), tuning, group)
 
 
-def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any]) -> Selection:
+def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], group: Any = None) -> Selection:
+    """``selection`` with its tuning table attached; with a group, rank 0's table on every rank
+    (one measurement, one set of per-M decisions across ranks)."""
     if tuning is False:
         return selection
-    if tuning is True:
-        from fp8select.tuning import find_table
 
-        table = find_table(selection.capabilities)
-    elif isinstance(tuning, Mapping):
-        table = dict(tuning)
+    def local() -> dict[str, Any] | None:
+        if tuning is True:
+            from fp8select.tuning import find_table
+
+            return find_table(selection.capabilities)
+        return dict(tuning)
+
+    if group is None:
+        table = local()
     else:
-        raise InvalidDtypeError(f"tuning: expected True, False or a tuning table mapping, found {tuning!r}")
+        from fp8select.distributed import measure_on_one_rank
+
+        table = measure_on_one_rank(lambda: {"table": local()}, None if isinstance(group, str) else group)["table"]
     return dataclasses.replace(selection, tuning=table) if table else selection
 
-
-def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object) -> None:
+def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object,
+                     tuning: object = True) -> None:
     """Typed errors for arguments of the wrong kind (before anything is detected or loaded)."""
     if capabilities is not None and not isinstance(capabilities, Capabilities):
         raise InvalidDtypeError(f"capabilities: expected a Capabilities snapshot or None, found {type(capabilities).__name__} "
@@ -175,6 +184,8 @@ def _check_arguments(capabilities: object, verify: object, plugins: object, grou
         raise InvalidDtypeError(f"plugins: expected True, False or an iterable of plugin objects, found {plugins!r}")
     if isinstance(group, str) and group != "world":
         raise InvalidInputError(f"group: expected a torch.distributed process group, 'world' or None, found {group!r}")
+    if not (isinstance(tuning, bool) or isinstance(tuning, Mapping)):
+        raise InvalidDtypeError(f"tuning: expected True, False or a tuning table mapping, found {tuning!r}")
     if on_mismatch not in ("common", "raise"):
         raise InvalidInputError(f"on_mismatch: expected 'common' or 'raise', found {on_mismatch!r}")
 

@@ -203,3 +203,15 @@ def _tune_point(layers: Mapping[str, list[Any]], x: Any, ref: Any, n: int, k: in
     if triton_best is not None:
         entry["triton"] = triton_best
     return entry
+
+
+def tune_on_one_rank(selection: Any, shapes: Sequence[tuple[int, int]], group: Any = None, src: int = 0,
+                     **kwargs: Any) -> dict[str, Any]:
+    """:func:`tune` on rank ``src`` of a ``torch.distributed`` group only; every rank gets its table.
+
+    The GPUs of one node are the same model, so measuring once and broadcasting saves every
+    other rank the time and guarantees one set of decisions (a collective).
+    """
+    from fp8select.distributed import measure_on_one_rank
+
+    return measure_on_one_rank(lambda: tune(selection, shapes, **kwargs)[0], group, src)

@@ -41,7 +41,8 @@ def _outcome(fn: Callable[[], Any]) -> dict[str, Any]:
         return {"error": type(exc).__name__, "message": str(exc), "bases": [c.__name__ for c in type(exc).__mro__]}
     if hasattr(value, "backend"):
         return {"backend": value.backend.name, "chain": [b.name for b in value.chain],
-                "verdicts": {c.name: [c.accepted, c.reason] for c in value.verdicts}, "notes": list(value.notes)}
+                "verdicts": {c.name: [c.accepted, c.reason] for c in value.verdicts}, "notes": list(value.notes),
+                "tuning": value.tuning}
     return {"value": value}
 
 
@@ -71,6 +72,7 @@ def _scenarios(rank: int) -> dict[str, Callable[[], Any]]:
         "broadcast-invalid": lambda: broadcast_table({"schema": 9} if rank == 0 else None),
         "measure-fails": lambda: measure_on_one_rank(failing_measure if rank == 0 else (lambda: {}), None, src=0),
         "still-in-step": lambda: resolve(CPU, plugins=False, group="world"),
+        "tuning-from-rank-0": lambda: resolve(CPU, plugins=False, group="world", tuning=table if rank == 0 else True),
     }
 
 
@@ -202,3 +204,19 @@ def test_rank_mismatch_error_is_exported() -> None:
     import fp8select
 
     assert fp8select.RankMismatchError is RankMismatchError and issubclass(RankMismatchError, RuntimeError)
+
+
+def test_resolve_with_a_group_uses_rank_0s_tuning_table_everywhere(results: list[dict[str, Any]]) -> None:
+    r0, r1 = _both(results, "tuning-from-rank-0")
+    assert r0["backend"] == r1["backend"] == "reference"
+    assert r0["tuning"] == r1["tuning"] and r1["tuning"]["entries"]["256,384"]["8"]["backend"] == "triton"
+
+
+def test_tune_on_one_rank_measures_on_the_source_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fp8select import distributed, tuning
+
+    calls: list[Any] = []
+    monkeypatch.setattr(tuning, "tune", lambda selection, shapes, **kw: (calls.append((shapes, kw)) or {"entries": {}}, []))
+    monkeypatch.setattr(distributed, "measure_on_one_rank", lambda measure, group, src: {"src": src, **measure()})
+    assert tuning.tune_on_one_rank(object(), [(256, 384)], None, src=1, replays=5) == {"src": 1, "entries": {}}
+    assert calls == [([(256, 384)], {"replays": 5})]
