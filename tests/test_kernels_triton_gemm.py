@@ -392,20 +392,25 @@ def test_linear_empty_and_zero_k() -> None:
 
 
 def test_linear_default_path_is_the_table_choice() -> None:
-    # The packaged table has no measured "linear" section: the gemm path, with its gemm config.
+    # The packaged table's measured "linear" entry is the default for a shape it lists.
+    packaged = tg.load_config_table()["linear"]["2112,7168"]["1"]
     cfg = tg.linear_config(2112, 7168, 1)
+    assert {key: cfg[key] for key in packaged} == packaged
+    # A shape it does not list runs the gemm path with its gemm config.
+    cfg = tg.linear_config(1000, 1000, 1)
     assert cfg["path"] == "gemm" and cfg["FIXUP"] == 0
-    assert {key: cfg[key] for key in tg.CONFIG_KEYS} == tg.get_config(2112, 7168, 1, fused=False)
+    assert {key: cfg[key] for key in tg.CONFIG_KEYS} == tg.get_config(1000, 1000, 1, fused=False)
     decode = _cfg(16, 4) | {"path": "decode", "FIXUP": 1}
     table = {"linear": {"256,512": {"1": decode, "1024": _cfg(128) | {"path": "gemm"}}}, "decode": {}}
     assert tg.linear_config(256, 512, 2, table=table) == decode
     assert tg.linear_config(256, 512, 4096, table=table) == _cfg(128) | {"path": "gemm", "FIXUP": 0}
     assert tg.linear_config(256, 640, 1, table=table)["path"] == "gemm"  # shape not in the table
-    # A partial config names a path: the rest comes from that path's defaults.
-    heuristic = tg.path_config(7168, 16384, 1, "decode")
-    assert heuristic == triton_search.heuristic_config(7168, 16384, 1, "decode")
+    # A partial config names a path: the rest comes from that path's defaults (a shape the
+    # packaged table does not list, so the heuristic).
+    heuristic = tg.path_config(7000, 16384, 1, "decode")
+    assert heuristic == triton_search.heuristic_config(7000, 16384, 1, "decode")
     assert heuristic["SPLIT_K"] > 1 and heuristic["BLOCK_N"] >= 64
-    assert tg._resolve({"path": "decode", "SPLIT_K": 2}, 7168, 16384, 1, None) == {**heuristic, "SPLIT_K": 2}
+    assert tg._resolve({"path": "decode", "SPLIT_K": 2}, 7000, 16384, 1, None) == {**heuristic, "SPLIT_K": 2}
 
 
 def test_linear_runs_through_the_table_default(monkeypatch: pytest.MonkeyPatch) -> None:
