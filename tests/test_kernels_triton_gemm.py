@@ -429,6 +429,7 @@ def test_linear_runs_through_the_table_default(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_backend_run_uses_tuned_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fp8select import Capabilities
     from fp8select.backends.base import PreparedWeight
     from fp8select.backends.triton import TritonBackend
 
@@ -442,13 +443,14 @@ def test_backend_run_uses_tuned_config(monkeypatch: pytest.MonkeyPatch) -> None:
     launch = tg._launch
     monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
     backend = TritonBackend()
-    out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=None)  # type: ignore[arg-type]
+    caps = Capabilities(torch_version="2.13.0")  # not the GPU the packaged configurations were measured on
+    out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps)
     assert seen[-1] == tuned
     _check(out, x, xq, xs, w, ws, 128, None, torch.float32)
-    pre = backend.run(prepared, xq, input_scale=xs, bias=None, out_dtype=torch.float32, caps=None)  # type: ignore[arg-type]
+    pre = backend.run(prepared, xq, input_scale=xs, bias=None, out_dtype=torch.float32, caps=caps)
     assert seen[-1]["path"] == "swap" and torch.equal(pre, out)  # same kernel on the pre-quantized input
     untuned = PreparedWeight("triton", w, ws, (128, 128), n, k, w)
-    backend.run(untuned, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=None)  # type: ignore[arg-type]
+    backend.run(untuned, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps)
     assert seen[-1]["path"] == "gemm"
 
 

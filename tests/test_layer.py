@@ -123,3 +123,11 @@ def test_triton_on_gfx942_converts_the_weight_to_fnuz_once() -> None:
 
     assert torch.equal(dequant_weight(pw.weight, pw.scale, (128, 128)), dequant_weight(w, s, (128, 128)))
     assert TritonBackend().prepare(w, s, (128, 128), MATRIX["mi355x"][0]).weight is w
+
+
+def test_packaged_triton_configurations_apply_only_on_the_gpu_they_were_measured_on() -> None:
+    from fp8select.backends.triton import _packaged_table_applies
+
+    assert _packaged_table_applies(MATRIX["h200-torch2.11"][0])
+    assert not _packaged_table_applies(MATRIX["rtx5090"][0])
+    assert not _packaged_table_applies(MATRIX["cpu-only"][0])

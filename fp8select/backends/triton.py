@@ -57,8 +57,21 @@ class TritonBackend(Backend):
         # A measured config (with its "path") from the tuning table, when there is one;
         # otherwise the kernels' own table/heuristic choice.
         config = (prepared.extra.get("tuned", {}).get(triton_gemm.m_bucket(m)) or {}).get("config")
+        if config is None and not _packaged_table_applies(caps):
+            # The packaged configurations were measured on another GPU (and may ask for more
+            # shared memory than this one has): use the heuristic defaults instead.
+            config = (triton_gemm.linear_config(prepared.n, prepared.k, m, table={}) if input_scale is None
+                      else triton_gemm.get_config(prepared.n, prepared.k, m, fused=False, table={}))
         if input_scale is None:
             return triton_gemm.linear(x, prepared.weight, prepared.scale, prepared.block_size,
                                       out_dtype=out_dtype, bias=bias, config=config)
         return triton_gemm.w8a8_block_gemm(x, input_scale, prepared.weight, prepared.scale, prepared.block_size,
                                            out_dtype=out_dtype, bias=bias, config=config)
+
+
+def _packaged_table_applies(caps: Capabilities) -> bool:
+    """Whether the packaged Triton configurations were measured on this GPU model."""
+    from fp8select.kernels import triton_gemm
+
+    source = triton_gemm.load_config_table().get("source", {})
+    return isinstance(source, dict) and source.get("device") is not None and source.get("device") == caps.device_name
