@@ -150,13 +150,45 @@ def _store_tile(
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _split_k_range(K, SPLIT_K, pid_k, BLOCK_K: tl.constexpr):
+    """K blocks ``[kb_start, kb_end)`` of split ``pid_k``: its share of the ``cdiv(K, BLOCK_K)``."""
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_blocks, SPLIT_K)
+    kb_start = pid_k * per_split
+    kb_end = tl.minimum(kb_start + per_split, k_blocks)
+    return kb_start, kb_end
+
+
+@triton.jit
+def _weight_scale_base(bs_ptr, pid_n, cols, stride_bsn, SCALE_BN: tl.constexpr, BLOCK_N: tl.constexpr,
+                       B_SCALE_SCALAR: tl.constexpr):
+    """Weight-scale pointers of N tile ``pid_n`` at K block 0: one for the whole tile when
+    ``B_SCALE_SCALAR``, else one per column ``cols``."""
+    if B_SCALE_SCALAR:
+        base = bs_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
+    else:
+        base = bs_ptr + (cols // SCALE_BN) * stride_bsn
+    return base
+
+
+@triton.jit
+def _quantize_groups(x, eps, FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr,
+                     HW_RNE: tl.constexpr):
+    """Quantize a ``[rows, 128]`` activation tile, one scale group per row (numerics of
+    :func:`fp8_quantize`): the fp32 values ready for the cast to fp8, and the ``[rows]`` scales."""
+    xf = x.to(tl.float32)
+    scale = fp8_group_scale(tl.max(tl.abs(xf), axis=1), eps, FP8_MAX, False)
+    q = fp8_quantize(xf, scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
+    return q, scale
+
+
 # Runtime values that change between calls of one layer (M, split count) or between scale
 # layouts (scale strides) are not specialized on, so one compiled kernel serves them all.
-@triton.jit(
-    do_not_specialize=[
-        "M", "SPLIT_K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias", "eps",
-    ]
-)
+_NOT_SPECIALIZED = ["M", "SPLIT_K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias", "eps"]
+
+
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
 def _w8a8_block_kernel(
     a_ptr,
     as_ptr,
@@ -227,19 +259,13 @@ def _w8a8_block_kernel(
     rows = (offs_m % M).to(tl.int64)
     cols = (offs_n % N).to(tl.int64)
 
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_blocks, SPLIT_K)
-    kb_start = pid_k * per_split
-    kb_end = tl.minimum(kb_start + per_split, k_blocks)
+    kb_start, kb_end = _split_k_range(K, SPLIT_K, pid_k, BLOCK_K)
 
     if not USE_TMA:
         a_ptrs = a_ptr + rows[:, None] * stride_am + (kb_start * BLOCK_K + offs_k)[None, :] * stride_ak
         b_ptrs = b_ptr + cols[None, :] * stride_bn + (kb_start * BLOCK_K + offs_k)[:, None] * stride_bk
     as_base = as_ptr + rows * stride_asm
-    if B_SCALE_SCALAR:
-        bs_base = bs_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
-    else:
-        bs_base = bs_ptr + (cols // SCALE_BN) * stride_bsn
+    bs_base = _weight_scale_base(bs_ptr, pid_n, cols, stride_bsn, SCALE_BN, BLOCK_N, B_SCALE_SCALAR)
 
     # The scale loads feed the multiply after the dot, not the dot's operands, so Triton's
     # pipeliner leaves them alone: prefetch them one K step ahead by hand so their latency
@@ -265,9 +291,7 @@ def _w8a8_block_kernel(
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if FUSED_QUANT:
-            x = a.to(tl.float32)
-            a_scale = fp8_group_scale(tl.max(tl.abs(x), axis=1), eps, FP8_MAX, False)
-            a = fp8_quantize(x, a_scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
+            a, a_scale = _quantize_groups(a, eps, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
             a = a.to(b.dtype)
         else:
             a_scale = a_scale_next
@@ -311,11 +335,7 @@ def _repeat_vec(v, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
     return out
 
 
-@triton.jit(
-    do_not_specialize=[
-        "M", "SPLIT_K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias", "eps",
-    ]
-)
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
 def _w8a8_swap_kernel(
     x_ptr,
     xs_ptr,
@@ -382,19 +402,13 @@ def _w8a8_swap_kernel(
     # Rows beyond M wrap onto valid rows (no masks); their results are never stored.
     xrows = ((pid_m * BLOCK_M + tl.arange(0, QUANT_ROWS)) % M).to(tl.int64)
 
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_blocks, SPLIT_K)
-    kb_start = pid_k * per_split
-    kb_end = tl.minimum(kb_start + per_split, k_blocks)
+    kb_start, kb_end = _split_k_range(K, SPLIT_K, pid_k, BLOCK_K)
 
     x_ptrs = x_ptr + xrows[:, None] * stride_xm + (kb_start * BLOCK_K + offs_k)[None, :] * stride_xk
     if not USE_TMA:
         w_ptrs = w_ptr + cols[:, None] * stride_wn + (kb_start * BLOCK_K + offs_k)[None, :] * stride_wk
     as_base = xs_ptr + xrows * stride_asm
-    if B_SCALE_SCALAR:
-        bs_base = ws_scale_ptr + (pid_n * BLOCK_N // SCALE_BN) * stride_bsn
-    else:
-        bs_base = ws_scale_ptr + (cols // SCALE_BN) * stride_bsn
+    bs_base = _weight_scale_base(ws_scale_ptr, pid_n, cols, stride_bsn, SCALE_BN, BLOCK_N, B_SCALE_SCALAR)
 
     # Scale loads prefetched one K step ahead (the pipeliner only prefetches dot operands);
     # at decode each step is short, so an exposed L2 round trip per step would be a large
@@ -420,9 +434,7 @@ def _w8a8_swap_kernel(
         else:
             w = tl.load(w_ptrs, mask=offs_k[None, :] < K - kb * BLOCK_K, other=0.0, eviction_policy="evict_first")
         if QUANT:
-            xf = xa.to(tl.float32)
-            a_scale = fp8_group_scale(tl.max(tl.abs(xf), axis=1), eps, FP8_MAX, False)
-            q = fp8_quantize(xf, a_scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
+            q, a_scale = _quantize_groups(xa, eps, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
             q = q.to(w.dtype)
         else:
             q = xa
