@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib
 import json
 import math
 import os
@@ -58,43 +59,35 @@ from typing import Any
 _T0 = time.monotonic()
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-DEEPSEEK_V3_SHAPES: list[tuple[int, int]] = [
-    (2112, 7168),
-    (24576, 1536),
-    (32768, 512),
-    (7168, 16384),
-    (4096, 7168),
-    (7168, 2048),
-    (36864, 7168),
-    (7168, 18432),
-]
 DEFAULT_M: tuple[int, ...] = (1, 8, 16, 64, 128, 512, 2048, 8192)
 QUICK_SHAPES: list[tuple[int, int]] = [(7168, 2048), (2112, 7168)]
 QUICK_M: tuple[int, ...] = (1, 16, 512)
-HBM_BYTES_PER_S = 4.3e12
-REL_ERR_MAX = 1e-2
 BLOCK_K = 128
 RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 
 
 # ---------------------------------------------------------------------------------------------
 # Pure helpers (no CUDA): parsing, table building. Candidate configs and the search live in
-# fp8select.kernels.triton_search (shared with the tune command).
+# fp8select.kernels.triton_search (shared with the tune command), the shape set, roofline
+# figures and CUDA-graph timing in fp8select.bench.
 # ---------------------------------------------------------------------------------------------
 
 
-def _search_module() -> Any:
+def _fp8select(module: str) -> Any:
+    """``fp8select.<module>``, imported from this checkout at first use."""
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
-    from fp8select.kernels import triton_search
+    return importlib.import_module(f"fp8select.{module}")
 
-    return triton_search
+
+def _search_module() -> Any:
+    return _fp8select("kernels.triton_search")
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """``deepseek-v3`` or a list of ``NxK`` / ``N,K`` pairs separated by commas or spaces."""
     if text.strip().lower() in ("deepseek-v3", "deepseek_v3", "dsv3"):
-        return list(DEEPSEEK_V3_SHAPES)
+        return list(_fp8select("bench").SHAPE_SETS["deepseek-v3"])
     numbers = [int(tok) for tok in text.replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if tok]
     if not numbers or len(numbers) % 2:
         raise ValueError(f"--shapes wants 'deepseek-v3' or N,K pairs, got {text!r}")
@@ -137,16 +130,6 @@ def build_table(results: Sequence[dict[str, Any]], meta: dict[str, Any] | None =
         if res.get("best"):
             table["linear"].setdefault(shape, {})[bucket] = res["best"]["config"]
     return table
-
-
-def min_bytes(n: int, k: int, m: int) -> int:
-    """Least HBM traffic of the whole linear (BENCHMARKING.md): fp8 W + scales + bf16 in/out."""
-    return n * k + n * k // 16384 * 4 + m * k * 2 + m * n * 2
-
-
-def rotation_copies(bytes_per_call: int, l2_bytes: int, cap: int = 32) -> int:
-    """Distinct operand copies so that one pass over them exceeds twice the L2."""
-    return max(1, min(cap, math.ceil(2 * l2_bytes / max(1, bytes_per_call))))
 
 
 def _fmt_cfg(cfg: dict[str, Any]) -> str:
@@ -193,6 +176,8 @@ class Sweeper:
         import torch
         import torch.nn.functional as F
 
+        from fp8select import bench
+        from fp8select.backends.reference import dequantize_activation, dequantize_weight
         from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
         from fp8select.kernels.triton_quant import quantize_per_token_group_triton
@@ -205,6 +190,9 @@ class Sweeper:
         self.sms = sms
         self.l2_bytes = l2_bytes
         self.budget = Budget(args.budget_s)
+        self.bench = bench
+        self.dequantize_weight = dequantize_weight
+        self.dequantize_activation = dequantize_activation
         self.tg = triton_gemm
         self.search_mod = triton_search
         self.paths = parse_paths(args.paths)
@@ -222,10 +210,10 @@ class Sweeper:
     def time_calls(self, calls: Sequence[Callable[[], object]]) -> dict[str, float]:
         """Per-call microseconds: median/min/max over ``replays`` replays of all ``calls``.
 
-        On CUDA the calls are captured once into a graph (after a warm-up on a side stream,
-        which also compiles every kernel) and each replay is timed with events.
+        On CUDA :func:`fp8select.bench.time_graph` (one warm-up on a side stream, which also
+        compiles every kernel, then the calls captured once into a graph, each replay timed
+        with events); on the CPU smoke test, wall-clock time.
         """
-        torch = self.torch
         replays = self.args.replays
         if not self.cuda:
             for call in calls:
@@ -236,32 +224,13 @@ class Sweeper:
                 for call in calls:
                     call()
                 per_call.append((time.perf_counter() - t0) * 1e6 / len(calls))
+            timing = self.bench.Timing(statistics.median(per_call), min(per_call), max(per_call))
         else:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for call in calls:
-                    call()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for call in calls:
-                    call()
-            for _ in range(3):
-                graph.replay()
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-            for start, end in zip(starts, ends, strict=True):
-                start.record()
-                graph.replay()
-                end.record()
-            torch.cuda.synchronize()
-            per_call = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in zip(starts, ends, strict=True)]
-            del graph
+            timing = self.bench.time_graph(calls, replays, warmups=1)
         return {
-            "median_us": round(statistics.median(per_call), 2),
-            "min_us": round(min(per_call), 2),
-            "max_us": round(max(per_call), 2),
+            "median_us": round(timing.median_us, 2),
+            "min_us": round(timing.min_us, 2),
+            "max_us": round(timing.max_us, 2),
             "calls_per_replay": len(calls),
             "replays": replays,
         }
@@ -290,7 +259,7 @@ class Sweeper:
         torch = self.torch
         dev = self.dev
         g_k = math.ceil(k / BLOCK_K)
-        copies = rotation_copies(n * k + m * k * 2, self.l2_bytes)
+        copies = self.bench.rotation_copies(n * k + m * k * 2, self.l2_bytes, l2_passes=2)
         if not self.cuda:
             copies = min(copies, 2)
         base_w = (torch.randn(n, k, device=dev) * 64).clamp(-440, 440).to(torch.float8_e4m3fn)
@@ -299,8 +268,8 @@ class Sweeper:
         ws_list = [base_ws.clone() for _ in range(copies)]
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         xq, xs = self.quant_triton(x)
-        w_deq = base_w.float() * base_ws.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-        ref = (xq.float() * xs.repeat_interleave(128, 1)[:, :k]) @ w_deq.t()
+        w_deq = self.dequantize_weight(base_w, base_ws, (128, 128))
+        ref = self.dequantize_activation(xq, xs, 128) @ w_deq.t()
         del w_deq
         ctx = _Unit(n=n, k=k, m=m, x=x, xq=xq, xs=xs, w_list=w_list, ws_list=ws_list, ref=ref)
 
@@ -359,8 +328,8 @@ class Sweeper:
                     ctx.xq, ctx.xs, ctx.w_list[0], ctx.ws_list[0], (128, 128), out_dtype=torch.bfloat16, config=cfg
                 )
                 record["bitwise_vs_prequant"] = bool(torch.equal(out, pre))
-            if not math.isfinite(err) or err >= REL_ERR_MAX:
-                record["error"] = f"wrong result: relative error {err:.3g} >= {REL_ERR_MAX}"
+            if not math.isfinite(err) or err >= self.bench.REL_ERR_MAX:
+                record["error"] = f"wrong result: relative error {err:.3g} >= {self.bench.REL_ERR_MAX}"
             else:
                 record.update(self.time_calls([functools.partial(run, i) for i in range(len(ctx.w_list))]))
         except Exception as exc:  # noqa: BLE001 - a failing candidate is data, not a crash
@@ -372,8 +341,9 @@ class Sweeper:
         """Throughput of the best whole-op config against the H200 ceilings."""
         us = res["best"]["median_us"]
         res["tflops"] = round(2 * m * n * k / us / 1e6, 1)
-        res["weight_hbm_frac"] = round(n * k / (us * 1e-6) / HBM_BYTES_PER_S, 3)
-        res["min_bytes_hbm_frac"] = round(min_bytes(n, k, m) / (us * 1e-6) / HBM_BYTES_PER_S, 3)
+        hbm_bytes_per_s = self.bench.HBM_BYTES_PER_S
+        res["weight_hbm_frac"] = round(n * k / (us * 1e-6) / hbm_bytes_per_s, 3)
+        res["min_bytes_hbm_frac"] = round(self.bench.min_bytes(n, k, m) / (us * 1e-6) / hbm_bytes_per_s, 3)
 
     def time_gemm_alone(self, ctx: _Unit, cfg: dict[str, Any]) -> dict[str, Any]:
         """The gemm path's GEMM on the pre-quantized activation (no quantization launch)."""
@@ -433,8 +403,8 @@ class Sweeper:
         torch = self.torch
         n, k, m = ctx.n, ctx.k, ctx.m
         try:
-            w_bf = (w.float() * ws.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).to(torch.bfloat16)
-            copies = rotation_copies(n * k * 2 + m * k * 2, self.l2_bytes, cap=16 if self.cuda else 2)
+            w_bf = self.dequantize_weight(w, ws, (128, 128)).to(torch.bfloat16)
+            copies = self.bench.rotation_copies(n * k * 2 + m * k * 2, self.l2_bytes, cap=16 if self.cuda else 2, l2_passes=2)
             w_bfs = [w_bf] + [w_bf.clone() for _ in range(copies - 1)]
             return self.time_calls([functools.partial(torch.matmul, ctx.x, w.t()) for w in w_bfs])
         except Exception as exc:  # noqa: BLE001

@@ -84,17 +84,20 @@ def floors_us(n: int, k: int, m: int) -> tuple[float, float]:
     return min_bytes(n, k, m) / HBM_BYTES_PER_S * 1e6, 2 * m * n * k / FP8_PEAK_FLOPS * 1e6
 
 
-def rotation_copies(weight_bytes: int, l2_bytes: int = L2_BYTES, cap: int = 32) -> int:
-    """Weight copies to cycle through so one graph replay reads at least 3x the L2 from HBM."""
-    return max(1, min(cap, math.ceil(3 * l2_bytes / max(weight_bytes, 1))))
+def rotation_copies(weight_bytes: int, l2_bytes: int = L2_BYTES, cap: int = 32, *, l2_passes: int = 3) -> int:
+    """Weight copies to cycle through so one graph replay reads at least ``l2_passes`` times the L2 from HBM."""
+    return max(1, min(cap, math.ceil(l2_passes * l2_bytes / max(weight_bytes, 1))))
 
 
-def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50) -> Timing:
-    """Per-call time of ``calls`` captured into one CUDA graph, over ``replays`` replays."""
+def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50, *, warmups: int = 2) -> Timing:
+    """Per-call time of ``calls`` captured into one CUDA graph, over ``replays`` replays.
+
+    The calls first run ``warmups`` times on a side stream (which also compiles their kernels).
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
+        for _ in range(warmups):
             for call in calls:
                 call()
     torch.cuda.current_stream().wait_stream(side)
