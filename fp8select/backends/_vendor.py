@@ -65,6 +65,18 @@ def require(module: str, names: Sequence[str], why: str = "") -> EntryPoint:
     return found
 
 
+def entry_points_gate(problem: Problem, verdict: Verdict, module: str, *entry_points: Sequence[str],
+                      why: str = "") -> Verdict:
+    """``verdict``, or at load time (``problem.m is None``) the :func:`lookup` rejection of the
+    first of ``entry_points`` (each a tuple of alternative names) that ``module`` lacks."""
+    if problem.m is None:
+        for names in entry_points:
+            found = lookup(module, names, why)
+            if isinstance(found, Verdict):
+                return found
+    return verdict
+
+
 def multiple_of(problem: Problem, *, n: int = 1, k: int = 1, why: str = "") -> Verdict | None:
     """A rejection when N or K is not a multiple of ``n`` / ``k`` (``why`` explains the gate), else None."""
     note = f" ({why})" if why else ""
@@ -100,6 +112,15 @@ def quantize_activation(x: torch.Tensor, dtype: torch.dtype, layout: ScaleLayout
     from fp8select.kernels.quant import quantize_per_token_group
 
     return quantize_per_token_group(x, 128, dtype=dtype, layout=layout)
+
+
+def quantized_input(x: torch.Tensor, input_scale: torch.Tensor | None, dtype: torch.dtype,
+                    layout: ScaleLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` quantized to ``dtype`` with its scale in ``layout``, or, when the caller quantized
+    it already (``input_scale`` given), ``x`` with that scale relaid out in ``layout``."""
+    if input_scale is None:
+        return quantize_activation(x, dtype, layout)
+    return x, relayout_scale(input_scale, layout)
 
 
 def relayout_scale(scale: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:

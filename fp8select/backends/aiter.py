@@ -33,7 +33,7 @@ import torch
 from fp8select.backends._vendor import (
     EntryPoint,
     add_bias,
-    lookup,
+    entry_points_gate,
     quantize_activation,
     relayout_scale,
     require,
@@ -117,11 +117,7 @@ class AiterBackend(Backend):
             return Verdict.reject(f"requires M < {GFX950_NAN_MIN_M} for the non-preshuffled CK kernel on gfx950 with "
                                   f"HIP < 7.2 (NaN seen by SGLang; per-shape threshold unverified), found M={problem.m}, "
                                   f"HIP {caps.hip_version}")
-        if problem.m is None:
-            found_gemm = lookup(MODULE, (GEMM_PRESHUFFLED if preshuffle else GEMM,))
-            if isinstance(found_gemm, Verdict):
-                return found_gemm
-        return verdict
+        return entry_points_gate(problem, verdict, MODULE, (GEMM_PRESHUFFLED if preshuffle else GEMM,))
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

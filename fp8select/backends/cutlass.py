@@ -23,15 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from fp8select.backends._vendor import (
-    EntryPoint,
-    add_bias,
-    dtypes_ok,
-    lookup,
-    quantize_activation,
-    relayout_scale,
-    require,
-)
+from fp8select.backends._vendor import EntryPoint, add_bias, dtypes_ok, entry_points_gate, quantized_input, require
 from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
@@ -76,11 +68,7 @@ class CutlassBackend(Backend):
         rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
         if rejected is not None:
             return rejected
-        if problem.m is None:
-            found = lookup(MODULE, (ENTRY_POINT,))
-            if isinstance(found, Verdict):
-                return found
-        return verdict
+        return entry_points_gate(problem, verdict, MODULE, (ENTRY_POINT,))
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
@@ -94,9 +82,6 @@ class CutlassBackend(Backend):
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
         gemm: EntryPoint = prepared.extra["gemm"]
-        if input_scale is None:
-            x_q, x_s = quantize_activation(x, torch.float8_e4m3fn, self.activation_scale_layout)
-        else:
-            x_q, x_s = x, relayout_scale(input_scale, self.activation_scale_layout)
+        x_q, x_s = quantized_input(x, input_scale, torch.float8_e4m3fn, self.activation_scale_layout)
         out = gemm.fn(x_q, prepared.weight, x_s, prepared.scale, out_dtype)
         return add_bias(out, bias)

@@ -39,7 +39,7 @@ from fp8select.backends._vendor import (
     EntryPoint,
     add_bias,
     dtypes_ok,
-    lookup,
+    entry_points_gate,
     quantize_activation,
     relayout_scale,
     require,
@@ -125,11 +125,7 @@ class DeepGemmBackend(Backend):
                 return Verdict.reject(rejected.reason + " (on sm100 DeepGEMM reads power-of-two UE8M0 activation "
                                                         "scales; a caller's fp32 scales would be truncated)")
             return rejected
-        if problem.m is None:
-            found = lookup(MODULE, ENTRY_POINTS[arch], _why(arch))
-            if isinstance(found, Verdict):
-                return found
-        return verdict
+        return entry_points_gate(problem, verdict, MODULE, ENTRY_POINTS[arch], why=_why(arch))
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

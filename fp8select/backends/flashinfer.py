@@ -35,11 +35,10 @@ from fp8select.backends._vendor import (
     EntryPoint,
     add_bias,
     dtypes_ok,
-    lookup,
+    entry_points_gate,
     multiple_of,
     pad_rows,
-    quantize_activation,
-    relayout_scale,
+    quantized_input,
     require,
 )
 from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
@@ -125,11 +124,7 @@ class FlashInferBackend(Backend):
                 rejected = Verdict.reject(f"requires K >= {TRTLLM_MIN_K} on the trtllm path, found K={problem.k}")
         if rejected is not None:
             return rejected
-        if problem.m is None:
-            found = lookup(MODULE, (ENTRY_POINTS[path],))
-            if isinstance(found, Verdict):
-                return found
-        return verdict
+        return entry_points_gate(problem, verdict, MODULE, (ENTRY_POINTS[path],))
 
     @staticmethod
     def _sm90_gate(problem: Problem) -> Verdict | None:
@@ -170,18 +165,11 @@ class FlashInferBackend(Backend):
             return add_bias(out, bias)
         m = x.shape[0]
         if path == TRTLLM:
-            x_q, x_s = self._quantized(x, input_scale, self.trtllm_scale_layout)
+            x_q, x_s = quantized_input(x, input_scale, torch.float8_e4m3fn, self.trtllm_scale_layout)
             out = gemm.fn(x_q, prepared.weight, x_s, prepared.scale, out_dtype=out_dtype, backend=TRTLLM)
             return add_bias(out, bias)
         x, input_scale = pad_rows(x, input_scale, CUTLASS_M_MULTIPLE)
-        x_q, x_s = self._quantized(x, input_scale, self.cutlass_scale_layout)
+        x_q, x_s = quantized_input(x, input_scale, torch.float8_e4m3fn, self.cutlass_scale_layout)
         out = gemm.fn(x_q, prepared.weight, x_s.t(), prepared.scale, scale_major_mode=CUTLASS_SCALE_MAJOR_MODE,
                       out_dtype=out_dtype, backend=CUTLASS)
         return add_bias(out[:m], bias)
-
-    @staticmethod
-    def _quantized(x: torch.Tensor, input_scale: torch.Tensor | None,
-                   layout: ScaleLayout) -> tuple[torch.Tensor, torch.Tensor]:
-        if input_scale is None:
-            return quantize_activation(x, torch.float8_e4m3fn, layout)
-        return x, relayout_scale(input_scale, layout)

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from fp8select.backends._vendor import EntryPoint, dtypes_ok, lookup, require
+from fp8select.backends._vendor import EntryPoint, dtypes_ok, entry_points_gate, require
 from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
 from fp8select.capabilities import Capabilities
 from fp8select.probes import DeviceKind, Package, Probe
@@ -43,6 +43,7 @@ MODULE = "torch_npu"
 QUANT = "npu_dynamic_block_quant"
 MATMUL = "npu_quant_matmul"
 GROUP_SIZES = (1, 128, 128)
+WHY = "FP8 block mode, Ascend 950"
 
 
 @dataclass(frozen=True)
@@ -84,18 +85,13 @@ class NpuBackend(Backend):
         rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
         if rejected is not None:
             return rejected
-        if problem.m is None:
-            for op in (QUANT, MATMUL):
-                found = lookup(MODULE, (op,), "FP8 block mode, Ascend 950")
-                if isinstance(found, Verdict):
-                    return found
-        return verdict
+        return entry_points_gate(problem, verdict, MODULE, (QUANT,), (MATMUL,), why=WHY)
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
         """The weight as [K, N] and its scale as [K/128, N/128]: transposed views of the checkpoint."""
-        quant = require(MODULE, (QUANT,), "FP8 block mode, Ascend 950")
-        matmul = require(MODULE, (MATMUL,), "FP8 block mode, Ascend 950")
+        quant = require(MODULE, (QUANT,), WHY)
+        matmul = require(MODULE, (MATMUL,), WHY)
         n, k = weight.shape
         w, s = weight.contiguous(), weight_scale.contiguous()
         scale = s.t() if self.transpose_views else s.t().contiguous()
