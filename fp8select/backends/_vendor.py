@@ -19,6 +19,7 @@ import torch
 
 from fp8select.errors import Fp8SelectError
 from fp8select.kernels.quant import ScaleLayout
+from fp8select.kernels.vendor_layouts import to_mn_major
 from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Verdict
 
@@ -129,16 +130,10 @@ def relayout_scale(scale: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
     Returned as is when it already is in that layout; UE8M0 rounding is not applied (a
     caller's scales are its own).
     """
-    m, groups = scale.shape
+    m, _ = scale.shape
     if not layout.mn_major:
         return scale.contiguous()
-    rows = layout.padded_rows(m)
-    if (scale.stride(0) == 1 or m == 1) and scale.stride(1) == rows:
-        return scale
-    storage = torch.empty((groups, rows), dtype=scale.dtype, device=scale.device)
-    out = storage.t()[:m]
-    out.copy_(scale)
-    return out
+    return to_mn_major(scale, layout.padded_rows(m))
 
 
 def pad_rows(x: torch.Tensor, scale: torch.Tensor | None, multiple: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -38,6 +38,7 @@ __all__ = [
     "requantize_ue8m0",
     "shuffle_weight_16x16",
     "tma_aligned_size",
+    "to_mn_major",
     "unpack_ue8m0",
 ]
 
@@ -56,6 +57,21 @@ def tma_aligned_size(mn: int, element_size: int = 4) -> int:
     return _ceil_div(mn, per) * per
 
 
+def to_mn_major(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A 2-D ``t`` [MN, G] as an MN-major view with strides ``(1, rows)`` (``rows >= MN``).
+
+    Returned as is when it already has that layout (no copy), else copied once into
+    ``[G, rows]`` storage, whose ``.t()[:MN]`` view is returned.
+    """
+    mn, groups = t.shape
+    if (t.stride(0) == 1 or mn == 1) and t.stride(1) == rows:
+        return t
+    storage = torch.empty((groups, rows), dtype=t.dtype, device=t.device)
+    out = storage.t()[:mn]
+    out.copy_(t)
+    return out
+
+
 def mn_major_tma_aligned(scale: torch.Tensor) -> torch.Tensor:
     """``scale`` [MN, G] as an MN-major view with strides ``(1, tma_aligned_size(MN))``.
 
@@ -64,14 +80,7 @@ def mn_major_tma_aligned(scale: torch.Tensor) -> torch.Tensor:
     """
     if scale.dim() != 2:
         raise ValueError(f"scale must be 2-D [MN, G], got shape {tuple(scale.shape)}")
-    mn, groups = scale.shape
-    aligned = tma_aligned_size(mn, scale.element_size())
-    if (scale.stride(0) == 1 or mn == 1) and scale.stride(1) == aligned:
-        return scale
-    storage = torch.empty((groups, aligned), dtype=scale.dtype, device=scale.device)
-    out = storage.t()[:mn]
-    out.copy_(scale)
-    return out
+    return to_mn_major(scale, tma_aligned_size(scale.shape[0], scale.element_size()))
 
 
 def is_power_of_two(scale: torch.Tensor) -> bool:
@@ -111,10 +120,7 @@ def pack_ue8m0(scale: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     # Assemble each word arithmetically (not through a byte view), so the result does not
     # depend on the host's byte order; the top byte is shifted in two's complement.
     packed = lanes[..., 0] | (lanes[..., 1] << 8) | (lanes[..., 2] << 16) | (lanes[..., 3] << 24)
-    storage = torch.empty((words, tma_aligned_size(mn, 4)), dtype=torch.int32, device=scale.device)
-    out = storage.t()[:mn]
-    out.copy_(packed)
-    return out
+    return to_mn_major(packed, tma_aligned_size(mn, 4))
 
 
 def unpack_ue8m0(packed: torch.Tensor, groups: int) -> torch.Tensor:
