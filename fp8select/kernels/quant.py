@@ -20,12 +20,14 @@ from types import MappingProxyType
 import torch
 
 __all__ = [
+    "ACTIVATION_DTYPES",
     "DEFAULT_EPS",
     "M_MAJOR",
     "ROW_MAJOR",
     "Fp8Format",
     "ScaleLayout",
     "ceil_pow2",
+    "check_activation",
     "check_quant_args",
     "empty_scale",
     "fp8_format",
@@ -35,6 +37,9 @@ __all__ = [
 
 DEFAULT_EPS = 1e-10
 """Floor for a group's amax, so that an all-zero group gets a finite, non-zero scale."""
+
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Unquantized activation dtypes the quantizers (and the Triton linear) take."""
 
 
 @dataclass(frozen=True)
@@ -136,12 +141,17 @@ def empty_scale(m: int, groups: int, layout: ScaleLayout, device: torch.device |
     return storage.t()[:m]
 
 
-def check_quant_args(x: torch.Tensor, group_size: int, dtype: torch.dtype, eps: float) -> None:
-    """Validate the arguments shared by the torch and Triton quantizers."""
+def check_activation(x: torch.Tensor) -> None:
+    """``ValueError`` unless ``x`` is a 2-D ``[M, K]`` activation of one of :data:`ACTIVATION_DTYPES`."""
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if x.dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+
+
+def check_quant_args(x: torch.Tensor, group_size: int, dtype: torch.dtype, eps: float) -> None:
+    """Validate the arguments shared by the torch and Triton quantizers."""
+    check_activation(x)
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     fp8_format(dtype)

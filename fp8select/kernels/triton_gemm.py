@@ -54,7 +54,7 @@ try:  # host-side TMA descriptors (triton >= 3.4); without them the TMA configs 
 except ImportError:  # pragma: no cover - older triton
     TensorDescriptor = None  # type: ignore[assignment,misc]
 
-from .quant import DEFAULT_EPS, M_MAJOR, fp8_format
+from .quant import DEFAULT_EPS, M_MAJOR, check_activation, fp8_format
 from .triton_quant import fp8_constexprs, fp8_group_scale, fp8_quantize, hw_rne, quantize_per_token_group_triton
 from .triton_search import (
     CONFIG_KEYS,
@@ -633,7 +633,6 @@ def _resolve(config: dict[str, Any] | None, n: int, k: int, m: int, default_path
 # --------------------------------------------------------------------------------------------
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check_weight(b: torch.Tensor, b_scale: torch.Tensor, block_size: tuple[int, int], k: int) -> int:
@@ -665,13 +664,6 @@ def _check_common(a: torch.Tensor, b: torch.Tensor, tensors: dict[str, torch.Ten
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
         raise ValueError(f"all tensors must be on one device, got {devices}")
-
-
-def _check_activation(x: torch.Tensor) -> None:
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
-    if x.dtype not in _ACT_DTYPES:
-        raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
 
 
 _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
@@ -918,7 +910,7 @@ def linear(
     Returns:
         ``[M, N]`` contiguous ``out_dtype``.
     """
-    _check_activation(x)
+    check_activation(x)
     m, k = x.shape
     scale_bn = _check_weight(b, b_scale, block_size, k)
     _check_common(x, b, {"x": x, "b": b, "b_scale": b_scale, "bias": bias}, out_dtype, bias)
@@ -956,7 +948,7 @@ def w8a8_block_linear_fused(
     :func:`fp8select.kernels.quant.quantize_per_token_group`, so the result equals
     quantize-then-:func:`w8a8_block_gemm` with the same config bit for bit.
     """
-    _check_activation(x)
+    check_activation(x)
     path = (config or {}).get("path", "fused")
     if path not in ("fused", "decode"):
         raise ValueError(f"w8a8_block_linear_fused runs the fused or decode path, got {path!r}")
