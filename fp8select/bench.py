@@ -10,6 +10,7 @@ min and max, weights rotated through enough copies to exceed the L2 several time
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -226,7 +227,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     row["correct"] = row["rel_err"] < REL_ERR_MAX
                     if not row["correct"]:
                         continue
-                    whole = time_graph([lambda layer=layer, x=x: layer(x) for layer in per_copy], replays)
+                    whole = time_graph([functools.partial(layer, x) for layer in per_copy], replays)
                     row["whole"] = whole.to_dict()
                     row["hbm_fraction"] = round(hbm_us / whole.median_us, 4)
                     row["tflops"] = round(2 * m * n * k / whole.median_us / 1e6, 2)
@@ -235,12 +236,11 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                         continue
                     backend = by_name[name]
                     xq, xs = _quantize_for(backend, x)
-                    gemm = time_graph([lambda layer=layer, xq=xq, xs=xs: layer(xq, input_scale=xs) for layer in gemm_layers[name]],
-                                      replays)
+                    gemm = time_graph([functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]], replays)
                     row["gemm"] = gemm.to_dict()
                 except Exception as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            bf = time_graph([lambda w=w, x=x: x @ w.t() for w in bf16_weights], replays)
+            bf = time_graph([functools.partial(torch.matmul, x, w.t()) for w in bf16_weights], replays)
             rows.append({**common, "backend": "bf16-matmul", "whole": bf.to_dict(), "gemm": bf.to_dict(),
                          "hbm_fraction": round((n * k * 2 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6 / bf.median_us, 4)})
             if progress is not None:
@@ -367,7 +367,10 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             times.setdefault((r["n"], r["k"], r["m"]), {})[r["backend"]] = r["whole"]["median_us"]
             if r["backend"] == "triton":
                 hbm[(r["n"], r["k"], r["m"])] = r.get("hbm_fraction", 0.0)
-    auto_ratio, triton_ratio, small, large = [], [], [], []
+    auto_ratio: list[float] = []
+    triton_ratio: list[float] = []
+    small: list[float] = []
+    large: list[float] = []
     for (_, _, m), t in times.items():
         real = {b: v for b, v in t.items() if b not in ("auto", "bf16-matmul")}
         if "auto" in t and real:

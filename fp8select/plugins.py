@@ -98,7 +98,8 @@ def load_plugins(extra: Iterable[Any] = (), *, entry_points: bool = True, taken:
             if impl.plugin is not obj:
                 continue
             try:
-                returned = impl.function()
+                # Whatever third-party code returns: a non-iterable fails in list() and is reported below.
+                returned: Any = impl.function()
                 items = list(returned) if returned is not None else []
             except Exception as exc:  # noqa: BLE001 - a third-party hook may raise anything
                 fail(plugin_name, f"hook fp8select_backends raised {type(exc).__name__}: {exc}")

@@ -15,6 +15,7 @@ prepared weight), and hands the Triton configuration to the Triton backend.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -164,7 +165,7 @@ def _tune_point(layers: Mapping[str, list[Any]], x: Any, ref: Any, n: int, k: in
         per_copy = layers[name]
         if bench.checked_call(per_copy[0], x, ref) is None:
             return None
-        return bench.time_graph([lambda layer=layer: layer(x) for layer in per_copy], replays).median_us
+        return bench.time_graph([functools.partial(layer, x) for layer in per_copy], replays).median_us
 
     bucket = m_bucket(m)
     timings: dict[str, float] = {}
