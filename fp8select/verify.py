@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fp8select.backends.base import Backend, BLOCK_128x128
+from fp8select.backends.base import Backend, BLOCK_128x128, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Verdict
@@ -118,7 +118,7 @@ def verify_backend(backend: Backend, caps: Capabilities, device: torch.device | 
     """
     n, k, m = shape
     dev = torch.device(device) if device is not None else device_for(caps)
-    block = BLOCK_128x128 if BLOCK_128x128 in backend.block_sizes else tuple(backend.block_sizes[0])
+    block = BLOCK_128x128 if BLOCK_128x128 in backend.block_sizes else block_pair(backend.block_sizes[0])
     act = _pick(torch.bfloat16, tuple(backend.activation_dtypes))
     out = _pick(torch.bfloat16, tuple(backend.out_dtypes))
     try:
@@ -126,7 +126,7 @@ def verify_backend(backend: Backend, caps: Capabilities, device: torch.device | 
         # The checkpoint format first (what a layer receives from a DeepSeek-style checkpoint),
         # then the backend's own if its gate only takes that (e4m3fnuz on gfx942).
         for weight_dtype in dict.fromkeys((torch.float8_e4m3fn, native)):
-            problem = Problem(n, k, block, m, weight_dtype, act, out)  # type: ignore[arg-type]
+            problem = Problem(n, k, block, m, weight_dtype, act, out)
             gate = backend.supports(problem, caps)
             if gate.ok:
                 break
@@ -134,12 +134,12 @@ def verify_backend(backend: Backend, caps: Capabilities, device: torch.device | 
         return Verdict.reject(f"verification failed: its gate raised {_describe(exc)}")
     if not gate.ok:
         return Verdict.accept(f"not verified: its gate declines the verification problem ({gate.reason})")
-    w, scale, x = _inputs(n, k, m, block, weight_dtype, act, seed)  # type: ignore[arg-type]
+    w, scale, x = _inputs(n, k, m, block, weight_dtype, act, seed)
     # A correct backend quantizes activations to the weight's fp8 format or to its native one.
-    refs = [expected_output(x, w, scale, block, act_fp8=f) for f in dict.fromkeys((weight_dtype, native))]  # type: ignore[arg-type]
+    refs = [expected_output(x, w, scale, block, act_fp8=f) for f in dict.fromkeys((weight_dtype, native))]
     where = f"{problem.describe()} on {dev}"
     try:
-        prepared = backend.prepare(w.to(dev), scale.to(dev), block, caps)  # type: ignore[arg-type]
+        prepared = backend.prepare(w.to(dev), scale.to(dev), block, caps)
         y = backend.run(prepared, x.to(dev), input_scale=None, bias=None, out_dtype=out, caps=caps)
         if isinstance(y, torch.Tensor):
             y = y.detach().to("cpu")  # also waits for the device, so asynchronous faults surface here

@@ -38,7 +38,7 @@ from fp8select.backends._vendor import (
     relayout_scale,
     require,
 )
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
 from fp8select.kernels.vendor_layouts import e4m3fn_to_e4m3fnuz, shuffle_weight_16x16
@@ -134,7 +134,7 @@ class AiterBackend(Backend):
         if preshuffle:
             w = shuffle_weight_16x16(w)
             shared, scale_nk = None, None
-        return PreparedWeight(self.name, w, scale, tuple(block_size), n, k, shared,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, w, scale, block_pair(block_size), n, k, shared,
                               extra={"gemm": gemm, "preshuffled": preshuffle}, scale_nk=scale_nk)
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,

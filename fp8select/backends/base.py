@@ -8,8 +8,9 @@ here touches a device or imports a vendor package at import time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -23,6 +24,15 @@ NOT_IMPLEMENTED = "not implemented in this version"
 
 BLOCK_128x128 = (128, 128)
 BLOCK_1x128 = (1, 128)
+
+
+def block_pair(block_size: Sequence[int]) -> tuple[int, int]:
+    """``block_size`` as the ``(bn, bk)`` tuple a :class:`PreparedWeight` holds (a caller may pass a list).
+
+    Layers hand backends a pair already checked by :func:`fp8select.layer.check_block_size`;
+    ``tuple()`` only changes the container, which mypy cannot see keeps it a pair.
+    """
+    return cast("tuple[int, int]", tuple(block_size))
 
 
 @dataclass
@@ -118,7 +128,7 @@ class Backend:
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
         """Load-time layout work. The default keeps the checkpoint layout (no copy)."""
-        return PreparedWeight(self.name, weight, weight_scale, tuple(block_size), weight.shape[0], weight.shape[1], weight)  # type: ignore[arg-type]
+        return PreparedWeight(self.name, weight, weight_scale, block_pair(block_size), weight.shape[0], weight.shape[1], weight)
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:

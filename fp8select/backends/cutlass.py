@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 
 from fp8select.backends._vendor import EntryPoint, add_bias, dtypes_ok, entry_points_gate, quantized_input, require
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe, ToolkitVersion
@@ -76,7 +76,7 @@ class CutlassBackend(Backend):
         gemm = require(MODULE, (ENTRY_POINT,))
         n, k = weight.shape
         w = weight.contiguous()
-        return PreparedWeight(self.name, w.t(), weight_scale.contiguous().t(), tuple(block_size), n, k, w,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, w.t(), weight_scale.contiguous().t(), block_pair(block_size), n, k, w,
                               extra={"gemm": gemm})
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,

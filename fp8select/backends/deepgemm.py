@@ -44,7 +44,7 @@ from fp8select.backends._vendor import (
     relayout_scale,
     require,
 )
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import ScaleLayout
 from fp8select.kernels.vendor_layouts import expand_block_rows, is_power_of_two, pack_ue8m0, requantize_ue8m0
@@ -135,15 +135,15 @@ class DeepGemmBackend(Backend):
         n, k = weight.shape
         w = weight.contiguous()
         if arch == SM90:
-            return PreparedWeight(self.name, w, weight_scale.contiguous(), tuple(block_size), n, k, w,  # type: ignore[arg-type]
+            return PreparedWeight(self.name, w, weight_scale.contiguous(), block_pair(block_size), n, k, w,
                                   extra={"gemm": gemm})
         if is_power_of_two(weight_scale):
             scale, shared = weight_scale.contiguous(), w  # a UE8M0 checkpoint: nothing to re-quantize
         else:
-            w, scale = requantize_ue8m0(weight, weight_scale, tuple(block_size))  # type: ignore[arg-type]
+            w, scale = requantize_ue8m0(weight, weight_scale, block_pair(block_size))
             shared = w  # the fallback shares the requantized weight with its power-of-two scales (scale_nk)
         packed = pack_ue8m0(expand_block_rows(scale, n, block_size[0]))
-        return PreparedWeight(self.name, w, packed, tuple(block_size), n, k, shared,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, w, packed, block_pair(block_size), n, k, shared,
                               extra={"gemm": gemm, "scale_nk": scale}, scale_nk=scale)
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,

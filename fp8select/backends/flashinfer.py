@@ -41,7 +41,7 @@ from fp8select.backends._vendor import (
     quantized_input,
     require,
 )
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe
@@ -153,7 +153,7 @@ class FlashInferBackend(Backend):
             scale = weight_scale.t().contiguous()  # "MN" major: [K/128, N/128] contiguous, once
         else:
             scale = weight_scale.contiguous()  # [N/128, K/128]: the checkpoint
-        return PreparedWeight(self.name, w, scale, tuple(block_size), n, k, w,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, w, scale, block_pair(block_size), n, k, w,
                               extra={"gemm": gemm, "path": path})
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,

@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 
 from fp8select.backends._vendor import EntryPoint, dtypes_ok, entry_points_gate, require
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.probes import DeviceKind, Package, Probe
 from fp8select.problem import Problem
@@ -95,7 +95,7 @@ class NpuBackend(Backend):
         n, k = weight.shape
         w, s = weight.contiguous(), weight_scale.contiguous()
         scale = s.t() if self.transpose_views else s.t().contiguous()
-        return PreparedWeight(self.name, w.t(), scale, tuple(block_size), n, k, w,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, w.t(), scale, block_pair(block_size), n, k, w,
                               extra={"quant": quant, "matmul": matmul})
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight
+from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
 from fp8select.probes import (
@@ -148,7 +148,7 @@ class CudaScaledMMBackend(_ScaledMMBackend):
             padded = torch.zeros((weight_scale.shape[0], _round_up(kb, 4)), dtype=torch.float32, device=weight_scale.device)
             padded[:, :kb] = weight_scale
             scale = padded.t()  # [round_up(K/128, 4), N/128], strides (1, round_up(K/128, 4))
-        return PreparedWeight(self.name, weight, scale, tuple(block_size), n, k, weight,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, weight, scale, block_pair(block_size), n, k, weight,
                               extra={"checkpoint_scale": weight_scale})
 
 
@@ -170,5 +170,5 @@ class XpuScaledMMBackend(_ScaledMMBackend):
         n, k = weight.shape
         stored = weight_scale.t().contiguous()  # [K/128, N/128] or [K/128, N], contiguous, once
         scale = stored.t() if tuple(block_size) == BLOCK_1x128 else stored
-        return PreparedWeight(self.name, weight, scale, tuple(block_size), n, k, weight,  # type: ignore[arg-type]
+        return PreparedWeight(self.name, weight, scale, block_pair(block_size), n, k, weight,
                               extra={"checkpoint_scale": weight_scale})

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from fp8select.backends.base import Backend, PreparedWeight
+from fp8select.backends.base import Backend, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, EnvFlag, GfxArch, Package, Probe, TritonTarget
 
@@ -46,7 +46,7 @@ class TritonBackend(Backend):
 
             w, s = e4m3fn_to_e4m3fnuz(weight, weight_scale)
             n, k = w.shape
-            return PreparedWeight(self.name, w, s, tuple(block_size), n, k, w, scale_nk=s)  # type: ignore[arg-type]
+            return PreparedWeight(self.name, w, s, block_pair(block_size), n, k, w, scale_nk=s)
         return super().prepare(weight, weight_scale, block_size, caps)
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
