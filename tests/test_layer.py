@@ -131,3 +131,12 @@ def test_packaged_triton_configurations_apply_only_on_the_gpu_they_were_measured
     assert _packaged_table_applies(MATRIX["h200-torch2.11"][0])
     assert not _packaged_table_applies(MATRIX["rtx5090"][0])
     assert not _packaged_table_applies(MATRIX["cpu-only"][0])
+
+
+def test_whether_packaged_triton_configurations_apply_is_decided_at_prepare() -> None:
+    from fp8select.backends.triton import TritonBackend
+
+    w, s = random_problem(256, 384)
+    assert TritonBackend().prepare(w, s, (128, 128), MATRIX["h200-torch2.11"][0]).extra["packaged_configs"] is True
+    assert TritonBackend().prepare(w, s, (128, 128), MATRIX["rtx5090"][0]).extra["packaged_configs"] is False
+    assert TritonBackend().prepare(w, s, (128, 128), MATRIX["mi300x"][0]).extra["packaged_configs"] is False

@@ -46,8 +46,12 @@ class TritonBackend(Backend):
 
             w, s = e4m3fn_to_e4m3fnuz(weight, weight_scale)
             n, k = w.shape
-            return PreparedWeight(self.name, w, s, block_pair(block_size), n, k, w, scale_nk=s)
-        return super().prepare(weight, weight_scale, block_size, caps)
+            prepared = PreparedWeight(self.name, w, s, block_pair(block_size), n, k, w, scale_nk=s)
+        else:
+            prepared = super().prepare(weight, weight_scale, block_size, caps)
+        # Decided once per layer, not per call: the device does not change.
+        prepared.extra["packaged_configs"] = _packaged_table_applies(caps)
+        return prepared
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
@@ -57,7 +61,8 @@ class TritonBackend(Backend):
         # A measured config (with its "path") from the tuning table, when there is one;
         # otherwise the kernels' own table/heuristic choice.
         config = (prepared.extra.get("tuned", {}).get(triton_gemm.m_bucket(m)) or {}).get("config")
-        if config is None and not _packaged_table_applies(caps):
+        packaged = prepared.extra.get("packaged_configs")
+        if config is None and not (packaged if packaged is not None else _packaged_table_applies(caps)):
             # The packaged configurations were measured on another GPU (and may ask for more
             # shared memory than this one has): use the heuristic defaults instead.
             config = (triton_gemm.linear_config(prepared.n, prepared.k, m, table={}) if input_scale is None
