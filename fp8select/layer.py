@@ -18,7 +18,7 @@ from fp8select.backends.base import Backend, PreparedWeight
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
 from fp8select.problem import Problem, dtype_name
 from fp8select.selection import Candidate
-from fp8select.tuning import routes_for
+from fp8select.tuning import M_BUCKET_MAX, routes_for
 
 if TYPE_CHECKING:
     from fp8select.selection import Selection
@@ -111,7 +111,8 @@ class Fp8Linear:
             self.prepared[self.fallback.name] = self.fallback.prepare(shared_weight, shared_scale, block, self.caps)
         self.routes = routes_for(selection.tuning, self.n, self.k) if block == (128, 128) else None
         if self.routes is not None and self.routes.exact and "triton" in self.prepared:
-            tuned = {b: dict(self.routes.entry(b) or {}).get("triton") for b in (2**i for i in range(14))}
+            buckets = (2**i for i in range(M_BUCKET_MAX.bit_length()))  # 1, 2, 4, ..., 8192
+            tuned = {b: dict(self.routes.entry(b) or {}).get("triton") for b in buckets}
             self.prepared["triton"].extra["tuned"] = {b: t for b, t in tuned.items() if t}
 
     def _problem(self, m: int | None, act: torch.dtype, out: torch.dtype) -> Problem:
