@@ -16,9 +16,10 @@ import torch
 
 from fp8select.backends.base import Backend, PreparedWeight
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
+from fp8select.kernels.triton_search import M_BUCKET_MAX
 from fp8select.problem import Problem, dtype_name
 from fp8select.selection import Candidate
-from fp8select.tuning import M_BUCKET_MAX, routes_for
+from fp8select.tuning import routes_for
 
 if TYPE_CHECKING:
     from fp8select.selection import Selection

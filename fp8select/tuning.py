@@ -24,19 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from fp8select.capabilities import Capabilities
+from fp8select.kernels.triton_search import m_bucket  # pure python: no torch, no triton
 from fp8select.tuning_cache import cache_dir, load_table, new_table, table_path
 
 ENV_TABLE = "FP8SELECT_TUNING_TABLE"
 SHIPPED_DIR = Path(__file__).parent / "data"
-M_BUCKET_MAX = 8192
 DEFAULT_TUNE_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-
-def m_bucket(m: int) -> int:
-    """The table key for ``m`` rows: the next power of two, at least 1, at most 8192."""
-    if m <= 1:
-        return 1
-    return min(1 << (m - 1).bit_length(), M_BUCKET_MAX)
 
 
 def stack_versions(caps: Capabilities) -> dict[str, str | None]:
