@@ -1,0 +1,45 @@
+"""M buckets: the one rule that groups calls by their number of rows.
+
+A bucket is a power of two ``b`` in 1..8192 and holds every M with ``b/2 < M <= b`` (M above
+8192 shares the last bucket). Measurements are taken at ``M = b``, plans hold one route per
+bucket, and a table that lacks a bucket lends the nearest one it has (log2 distance, ties to
+the smaller). Pure Python: no torch, no triton.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+__all__ = ["M_BUCKETS", "M_BUCKET_MAX", "bucket_index", "bucket_range", "m_bucket", "nearest_bucket"]
+
+M_BUCKET_MAX = 8192
+"""Largest bucket; larger M shares it."""
+
+M_BUCKETS: tuple[int, ...] = tuple(2**i for i in range(M_BUCKET_MAX.bit_length()))
+"""Every bucket, smallest first: 1, 2, 4, ..., 8192."""
+
+
+def bucket_index(m: int) -> int:
+    """Position of ``m``'s bucket in :data:`M_BUCKETS` (0 for M <= 1)."""
+    if m <= 1:
+        return 0
+    return min((m - 1).bit_length(), len(M_BUCKETS) - 1)
+
+
+def m_bucket(m: int) -> int:
+    """The bucket of ``m``: the next power of two >= ``m``, at least 1, at most 8192."""
+    return M_BUCKETS[bucket_index(m)]
+
+
+def bucket_range(bucket: int) -> tuple[int, int | None]:
+    """The M a bucket holds, ``(lo, hi)`` inclusive; ``hi`` is None for the last (unbounded) one."""
+    lo = bucket // 2 + 1 if bucket > 1 else 1
+    return lo, None if bucket == M_BUCKET_MAX else bucket
+
+
+def nearest_bucket(available: Iterable[int], m: int) -> int | None:
+    """Of the buckets in ``available``, the one nearest to ``m``'s bucket (log2 distance, ties to
+    the smaller); None when ``available`` is empty."""
+    target = math.log2(m_bucket(m))
+    return min(available, key=lambda b: (abs(math.log2(b) - target), b), default=None)
