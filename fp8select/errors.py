@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from fp8select.selection import Candidate
+from fp8select.verdict import Candidate
 
 
 def _format_candidates(candidates: Sequence[Candidate]) -> str:

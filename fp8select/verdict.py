@@ -1,8 +1,10 @@
-"""Decisions as values: every probe and gate answers with a :class:`Verdict`."""
+"""Decisions as values: every probe and gate answers with a :class:`Verdict`; a chain lists
+:class:`Candidate` verdicts, one per backend."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -34,3 +36,17 @@ def first_rejection(verdicts: list[Verdict] | tuple[Verdict, ...], accepted: str
         if not verdict.ok:
             return verdict
     return Verdict.accept(accepted)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One backend's verdict in a chain (rank is 1-based in priority order)."""
+
+    rank: int
+    name: str
+    accepted: bool
+    reason: str
+    origin: str = "builtin"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "backend": self.name, "accepted": self.accepted, "reason": self.reason, "origin": self.origin}
