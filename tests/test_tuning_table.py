@@ -1,4 +1,4 @@
-"""The tuning table on disk: bad files are ignored with one warning, writes are atomic."""
+"""The tuning table on disk: rows per backend and versions, bad files ignored with one warning, atomic writes."""
 
 from __future__ import annotations
 
@@ -10,43 +10,48 @@ from typing import Any
 
 import pytest
 
-from fp8select.tuning_cache import (
+from fp8select import Capabilities, InvalidInputError
+from fp8select.tuning.table import (
     SCHEMA,
     TuningCacheWarning,
+    backend_versions,
     cache_dir,
-    fingerprint,
+    check_table,
     load_table,
+    merge_tables,
     new_table,
     save_table,
     table_path,
     validate_table,
 )
 
-VERSIONS = {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+VERSIONS = {"torch": "2.11.0+cu130", "cuda": "13.0", "triton": "3.6.0"}
 DEVICE = "NVIDIA H200"
+CONFIG = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4,
+          "path": "decode", "FIXUP": 1, "TMA": 0}
 
 
-def _table(device: str = DEVICE, versions: dict[str, str] | None = None, writer: int = 0) -> dict[str, Any]:
-    table = new_table(device, versions or VERSIONS)
-    table["entries"] = {
-        "12288,7168": {"16": {"backend": "cuda-scaled-mm", "config": None, "us": 33.3 + writer},
-                       "4096": {"backend": "triton", "config": {"BLOCK_M": 128, "writer": writer}, "us": 627.0}},
-        "2112,7168": {"1": {"backend": "triton", "config": {"SPLIT_K": 4}, "us": 14.3}},
-    }
+def _table(device: str = DEVICE, writer: int = 0) -> dict[str, Any]:
+    table = new_table(device)
+    table["groups"] = [
+        {"backend": "cuda-scaled-mm", "versions": dict(VERSIONS),
+         "shapes": {"12288,7168": {"16": {"us": 33.3 + writer}, "4096": {"us": 627.0}}}},
+        {"backend": "triton", "versions": dict(VERSIONS),
+         "shapes": {"2112,7168": {"1": {"us": 14.3, "config": {**CONFIG, "SPLIT_K": 1 + writer % 7}}}}},
+    ]
     return table
 
 
-def _load(path: Path, table: dict[str, Any] | None = None, **kw: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    expected = (table or _table())["fingerprint"]
+def _load(path: Path, device: str | None = DEVICE) -> tuple[dict[str, Any] | None, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = load_table(path, expected, **kw)
+        result = load_table(path, device)
     return result, [str(w.message) for w in caught if issubclass(w.category, TuningCacheWarning)]
 
 
 def test_round_trip(tmp_path: Path) -> None:
     table = _table()
-    path = table_path(tmp_path / "sub" / "dir", table["fingerprint"])
+    path = table_path(tmp_path / "sub" / "dir", DEVICE)
     save_table(path, table)
     loaded, caught = _load(path)
     assert loaded == table and caught == []
@@ -57,17 +62,35 @@ def test_missing_file_is_a_silent_cold_cache(tmp_path: Path) -> None:
     assert _load(tmp_path / "nope.json") == (None, [])
 
 
-def test_fingerprint_depends_on_every_input() -> None:
-    base = fingerprint(DEVICE, "2.11.0", "3.6.0", {"deep_gemm": "2.1.1"})
-    assert base == fingerprint(DEVICE, "2.11.0", "3.6.0", {"deep_gemm": "2.1.1"})
-    others = {
-        fingerprint("NVIDIA H100", "2.11.0", "3.6.0", {"deep_gemm": "2.1.1"}),
-        fingerprint(DEVICE, "2.12.0", "3.6.0", {"deep_gemm": "2.1.1"}),
-        fingerprint(DEVICE, "2.11.0", None, {"deep_gemm": "2.1.1"}),
-        fingerprint(DEVICE, "2.11.0", "3.6.0", {"deep_gemm": "2.1.2"}),
-        fingerprint(DEVICE, "2.11.0", "3.6.0", {}),
-    }
-    assert base not in others and len(others) == 5
+def test_versions_of_a_backend_are_its_own() -> None:
+    caps = Capabilities(device_kind="cuda", device_name=DEVICE, compute_capability=(9, 0), torch_version="2.11.0+cu130",
+                        cuda_version="13.0", packages={"triton": "3.6.0", "flashinfer": "0.7.2.post1", "deep_gemm": "2.6.1"})
+    assert backend_versions(caps) == VERSIONS  # cuBLAS and Triton: installing FlashInfer changes nothing
+    assert backend_versions(caps, ("flashinfer",)) == {**VERSIONS, "flashinfer": "0.7.2.post1"}
+    assert backend_versions(caps, ("sgl_kernel",)) == VERSIONS  # not installed: not a key
+
+
+def test_merge_keeps_both_and_newer_wins() -> None:
+    old = _table()
+    new = new_table(DEVICE)
+    new["groups"] = [{"backend": "cuda-scaled-mm", "versions": dict(VERSIONS), "shapes": {"12288,7168": {"16": {"us": 30.0}}}},
+                     {"backend": "deepgemm", "versions": {**VERSIONS, "deep_gemm": "2.6.1"},
+                      "shapes": {"12288,7168": {"16": {"us": 28.0}}}}]
+    merged = merge_tables(old, new)
+    assert validate_table(merged) is None
+    by = {g["backend"]: g["shapes"] for g in merged["groups"]}
+    assert by["cuda-scaled-mm"]["12288,7168"] == {"16": {"us": 30.0}, "4096": {"us": 627.0}}
+    assert by["deepgemm"]["12288,7168"]["16"]["us"] == 28.0 and "triton" in by
+    assert old["groups"][0]["shapes"]["12288,7168"]["16"]["us"] == 33.3, "inputs are not modified"
+
+
+def test_a_malformed_mapping_is_a_typed_error() -> None:
+    with pytest.raises(InvalidInputError, match=r"tuning: .*groups\[0\]\.shapes\['1,1'\]\['4'\]\.us"):
+        check_table({**_table(), "groups": [{"backend": "triton", "versions": {}, "shapes": {"1,1": {"4": {"us": "x"}}}}]})
+    with pytest.raises(InvalidInputError, match="TritonConfig"):
+        check_table({**_table(), "groups": [{"backend": "triton", "versions": {},
+                                             "shapes": {"1,1": {"4": {"us": 1.0, "config": {"BLOCK_M": 16}}}}}]})
+    assert check_table(_table()) == _table()
 
 
 def _write_text(path: Path, text: str | bytes) -> None:
@@ -80,20 +103,27 @@ BAD_FILES: dict[str, tuple[str | bytes, str]] = {
     "truncated": (GOOD[: len(GOOD) // 2], "truncated"),
     "truncated-one-char": (GOOD.rstrip()[:-1], "truncated"),
     "empty": ("", "truncated"),
-    "garbage": ("{\"schema\": 1, nonsense}", "corrupt"),
+    "garbage": ("{\"schema\": 2, nonsense}", "corrupt"),
     "binary": (b"\xff\xfe\x00garbage", "not UTF-8"),
     "not-an-object": ("[1, 2, 3]", "expected a JSON object"),
-    "other-schema": (json.dumps({**_table(), "schema": 2}), "schema: expected 1, found 2"),
-    "missing-entries": (json.dumps({k: v for k, v in _table().items() if k != "entries"}), "missing entries"),
-    "bad-shape-key": (json.dumps({**_table(), "entries": {"12288x7168": {}}}), "'N,K'"),
-    "bad-bucket": (json.dumps({**_table(), "entries": {"1,1": {"3": {"backend": "x", "config": None, "us": 1.0}}}}),
-                   "power-of-two"),
-    "nan-time": (json.dumps({**_table(), "entries": {"1,1": {"4": {"backend": "x", "config": None, "us": float("nan")}}}}),
-                 ".us"),
-    "bad-config": (json.dumps({**_table(), "entries": {"1,1": {"4": {"backend": "x", "config": [1], "us": 1}}}}), ".config"),
+    "other-schema": (json.dumps({**_table(), "schema": 1}), "schema: expected 2, found 1"),
+    "missing-groups": (json.dumps({k: v for k, v in _table().items() if k != "groups"}), "missing groups"),
+    "unknown-top-key": (json.dumps({**_table(), "entries": {}}), "unknown key(s) entries"),
+    "bad-shape-key": (json.dumps({**_table(), "groups": [{"backend": "x", "versions": {}, "shapes": {"12288x7168": {}}}]}),
+                      "'N,K'"),
+    "huge-shape-key": (json.dumps({**_table(), "groups": [{"backend": "x", "versions": {}, "shapes": {"9" * 5000 + ",1": {}}}]}),
+                       "'N,K'"),
+    "bad-bucket": (json.dumps({**_table(), "groups": [{"backend": "x", "versions": {}, "shapes": {"1,1": {"3": {"us": 1.0}}}}]}),
+                   "M buckets"),
+    "nan-time": (json.dumps({**_table(), "groups": [{"backend": "x", "versions": {},
+                                                    "shapes": {"1,1": {"4": {"us": float("nan")}}}}]}), ".us"),
+    "config-of-a-backend-without-one": (json.dumps({**_table(), "groups": [
+        {"backend": "deepgemm", "versions": {}, "shapes": {"1,1": {"4": {"us": 1.0, "config": {}}}}}]}), "no configuration"),
+    "bad-triton-config": (json.dumps({**_table(), "groups": [
+        {"backend": "triton", "versions": {}, "shapes": {"1,1": {"4": {"us": 1.0, "config": {**CONFIG, "TMA": 2}}}}}]}),
+        "TMA"),
+    "group-keys": (json.dumps({**_table(), "groups": [{"backend": "x", "shapes": {}}]}), "expected keys"),
     "other-device": (json.dumps(_table(device="NVIDIA B200")), "another device"),
-    "other-torch": (json.dumps(_table(versions={"torch": "2.10.0", "triton": "3.6.0"})), "another torch"),
-    "other-triton": (json.dumps(_table(versions={"torch": "2.11.0+cu130", "triton": "3.5.0"})), "other package versions"),
 }
 
 
@@ -102,17 +132,10 @@ def test_bad_tables_are_ignored_with_one_warning(tmp_path: Path, case: str) -> N
     content, fragment = BAD_FILES[case]
     path = tmp_path / "table.json"
     _write_text(path, content)
-    loaded, caught = _load(path, device_name=DEVICE, versions=VERSIONS)
+    loaded, caught = _load(path)
     assert loaded is None
     assert len(caught) == 1, caught
     assert fragment in caught[0] and str(path) in caught[0]
-
-
-def test_mismatch_without_context_names_the_fingerprints(tmp_path: Path) -> None:
-    path = tmp_path / "t.json"
-    save_table(path, _table(device="NVIDIA B200"))
-    loaded, caught = _load(path)
-    assert loaded is None and len(caught) == 1 and "fingerprint mismatch" in caught[0]
 
 
 def test_directory_in_place_of_the_file(tmp_path: Path) -> None:
@@ -122,18 +145,18 @@ def test_directory_in_place_of_the_file(tmp_path: Path) -> None:
 
 
 def test_save_rejects_a_malformed_table(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="schema"):
+    with pytest.raises(InvalidInputError, match="schema"):
         save_table(tmp_path / "t.json", {**_table(), "schema": 7})
-    with pytest.raises(ValueError, match="us"):
-        save_table(tmp_path / "t.json", {**_table(), "entries": {"1,1": {"4": {"backend": "x", "config": None, "us": -1}}}})
+    with pytest.raises(InvalidInputError, match="us"):
+        save_table(tmp_path / "t.json", {**_table(), "groups": [{"backend": "x", "versions": {},
+                                                                 "shapes": {"1,1": {"4": {"us": -1}}}}]})
     assert not list(tmp_path.iterdir()), "nothing may be written for a rejected table"
 
 
-def test_new_table_needs_a_torch_version() -> None:
-    with pytest.raises(ValueError, match="versions"):
-        new_table(DEVICE, {"triton": "3.6.0"})
-    assert validate_table(new_table(DEVICE, VERSIONS)) is None
-    assert new_table(DEVICE, VERSIONS)["schema"] == SCHEMA
+def test_new_table_is_valid_and_named_by_device(tmp_path: Path) -> None:
+    assert validate_table(new_table(DEVICE)) is None and new_table(DEVICE)["schema"] == SCHEMA
+    assert table_path(tmp_path, "NVIDIA H200") == tmp_path / "tuning-nvidia-h200.json"
+    assert table_path(tmp_path, "AMD Instinct MI300X") == tmp_path / "tuning-amd-instinct-mi300x.json"
 
 
 def test_cache_dir_precedence(tmp_path: Path) -> None:
@@ -155,8 +178,7 @@ def _big_table(writer: int) -> dict[str, Any]:
     """A table of a few hundred kB, so a non-atomic write would be seen half done."""
     table = _table(writer=writer)
     for n in range(1, 800):
-        table["entries"][f"{n},7168"] = {str(1 << b): {"backend": "triton", "config": {"BLOCK_M": 64}, "us": float(n + b)}
-                                         for b in range(4)}
+        table["groups"][0]["shapes"][f"{n},7168"] = {str(1 << b): {"us": float(n + b)} for b in range(4)}
     return table
 
 
@@ -170,11 +192,10 @@ def _writer(path: str, writer: int, rounds: int) -> None:
 
 def _reader(path: str, rounds: int, queue: Any) -> None:
     bad = 0
-    expected = _table()["fingerprint"]
     for _ in range(rounds):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            table = load_table(path, expected)
+            table = load_table(path, DEVICE)
         if table is None or caught:
             bad += 1
     queue.put(bad)
@@ -201,6 +222,6 @@ def test_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
     assert bad_reads == 0, "a reader saw a missing, partial or invalid table during concurrent writes"
     loaded, caught = _load(path)
     assert loaded is not None and caught == []
-    writer = loaded["entries"]["12288,7168"]["4096"]["config"]["writer"]
-    assert writer % 1000 == ROUNDS - 1, "the last complete table of some writer is what remains"
+    writer = loaded["groups"][0]["shapes"]["12288,7168"]["16"]["us"] - 33.3
+    assert round(writer) % 1000 == ROUNDS - 1, "the last complete table of some writer is what remains"
     assert not [p.name for p in path.parent.iterdir() if p.name != "table.json"], "temporary files left behind"

@@ -1,0 +1,48 @@
+"""Where a device's measurements come from, and the index the plans read.
+
+For the snapshot's device, in increasing precedence: the tables shipped with fp8select
+(``fp8select/data``), the cache directory's table (written by ``fp8select tune``), and the
+file named by ``FP8SELECT_TUNING_TABLE``; or instead of all three, a table handed to
+``resolve(tuning=...)``. Rows of a later source replace those of an earlier one for the same
+backend, versions, shape and bucket, so a local re-measurement refines the shipped table
+without discarding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fp8select.capabilities import Capabilities
+from fp8select.tuning.model import Measurements
+from fp8select.tuning.table import ENV_TABLE, SHIPPED_DIR, backend_versions, cache_dir, load_table, table_path
+
+__all__ = ["find_tables", "measurements_for"]
+
+
+def find_tables(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:
+    """The usable tables for the snapshot's device, lowest precedence first, with where each came from."""
+    if caps.device_kind == "cpu" or not caps.device_name:
+        return []
+    paths = [table_path(SHIPPED_DIR, caps.device_name), table_path(cache_dir(caps.env), caps.device_name)]
+    explicit = caps.env.get(ENV_TABLE, "").strip()
+    if explicit:
+        paths.append(Path(explicit).expanduser())
+    found = []
+    for path in dict.fromkeys(paths):
+        table = load_table(path, caps.device_name)
+        if table is not None:
+            found.append((str(path), table))
+    return found
+
+
+def measurements_for(caps: Capabilities, backends: Iterable[Any],
+                     tables: Iterable[Mapping[str, Any]]) -> Measurements | None:
+    """The index of ``tables`` for the backends of a chain (each at its versions here), or None
+    when there is nothing to index."""
+    tables = list(tables)
+    if not tables:
+        return None
+    installed = {b.name: backend_versions(caps, getattr(b, "packages", ())) for b in backends}
+    return Measurements(caps.device_name or str(tables[-1]["device_name"]), tables, installed)

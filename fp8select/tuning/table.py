@@ -1,0 +1,314 @@
+"""The tuning table on disk: measured times per backend, each at its own versions.
+
+A table holds the measurements of one device model. Its rows are grouped by backend and by
+the versions that backend's speed depends on (:func:`backend_versions`: torch, CUDA or HIP,
+Triton, and the backend's own packages), so installing FlashInfer adds a group for
+FlashInfer and leaves the Triton and cuBLAS groups valid::
+
+    {"schema": 2, "device_name": "NVIDIA H200", "note": "...optional...",
+     "groups": [{"backend": "triton",
+                 "versions": {"torch": "2.11.0+cu130", "cuda": "13.0", "triton": "3.6.0"},
+                 "shapes": {"2112,7168": {"1": {"us": 12.18, "config": {...}}, "2": {...}}}},
+                {"backend": "deepgemm", "versions": {..., "deep_gemm": "2.6.1"}, "shapes": {...}}]}
+
+``shapes`` maps ``"N,K"`` to M buckets (:mod:`fp8select.buckets`) to the whole-op median
+time in microseconds and, for backends with launch parameters (Triton), the configuration
+measured. A table is a cache: :func:`load_table` returns None with exactly one
+:class:`TuningCacheWarning` for anything unusable (corrupt, truncated, another device, an
+unknown schema) and never raises; :func:`save_table` replaces the file atomically.
+:func:`check_table` gives the same checks as a typed error, for tables handed in as mappings.
+Pure Python: no torch, no triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fp8select.buckets import M_BUCKETS
+from fp8select.capabilities import Capabilities
+from fp8select.errors import InvalidInputError
+
+__all__ = [
+    "ENV_CACHE_DIR",
+    "ENV_TABLE",
+    "SCHEMA",
+    "SHIPPED_DIR",
+    "TuningCacheWarning",
+    "backend_versions",
+    "cache_dir",
+    "check_table",
+    "load_table",
+    "merge_tables",
+    "new_table",
+    "save_table",
+    "shape_key",
+    "table_path",
+    "validate_table",
+]
+
+SCHEMA = 2
+ENV_CACHE_DIR = "FP8SELECT_CACHE_DIR"
+ENV_TABLE = "FP8SELECT_TUNING_TABLE"
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data"
+_TOP_KEYS = ("schema", "device_name", "groups")
+_OPTIONAL_TOP_KEYS = ("note",)
+_BUCKETS = frozenset(str(b) for b in M_BUCKETS)
+
+
+class TuningCacheWarning(UserWarning):
+    """A tuning table could not be used (it is ignored; fp8select carries on without it)."""
+
+
+def shape_key(n: int, k: int) -> str:
+    return f"{n},{k}"
+
+
+def backend_versions(caps: Capabilities, packages: Iterable[str] = ()) -> dict[str, str]:
+    """What a backend's measured speed depends on besides the device: torch, CUDA or HIP, Triton
+    (fp8select's activation quantizer and kernels) and the backend's own ``packages``."""
+    versions = {"torch": caps.torch_version, "cuda": caps.cuda_version, "hip": caps.hip_version,
+                "triton": caps.packages.get("triton")}
+    versions.update({name: caps.packages.get(name) for name in packages})
+    return {k: v for k, v in versions.items() if v is not None}
+
+
+def cache_dir(env: Mapping[str, str]) -> Path:
+    """The directory holding tuning tables: ``FP8SELECT_CACHE_DIR``, else ``$XDG_CACHE_HOME/fp8select``
+    (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec says), else ``~/.cache/fp8select``.
+
+    ``env`` is the snapshot's environment (``Capabilities.env``), which records both variables.
+    """
+    override = env.get(ENV_CACHE_DIR, "").strip()
+    if override:
+        return Path(override).expanduser()
+    xdg = env.get("XDG_CACHE_HOME", "").strip()
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "fp8select"
+    return Path.home() / ".cache" / "fp8select"
+
+
+def _slug(device_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
+
+
+def table_path(directory: Path | str, device_name: str) -> Path:
+    """Where the table of one device model lives in ``directory`` (``tuning-nvidia-h200.json``)."""
+    return Path(directory) / f"tuning-{_slug(device_name)}.json"
+
+
+def new_table(device_name: str, note: str | None = None) -> dict[str, Any]:
+    table: dict[str, Any] = {"schema": SCHEMA, "device_name": device_name, "groups": []}
+    if note:
+        table["note"] = note
+    return table
+
+
+def _positive_int(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0
+
+
+def _check_row(where: str, backend: str, row: object) -> str | None:
+    if not isinstance(row, dict):
+        return f"{where}: expected an object, found {type(row).__name__}"
+    unknown = sorted(set(row) - {"us", "config"})
+    if unknown:
+        return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config'"
+    us = row.get("us")
+    if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
+        return f"{where}.us: expected a positive finite number of microseconds, found {us!r}"
+    config = row.get("config")
+    if config is not None:
+        if not isinstance(config, dict):
+            return f"{where}.config: expected an object or null, found {config!r}"
+        problem = _config_problem(backend, config)
+        if problem is not None:
+            return f"{where}.config: {problem}"
+    return None
+
+
+def _config_problem(backend: str, config: Mapping[str, Any]) -> str | None:
+    """Why a launch configuration is invalid for ``backend`` (only Triton has them), or None."""
+    if backend != "triton":
+        return f"expected no configuration for backend {backend!r}, found one"
+    from fp8select.kernels.triton_config import TritonConfig  # pure python
+
+    try:
+        TritonConfig.from_dict(config)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _check_group(where: str, group: object) -> str | None:
+    if not isinstance(group, dict):
+        return f"{where}: expected an object, found {type(group).__name__}"
+    if set(group) != {"backend", "versions", "shapes"}:
+        return f"{where}: expected keys 'backend', 'versions', 'shapes', found {sorted(map(str, group))}"
+    backend, versions, shapes = group["backend"], group["versions"], group["shapes"]
+    if not isinstance(backend, str) or not backend:
+        return f"{where}.backend: expected a backend name, found {backend!r}"
+    if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
+        return f"{where}.versions: expected an object of version strings, found {versions!r}"
+    if not isinstance(shapes, dict):
+        return f"{where}.shapes: expected an object, found {type(shapes).__name__}"
+    for shape, buckets in shapes.items():
+        parts = shape.split(",") if isinstance(shape, str) else []
+        if len(parts) != 2 or not all(_positive_int(p) for p in parts):
+            return f"{where}.shapes: expected keys 'N,K' with positive integers, found {shape!r}"
+        if not isinstance(buckets, dict):
+            return f"{where}.shapes[{shape!r}]: expected an object of M buckets, found {type(buckets).__name__}"
+        for bucket, row in buckets.items():
+            if bucket not in _BUCKETS:
+                return f"{where}.shapes[{shape!r}]: expected M buckets 1, 2, 4, ..., 8192, found {bucket!r}"
+            problem = _check_row(f"{where}.shapes[{shape!r}][{bucket!r}]", backend, row)
+            if problem is not None:
+                return problem
+    return None
+
+
+def validate_table(table: object) -> str | None:
+    """Why ``table`` does not follow the schema, or None when it does (pure, never raises)."""
+    if not isinstance(table, dict):
+        return f"expected a JSON object, found {type(table).__name__}"
+    missing = [k for k in _TOP_KEYS if k not in table]
+    if missing:
+        return f"expected keys {', '.join(_TOP_KEYS)}, missing {', '.join(missing)}"
+    unknown = sorted(str(k) for k in set(table) - set(_TOP_KEYS) - set(_OPTIONAL_TOP_KEYS))
+    if unknown:
+        return f"unknown key(s) {', '.join(unknown)}"
+    if table["schema"] != SCHEMA or isinstance(table["schema"], bool):
+        return f"schema: expected {SCHEMA}, found {table['schema']!r}"
+    if not isinstance(table["device_name"], str) or not table["device_name"]:
+        return f"device_name: expected a device name, found {table['device_name']!r}"
+    if "note" in table and not isinstance(table["note"], str):
+        return f"note: expected a string, found {table['note']!r}"
+    groups = table["groups"]
+    if not isinstance(groups, list):
+        return f"groups: expected a list, found {type(groups).__name__}"
+    for i, group in enumerate(groups):
+        problem = _check_group(f"groups[{i}]", group)
+        if problem is not None:
+            return problem
+    return None
+
+
+def check_table(table: object, parameter: str = "tuning") -> dict[str, Any]:
+    """``table`` as a plain dict when it follows the schema, else :class:`InvalidInputError` naming the problem."""
+    if isinstance(table, Mapping):
+        table = json.loads(json.dumps(dict(table), allow_nan=True))  # a private, plain copy
+    problem = validate_table(table)
+    if problem is not None:
+        raise InvalidInputError(f"{parameter}: expected a tuning table (schema {SCHEMA}), found a malformed one: {problem}")
+    assert isinstance(table, dict)
+    return table
+
+
+def merge_tables(base: Mapping[str, Any], newer: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``newer``'s rows added, ``newer`` winning where both have a row for the same
+    backend, versions, shape and bucket (both tables of one device)."""
+    merged = json.loads(json.dumps(dict(base)))
+    index = {(g["backend"], tuple(sorted(g["versions"].items()))): g for g in merged["groups"]}
+    for group in newer["groups"]:
+        key = (group["backend"], tuple(sorted(group["versions"].items())))
+        into = index.get(key)
+        if into is None:
+            into = index[key] = {"backend": group["backend"], "versions": dict(group["versions"]), "shapes": {}}
+            merged["groups"].append(into)
+        for shape, buckets in group["shapes"].items():
+            into["shapes"].setdefault(shape, {}).update(json.loads(json.dumps(buckets)))
+    return merged
+
+
+def save_table(path: Path | str, table: Mapping[str, Any]) -> None:
+    """Write ``table`` to ``path`` atomically: readers see the old file or the new one, never a mix.
+
+    The table is checked first (:class:`InvalidInputError`: a bad table is the caller's bug).
+    The JSON goes to a temporary file in the same directory, is flushed and ``fsync``-ed, then
+    ``os.replace``-d over ``path``; concurrent writers leave one writer's complete table.
+    """
+    data = check_table(table, "table")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable where the platform allows (POSIX); best effort elsewhere."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_table(path: Path | str, device_name: str | None = None) -> dict[str, Any] | None:
+    """The table at ``path`` if it is valid (and measured on ``device_name``, when given), else None.
+
+    A missing file is a cold cache: None, silently. Anything else that makes the table unusable
+    (unreadable, not UTF-8, corrupt or truncated JSON, wrong schema, another device) gives None
+    and exactly one :class:`TuningCacheWarning` naming the file and the problem. Never raises.
+    """
+    try:
+        problem, table = _read(Path(path), device_name)
+    except Exception as exc:  # noqa: BLE001 - a cache must never crash the process
+        problem, table = f"unreadable ({type(exc).__name__}: {exc})", None
+    if problem is not None:
+        if problem != "missing":
+            warnings.warn(f"fp8select tuning table {str(path)!r} ignored: {problem}", TuningCacheWarning, stacklevel=2)
+        return None
+    return table
+
+
+def _read(path: Path, device_name: str | None) -> tuple[str | None, dict[str, Any] | None]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return "missing", None
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})", None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"corrupt (not UTF-8 at byte {exc.start})", None
+    if not text.strip():
+        return "truncated (empty file)", None
+    try:
+        table = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+            return f"truncated (JSON ends early at character {exc.pos})", None
+        return f"corrupt (invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno})", None
+    except (RecursionError, ValueError) as exc:
+        return f"corrupt ({type(exc).__name__}: {exc})", None
+    problem = validate_table(table)
+    if problem is not None:
+        return f"invalid schema ({problem})", None
+    if device_name is not None and table["device_name"] != device_name:
+        return f"measured on another device (found {table['device_name']!r}, expected {device_name!r})", None
+    return None, table
