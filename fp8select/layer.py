@@ -1,31 +1,39 @@
-"""The layer object: prepared weights plus the plan for each call.
+"""The layer object: a plan per layer, the prepared weights it needs, and the call path.
 
-``Fp8Linear`` holds the weight laid out for the primary backend (the first in the
-selection's chain that accepts this layer's problem) and for one fallback that shares the
-checkpoint weight where it can. Each call goes to the primary unless the primary's
-per-call gate (an M it cannot take, an activation dtype it does not accept) rejects it.
-All layout work happens here at construction; the call path only quantizes activations.
+``Fp8Linear`` builds its :class:`~fp8select.plan.Plan` at construction (one route per M
+bucket over every accepted backend of the selection's chain), prepares the weight for exactly
+the backends the plan uses (sharing storage between backends of the same weight layout), and
+binds each bucket to one call. A call checks its input, looks its bucket up and runs: no
+decision, no copy of the weight, no measurement code. Calls with another activation or output
+dtype than the plan's get their own plan (built once, on first use), which may prepare a
+backend more where the planned ones decline that dtype. Inference only: outputs never carry
+gradients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from fp8select.backends.base import Backend, PreparedWeight
+from fp8select._log import get_logger
+from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
+from fp8select.buckets import bucket_index
+from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
-from fp8select.kernels.triton_search import M_BUCKET_MAX
+from fp8select.plan import GATE, Plan, Route, build_plan
 from fp8select.problem import Problem, dtype_name
-from fp8select.selection import Candidate
-from fp8select.tuning import routes_for
-
-if TYPE_CHECKING:
-    from fp8select.selection import Selection
+from fp8select.tuning.model import Estimate, Measurements
+from fp8select.verdict import Candidate
 
 FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MEASURED_BLOCK = (128, 128)  # tuning tables are measured with 128x128 weight blocks
+
+Call = Callable[..., torch.Tensor]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -76,92 +84,181 @@ def check_weight(weight: object, weight_scale: object, block: tuple[int, int]) -
 
 
 class Fp8Linear:
-    """A block-FP8 linear layer bound to a backend: ``layer(x, bias=None, input_scale=None)``."""
+    """A block-FP8 linear layer with its plan: ``layer(x, bias=None, input_scale=None)``.
 
-    def __init__(self, selection: Selection, weight: torch.Tensor, weight_scale: torch.Tensor,
-                 block_size: Sequence[int] = (128, 128), *, out_dtype: torch.dtype | None = None) -> None:
+    Made by :meth:`fp8select.Selection.prepare`. ``chain`` is the selection's accepted backends
+    in priority order (an explicit choice first, named by ``explicit``); ``measurements`` the
+    device's tuning tables; ``max_weight_copies`` how many copies of the weight beyond the
+    checkpoint's the plan may hold (None: no limit).
+    """
+
+    def __init__(self, chain: Sequence[Backend], caps: Capabilities, weight: torch.Tensor, weight_scale: torch.Tensor,
+                 block_size: Sequence[int] = (128, 128), *, out_dtype: torch.dtype | None = None,
+                 measurements: Measurements | None = None, explicit: str | None = None,
+                 max_weight_copies: int | None = 1) -> None:
+        start = time.perf_counter()
         block = check_block_size(block_size)
         check_weight(weight, weight_scale, block)
         if out_dtype is not None and out_dtype not in ACTIVATION_DTYPES:
             allowed = "/".join(dtype_name(d) for d in ACTIVATION_DTYPES)
             raise InvalidDtypeError(f"out_dtype: expected {allowed} or None, found {out_dtype!r}")
-        self.selection = selection
-        self.caps = selection.capabilities
+        if max_weight_copies is not None and (isinstance(max_weight_copies, bool) or not isinstance(max_weight_copies, int)
+                                              or max_weight_copies < 0):
+            raise InvalidInputError(f"max_weight_copies: expected a non-negative integer or None, found {max_weight_copies!r}")
+        self.caps = caps
+        self.chain = tuple(chain)
         self.n, self.k = weight.shape
         self.block_size = block
         self.out_dtype = out_dtype
         self.weight_dtype = weight.dtype
         self.device = weight.device
-        problem = self._problem(None, torch.bfloat16, out_dtype or torch.bfloat16)
-        self.candidates = self._gate(problem)
-        accepted = [b for b in selection.chain if self.candidates[b.name].accepted]
-        if not accepted:
-            raise UnsupportedProblemError(problem.describe(), [self.candidates[b.name] for b in selection.chain])
-        self.primary: Backend = accepted[0]
-        self.fallback: Backend | None = accepted[1] if len(accepted) > 1 else None
+        self.measurements = measurements if block == MEASURED_BLOCK else None
+        self.explicit = explicit
+        self.max_weight_copies = max_weight_copies
+        self._checkpoint_storage = weight.untyped_storage().data_ptr()
+        # The [N, K] weight of each layout prepared so far, which later backends of that layout share.
+        self._shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {CHECKPOINT_LAYOUT: (weight, weight_scale)}
         self.prepared: dict[str, PreparedWeight] = {}
-        self._plans: dict[tuple[int, torch.dtype, torch.dtype], Backend] = {}
-        self.prepared[self.primary.name] = self.primary.prepare(weight, weight_scale, block, self.caps)
-        if self.fallback is not None:
-            primary = self.prepared[self.primary.name]
-            if primary.weight_nk is not None:  # share the primary's weight (requantized or converted ones too)
-                shared_weight = primary.weight_nk
-                shared_scale = primary.scale_nk if primary.scale_nk is not None else weight_scale
-            else:  # an irreversible layout (a shuffle): the fallback keeps the caller's checkpoint
-                shared_weight, shared_scale = weight, weight_scale
-            self.prepared[self.fallback.name] = self.fallback.prepare(shared_weight, shared_scale, block, self.caps)
-        self.routes = routes_for(selection.tuning, self.n, self.k) if block == (128, 128) else None
-        if self.routes is not None and self.routes.exact and "triton" in self.prepared:
-            buckets = (2**i for i in range(M_BUCKET_MAX.bit_length()))  # 1, 2, 4, ..., 8192
-            tuned = {b: dict(self.routes.entry(b) or {}).get("triton") for b in buckets}
-            self.prepared["triton"].extra["tuned"] = {b: t for b, t in tuned.items() if t}
+        self._failed: dict[str, str] = {}
+        self.plans: dict[tuple[torch.dtype, torch.dtype], Plan] = {}
+        self._calls: dict[tuple[torch.dtype, torch.dtype], tuple[Call, ...]] = {}
+        self.main_plan = self._plan_for(torch.bfloat16, out_dtype or torch.bfloat16)
+        if all(use.layout != CHECKPOINT_LAYOUT for use in self.main_plan.weights):
+            del self._shared[CHECKPOINT_LAYOUT]  # no backend reads it: the caller may free the checkpoint
+        get_logger().info("fp8select.layer_prepared", n=self.n, k=self.k, block=list(block),
+                          plan=self.main_plan.summary(), weight_copies=self.main_plan.weight_copies,
+                          ms=round((time.perf_counter() - start) * 1e3, 3))
+
+    # -- plans ---------------------------------------------------------------------------------
+
+    def _estimate(self, backend: Backend, bucket: int) -> Estimate | None:
+        if self.measurements is None:
+            return None
+        return self.measurements.estimate(backend.name, self.n, self.k, bucket)
 
     def _problem(self, m: int | None, act: torch.dtype, out: torch.dtype) -> Problem:
         return Problem(self.n, self.k, self.block_size, m, self.weight_dtype, act, out)
 
-    def _gate(self, problem: Problem) -> dict[str, Candidate]:
-        return {b.name: Candidate(rank, b.name, *_ok_reason(b.supports(problem, self.caps)))
-                for rank, b in enumerate(self.selection.chain, 1)}
+    def _plan_for(self, act: torch.dtype, out: torch.dtype) -> Plan:
+        """The plan for calls with ``act`` input and ``out`` output, its weights prepared (once per signature)."""
+        key = (act, out)
+        plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        problem = self._problem(None, act, out)
+        while True:
+            chain = [b for b in self.chain if b.name not in self._failed]
+            try:
+                plan = build_plan(problem, chain, self.caps, self._estimate, explicit=self.explicit,
+                                  max_weight_copies=self.max_weight_copies)
+            except UnsupportedProblemError as exc:
+                failed = [Candidate(len(exc.candidates) + i, name, False, f"prepare() raised {why}")
+                          for i, (name, why) in enumerate(self._failed.items(), 1)]
+                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *failed]) from None
+            if self._prepare(plan):
+                break
+        self.plans[key] = plan
+        self._calls[key] = tuple(self._bind(route) for route in plan.routes)
+        if plan.explicit is not None and any(r.why == GATE for r in plan.routes):
+            others = "; ".join(f"M {r.bucket}: {r.detail}" for r in plan.routes if r.why == GATE)
+            get_logger().warning("fp8select.explicit_choice_declined", backend=plan.explicit, n=self.n, k=self.k,
+                                 act=dtype_name(act), out=dtype_name(out), routes=others)
+        return plan
+
+    def _prepare(self, plan: Plan) -> bool:
+        """Prepare the plan's backends not prepared yet; False (and the backend marked failed) when one raises."""
+        layout_of = {name: use.layout for use in plan.weights for name in use.backends}
+        for backend in self.chain:
+            name = backend.name
+            if name not in layout_of or name in self.prepared:
+                continue
+            layout = layout_of[name]
+            # Its own layout's weight if held; else the checkpoint; else (the checkpoint was let go because
+            # the plan reads only a copy) the [N, K] form of a copy, which computes the same function.
+            source = self._shared.get(layout) or self._shared.get(CHECKPOINT_LAYOUT) or next(iter(self._shared.values()), None)
+            if source is None:
+                raise InvalidInputError(
+                    f"weight: calls of this signature need backend {name!r}, and this layer holds its weight only in a "
+                    "layout no other backend can read; prepare the layer again, or call it with the dtypes its plan "
+                    "was made for")
+            weight, scale = source
+            try:
+                prepared = backend.prepare(weight, scale, self.block_size, self.caps)
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot prepare is left out, with its reason
+                self._failed[name] = f"{type(exc).__name__}: {exc}"
+                get_logger().warning("fp8select.prepare_failed", backend=name, n=self.n, k=self.k, error=self._failed[name])
+                return False
+            self.prepared[name] = prepared
+            if layout not in self._shared and prepared.weight_nk is not None:
+                self._shared[layout] = (prepared.weight_nk, prepared.scale_nk if prepared.scale_nk is not None else scale)
+        return True
+
+    def _bind(self, route: Route) -> Call:
+        """The call of one route: the backend's run with its prepared weight (and launch config) bound."""
+        if route.backend is None:
+            return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
+        backend = next(b for b in self.chain if b.name == route.backend)
+        kwargs: dict[str, Any] = {"caps": self.caps}
+        if route.config is not None:
+            kwargs["config"] = route.config
+        return functools.partial(backend.run, self.prepared[route.backend], **kwargs)
+
+    @property
+    def candidates(self) -> dict[str, Candidate]:
+        """Every chain backend's verdict on this layer (load time), by name."""
+        return {c.name: c for c in self.main_plan.candidates}
 
     @property
     def backends(self) -> tuple[str, ...]:
-        """The backends this layer may call: primary, then fallback."""
-        return tuple(self.prepared)
+        """The backends this layer runs (those of its plans), smallest M first."""
+        names = [n for plan in (self.main_plan, *self.plans.values()) for n in plan.backends]
+        return tuple(dict.fromkeys(names))
 
     def plan(self, m: int, act_dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> Backend:
-        """The backend a call with ``m`` rows of ``act_dtype`` goes to: the tuning table's measured
-        choice for this shape and M bucket when there is one (primary or fallback), else the
-        primary unless its gate rejects the call."""
+        """The backend a call with ``m`` rows of ``act_dtype`` runs on (raises when none can)."""
         out = out_dtype or self.out_dtype or act_dtype
-        problem = self._problem(m, act_dtype, out)
-        if self.routes is not None:
-            entry = self.routes.entry(m)
-            measured = next((b for b in (self.primary, self.fallback) if b is not None and entry and b.name == entry["backend"]), None)
-            if measured is not None and measured.supports(problem, self.caps).ok:
-                return measured
-        rejected: list[Candidate] = []
-        for rank, backend in enumerate(b for b in (self.primary, self.fallback) if b is not None):
-            verdict = backend.supports(problem, self.caps)
-            if verdict.ok:
-                return backend
-            rejected.append(Candidate(rank + 1, backend.name, False, verdict.reason))
-        raise UnsupportedProblemError(problem.describe(), rejected)
+        route = self._plan_for(act_dtype, out).route(m)
+        if route.backend is None:
+            _no_backend(self._problem(m, act_dtype, out).describe(), route.detail)
+        return next(b for b in self.chain if b.name == route.backend)
+
+    def describe(self) -> str:
+        """The plan, one line per M range: backend, why (measured, model, rule, gate, explicit), detail."""
+        return self.main_plan.describe()
+
+    def memory(self) -> dict[str, Any]:
+        """The weight bytes this layer holds: whether it keeps the checkpoint's, and its copies."""
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for p in self.prepared.values() for t in (p.weight, p.weight_nk) if t is not None}
+        copies = {ptr: size for ptr, size in held.items() if ptr != self._checkpoint_storage}
+        return {"checkpoint_held": self._checkpoint_storage in held or CHECKPOINT_LAYOUT in self._shared,
+                "copies": len(copies), "copy_bytes": sum(copies.values())}
+
+    # -- the call path -------------------------------------------------------------------------
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                  input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward(x, bias, input_scale)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+                input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``y = x @ dequant(W).T (+ bias)`` for ``x`` of any leading shape; no autograd."""
         x2, scale2, lead = self._check_input(x, input_scale)
         out_dtype = self.out_dtype or x.dtype
         self._check_bias(bias)
         m = x2.shape[0]
         if m == 0:
             return torch.empty((*lead, self.n), dtype=out_dtype, device=x.device)
-        key = (m, x.dtype, out_dtype)
-        backend = self._plans.get(key)
-        if backend is None:
-            if len(self._plans) > 4096:
-                self._plans.clear()
-            backend = self._plans[key] = self.plan(m, x.dtype, out_dtype)
-        out = backend.run(self.prepared[backend.name], x2, input_scale=scale2, bias=bias, out_dtype=out_dtype, caps=self.caps)
+        calls = self._calls.get((x.dtype, out_dtype))
+        if calls is None:
+            self._plan_for(x.dtype, out_dtype)
+            calls = self._calls[(x.dtype, out_dtype)]
+        call = calls[bucket_index(m)]
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                out = call(x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
+        else:
+            out = call(x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
         return out.reshape(*lead, self.n)
 
     def _check_input(self, x: object, input_scale: object) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
@@ -212,9 +309,9 @@ class Fp8Linear:
             raise InvalidDtypeError(f"bias: expected a bf16/fp16/fp32 tensor, found {dtype_name(bias.dtype)}")
 
     def __repr__(self) -> str:
-        fb = self.fallback.name if self.fallback else None
-        return f"Fp8Linear(N={self.n}, K={self.k}, block={list(self.block_size)}, backend={self.primary.name!r}, fallback={fb!r})"
+        return (f"Fp8Linear(N={self.n}, K={self.k}, block={list(self.block_size)}, "
+                f"plan={self.main_plan.summary()!r})")
 
 
-def _ok_reason(verdict: object) -> tuple[bool, str]:
-    return bool(getattr(verdict, "ok", False)), str(getattr(verdict, "reason", ""))
+def _no_backend(what: str, detail: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+    raise UnsupportedProblemError(what, [Candidate(1, "-", False, detail)])

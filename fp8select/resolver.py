@@ -11,7 +11,6 @@ event.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,7 +26,10 @@ from fp8select.errors import (
     UnknownBackendError,
 )
 from fp8select.plugins import LoadedPlugins, load_plugins, place
-from fp8select.selection import Candidate, Selection
+from fp8select.selection import Selection
+from fp8select.tuning.sources import find_tables, measurements_for
+from fp8select.tuning.table import check_table
+from fp8select.verdict import Candidate
 
 ENV_BACKEND = "FP8SELECT_BACKEND"
 ENV_DISABLE = "FP8SELECT_DISABLE"
@@ -100,7 +102,8 @@ def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[
 def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
             disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
             plugins: bool | Iterable[Any] = True, verify: bool | None = None,
-            group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True) -> Selection:
+            group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
+            max_weight_copies: int | None = 1) -> Selection:
     """Choose the block-FP8 linear backend for this machine (or for ``capabilities``).
 
     ``backend`` forces a choice (an error if it is rejected, never a silent substitute);
@@ -128,19 +131,26 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     ``"raise"`` raises :class:`~fp8select.errors.RankMismatchError` with each rank's verdicts.
     Every rank must call ``resolve`` with a group (it is a collective).
 
-    ``tuning``: True looks for the tuning table measured for this device and software stack
-    (:func:`fp8select.tuning.find_table`: ``FP8SELECT_TUNING_TABLE``, the cache directory, then
-    the tables shipped with fp8select); layers prepared from the selection then choose per M
-    bucket between the chosen backend and its fallback as measured. False uses none; a mapping
-    is used as the table. With ``group``, rank 0's table (found or given) is broadcast, so every
-    rank makes the same per-M decisions.
+    ``tuning``: True reads the measurements of this device (:mod:`fp8select.tuning.sources`: the
+    tables shipped with fp8select, the cache directory's, ``FP8SELECT_TUNING_TABLE``); each layer
+    prepared from the selection then plans, per M bucket, the fastest backend of the chain
+    (:mod:`fp8select.plan`). False uses none (the plan follows the priority order); a mapping
+    is used as the only table (checked like a file: :class:`~fp8select.errors.InvalidInputError`
+    when malformed). With ``group``, rank 0's tables are broadcast, so every rank makes the same
+    plans. ``max_weight_copies``: how many copies of a weight beyond the checkpoint's a layer may
+    hold (1 by default; 0 for none, None for no bound).
     """
     _check_arguments(capabilities, verify, plugins, group, on_mismatch, tuning)
+    if max_weight_copies is not None and (isinstance(max_weight_copies, bool) or not isinstance(max_weight_copies, int)
+                                          or max_weight_copies < 0):
+        raise InvalidInputError(f"max_weight_copies: expected a non-negative integer or None, found {max_weight_copies!r}")
+    given = check_table(tuning) if isinstance(tuning, Mapping) else None
     detected = capabilities is None
     caps = detect_capabilities() if capabilities is None else capabilities
     do_verify = verify if verify is not None else (detected and caps.device_kind != "cpu")
     if group is None:
-        return _with_tuning(_resolve_here(caps, backend, disable, order, plugins, do_verify), tuning)
+        selection = _resolve_here(caps, backend, disable, order, plugins, do_verify)
+        return _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
     from fp8select.distributed import agree
 
     outcome: Selection | BaseException
@@ -148,29 +158,31 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
         outcome = _resolve_here(caps, backend, disable, order, plugins, do_verify)
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
-    return _with_tuning(agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch), tuning, group)
+    agreed = agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch)
+    return _with_tuning(replace(agreed, max_weight_copies=max_weight_copies), tuning, given, group)
 
 
-def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], group: Any = None) -> Selection:
-    """``selection`` with its tuning table attached; with a group, rank 0's table on every rank
-    (one measurement, one set of per-M decisions across ranks)."""
+def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: dict[str, Any] | None,
+                 group: Any = None) -> Selection:
+    """``selection`` with the device's measurements attached; with a group, rank 0's tables on
+    every rank (one measurement, the same plans on every rank)."""
     if tuning is False:
         return selection
 
-    def local() -> dict[str, Any] | None:
-        if tuning is True:
-            from fp8select.tuning import find_table
-
-            return find_table(selection.capabilities)
-        return dict(tuning)
+    def local() -> list[tuple[str, dict[str, Any]]]:
+        return [("given", given)] if given is not None else find_tables(selection.capabilities)
 
     if group is None:
-        table = local()
+        tables = local()
     else:
         from fp8select.distributed import measure_on_one_rank
 
-        table = measure_on_one_rank(lambda: {"table": local()}, None if isinstance(group, str) else group)["table"]
-    return dataclasses.replace(selection, tuning=table) if table else selection
+        shared = measure_on_one_rank(lambda: {"tables": local()}, None if isinstance(group, str) else group)
+        tables = [(f"{source} (rank 0)", table) for source, table in shared["tables"]]
+    measurements = measurements_for(selection.capabilities, selection.chain, [t for _, t in tables])
+    if measurements is None:
+        return selection
+    return replace(selection, measurements=measurements, tuning_sources=tuple(source for source, _ in tables))
 
 def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object,
                      tuning: object = True) -> None:

@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import EllipsisType
+from typing import Any
 
 import torch
 
 from fp8select.backends.base import Backend
 from fp8select.capabilities import Capabilities
-
-if TYPE_CHECKING:
-    from fp8select.layer import Fp8Linear
+from fp8select.layer import Fp8Linear
+from fp8select.tuning.model import Measurements
+from fp8select.verdict import Candidate
 
 SOURCES = ("argument", "environment", "auto")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One backend's verdict in the chain (rank is 1-based in priority order)."""
-
-    rank: int
-    name: str
-    accepted: bool
-    reason: str
-    origin: str = "builtin"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "backend": self.name, "accepted": self.accepted, "reason": self.reason, "origin": self.origin}
 
 
 @dataclass(frozen=True)
@@ -38,8 +25,11 @@ class Selection:
     ``backend`` is the chosen backend; ``verdicts`` has one entry per candidate in priority
     order (never pre-filtered), plus one rejected entry per plugin that failed to load;
     ``source`` says whether the choice came from an ``argument``, the ``environment`` or
-    ``auto``; ``chain`` lists the accepted backends, chosen first, which the layer object
-    uses as fallbacks for calls the chosen one cannot take.
+    ``auto``; ``chain`` lists the accepted backends, chosen first: each layer's plan picks
+    among them per M bucket (by ``measurements``, the device's tuning tables, read from
+    ``tuning_sources``), and an explicit choice runs wherever its gate accepts the call.
+    ``max_weight_copies`` bounds the copies of a weight a layer may hold beyond the
+    checkpoint's (None: no bound).
     """
 
     backend: Backend
@@ -49,7 +39,14 @@ class Selection:
     chain: tuple[Backend, ...]
     disabled: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
-    tuning: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    measurements: Measurements | None = field(default=None, repr=False, compare=False)
+    tuning_sources: tuple[str, ...] = ()
+    max_weight_copies: int | None = 1
+
+    @property
+    def explicit(self) -> str | None:
+        """The backend named by ``backend=`` / ``FP8SELECT_BACKEND``, None for an automatic choice."""
+        return None if self.source == "auto" else self.backend.name
 
     @property
     def fallbacks(self) -> tuple[Backend, ...]:
@@ -69,10 +66,17 @@ class Selection:
             verdict = "CHOSEN" if c.name == self.backend.name else ("ok" if c.accepted else "rejected")
             lines.append(f"{c.rank:>4}  {c.name:<{width}}  {verdict:<8}  {c.reason}")
         lines.append("")
-        lines.append("fallback chain: " + " -> ".join(b.name for b in self.chain))
-        if self.tuning:
-            lines.append(f"tuning table: {self.tuning.get('_path', 'given')} ({len(self.tuning.get('entries', {}))} shapes), "
-                         "chooses per M between the chosen backend and its fallback")
+        lines.append("chain: " + " -> ".join(b.name for b in self.chain))
+        if self.explicit:
+            lines.append(f"every call runs on {self.explicit!r} where its gate accepts it; elsewhere the plan picks another")
+        else:
+            lines.append("each layer's plan picks, per M bucket, the fastest backend of the chain "
+                         "(measured, else modelled from other shapes, else the priority order)")
+        if self.measurements is not None:
+            lines.append("measurements: " + ", ".join(self.tuning_sources))
+            lines.extend("  " + line for line in self.measurements.describe().splitlines())
+        else:
+            lines.append("measurements: none for this device (the plan follows the priority order)")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -85,23 +89,30 @@ class Selection:
             "verdicts": [c.to_dict() for c in self.verdicts],
             "capabilities": self.capabilities.to_dict(),
             "fingerprint": self.capabilities.fingerprint(),
-            "tuning_table": self.tuning.get("_path", "given") if self.tuning else None,
+            "tuning_sources": list(self.tuning_sources),
+            "measured_backends": list(self.measurements.backends) if self.measurements is not None else [],
+            "max_weight_copies": self.max_weight_copies,
         }
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor,
-                block_size: Sequence[int] = (128, 128), *, out_dtype: torch.dtype | None = None) -> Fp8Linear:
-        """Lay the weight out for the chosen backend (and its fallback) once; returns a callable layer."""
-        from fp8select.layer import Fp8Linear
+                block_size: Sequence[int] = (128, 128), *, out_dtype: torch.dtype | None = None,
+                max_weight_copies: int | EllipsisType | None = ...) -> Fp8Linear:
+        """Plan the layer and lay its weight out for the backends the plan uses, once; returns a callable layer.
 
-        return Fp8Linear(self, weight, weight_scale, block_size, out_dtype=out_dtype)
+        ``max_weight_copies`` overrides the selection's bound for this layer (None: no bound; the
+        default ``...`` keeps the selection's).
+        """
+        copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
+        return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
+                         measurements=self.measurements, explicit=self.explicit,
+                         max_weight_copies=copies)
 
     def linear(self, input: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int], weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Drop-in for the engines' ``w8a8_block_fp8_linear(input, weight, block_size, weight_scale, ...)``.
 
-        It prepares the weight on every call; use :meth:`prepare` once at load time where the
-        chosen backend re-lays weights out (most do not, so this stays cheap for them). The
+        It plans and prepares the weight on every call; use :meth:`prepare` once at load time. The
         output dtype is the activation's; a pre-quantized fp8 ``input`` needs ``out_dtype``.
         """
         layer = self.prepare(weight, weight_scale, block_size, out_dtype=out_dtype)

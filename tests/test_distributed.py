@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -42,14 +43,14 @@ def _outcome(fn: Callable[[], Any]) -> dict[str, Any]:
     if hasattr(value, "backend"):
         return {"backend": value.backend.name, "chain": [b.name for b in value.chain],
                 "verdicts": {c.name: [c.accepted, c.reason] for c in value.verdicts}, "notes": list(value.notes),
-                "tuning": value.tuning}
+                "tuning_sources": list(value.tuning_sources)}
     return {"value": value}
 
 
 def _scenarios(rank: int) -> dict[str, Callable[[], Any]]:
     """name -> what this rank does; both ranks run every scenario, in the same order."""
-    table = {"schema": 1, "fingerprint": "abc", "device_name": "cpu", "versions": {"torch": "2.13.0"},
-             "entries": {"256,384": {"8": {"backend": "triton", "config": None, "us": 12.5}}}}
+    table = _table({"triton": 1.0, "reference": 2.0})
+    other = _table({"triton": 3.0, "reference": 2.0})
 
     def failing_measure() -> dict[str, Any]:
         raise RuntimeError("out of memory while tuning")
@@ -73,7 +74,28 @@ def _scenarios(rank: int) -> dict[str, Callable[[], Any]]:
         "measure-fails": lambda: measure_on_one_rank(failing_measure if rank == 0 else (lambda: {}), None, src=0),
         "still-in-step": lambda: resolve(CPU, plugins=False, group="world"),
         "tuning-from-rank-0": lambda: resolve(CPU, plugins=False, group="world", tuning=table if rank == 0 else True),
+        # each rank holds its own table; with a group, rank 0's decides every rank's plan
+        "plans-with-group": lambda: _plan(resolve(CPU_TRITON, plugins=False, group="world",
+                                                  tuning=table if rank == 0 else other)),
+        "plans-without-group": lambda: _plan(resolve(CPU_TRITON, plugins=False, tuning=table if rank == 0 else other)),
     }
+
+
+def _table(us: dict[str, float]) -> dict[str, Any]:
+    """Measurements of a 256x384 layer: each backend at every M bucket (Triton with its configuration)."""
+    config = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
+    return {"schema": 2, "device_name": "cpu", "groups": [
+        {"backend": name, "versions": {"torch": "2.13.0+cpu"},
+         "shapes": {"256,384": {str(2**i): {"us": t, **({"config": config} if name == "triton" else {})} for i in range(14)}}}
+        for name, t in us.items()]}
+
+
+def _plan(selection: Any) -> dict[str, Any]:
+    """The plan of one layer (same weights on every rank), as JSON."""
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(256, 384, generator=gen) * 50).to(torch.float8_e4m3fn)
+    layer = selection.prepare(w, torch.rand(2, 3, generator=gen) + 0.5)
+    return {"fingerprint": layer.main_plan.fingerprint(), "plan": layer.main_plan.to_dict(), "backends": list(layer.backends)}
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -174,7 +196,7 @@ def test_tables_are_broadcast_from_one_rank(results: list[dict[str, Any]]) -> No
     for name in ("broadcast", "broadcast-from-1"):
         r0, r1 = _both(results, name)
         assert r0["value"] == r1["value"]
-        assert r0["value"]["entries"]["256,384"]["8"]["backend"] == "triton"
+        assert r0["value"]["groups"][0]["shapes"]["256,384"]["8"]["us"] == 1.0
 
 
 def test_an_invalid_table_is_not_spread(results: list[dict[str, Any]]) -> None:
@@ -209,14 +231,24 @@ def test_rank_mismatch_error_is_exported() -> None:
 def test_resolve_with_a_group_uses_rank_0s_tuning_table_everywhere(results: list[dict[str, Any]]) -> None:
     r0, r1 = _both(results, "tuning-from-rank-0")
     assert r0["backend"] == r1["backend"] == "reference"
-    assert r0["tuning"] == r1["tuning"] and r1["tuning"]["entries"]["256,384"]["8"]["backend"] == "triton"
+    assert r0["tuning_sources"] == r1["tuning_sources"] == ["given (rank 0)"]
+
+
+def test_every_rank_ends_with_rank_0s_plan(results: list[dict[str, Any]]) -> None:
+    r0, r1 = (r["value"] for r in _both(results, "plans-with-group"))
+    assert r0 == r1 and r0["backends"] == ["triton"]  # rank 0 measured Triton faster at every M
+    assert {route["why"] for route in r0["plan"]["routes"]} == {"measured"}
+    alone0, alone1 = (r["value"] for r in _both(results, "plans-without-group"))
+    assert alone0["backends"] == ["triton"] and alone1["backends"] == ["reference"]  # the test can tell them apart
+    assert alone0["fingerprint"] != alone1["fingerprint"]
 
 
 def test_tune_on_one_rank_measures_on_the_source_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fp8select import distributed, tuning
+    from fp8select import distributed
+    from fp8select.tuning import tune as tuning
 
     calls: list[Any] = []
-    monkeypatch.setattr(tuning, "tune", lambda selection, shapes, **kw: (calls.append((shapes, kw)) or {"entries": {}}, []))
+    monkeypatch.setattr(tuning, "tune", lambda selection, shapes, **kw: (calls.append((shapes, kw)) or {"groups": []}, []))
     monkeypatch.setattr(distributed, "measure_on_one_rank", lambda measure, group, src: {"src": src, **measure()})
-    assert tuning.tune_on_one_rank(object(), [(256, 384)], None, src=1, replays=5) == {"src": 1, "entries": {}}
+    assert tuning.tune_on_one_rank(object(), [(256, 384)], None, src=1, replays=5) == {"src": 1, "groups": []}
     assert calls == [([(256, 384)], {"replays": 5})]

@@ -107,7 +107,7 @@ def test_cuda_scaled_mm_layouts(monkeypatch: pytest.MonkeyPatch, block: tuple[in
     selection = resolve(MATRIX["h200-torch2.11"][0], plugins=False, order=["cuda-scaled-mm", "reference"])
     w, s = random_problem(n, k, block, seed=n * k)
     layer = selection.prepare(w, s, block)
-    assert layer.primary.name == "cuda-scaled-mm" and layer.fallback.name == "reference"
+    assert layer.backends == ("cuda-scaled-mm",)  # every M, the unaligned ones padded
     for m in (8, 16, 4, 5, 1, 13):
         x = torch.randn(m, k, dtype=torch.bfloat16)
         bias = torch.randn(n, dtype=torch.bfloat16)

@@ -38,7 +38,7 @@ from fp8select.backends._vendor import (
     relayout_scale,
     require,
 )
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
+from fp8select.backends.base import CHECKPOINT_LAYOUT, FNUZ_LAYOUT, Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
 from fp8select.kernels.vendor_layouts import e4m3fn_to_e4m3fnuz, shuffle_weight_16x16
@@ -89,7 +89,7 @@ class AiterBackend(Backend):
     block_sizes = (BLOCK_128x128,)
     n_multiple = 128
     k_multiple = 128
-    layout = "aiter"
+    packages = (MODULE,)
 
     # Activation-scale layouts (class attributes so a test can substitute a wrong one).
     activation_scale_layout: ClassVar[ScaleLayout] = ROW_MAJOR
@@ -118,6 +118,15 @@ class AiterBackend(Backend):
                                   f"HIP < 7.2 (NaN seen by SGLang; per-shape threshold unverified), found M={problem.m}, "
                                   f"HIP {caps.hip_version}")
         return entry_points_gate(problem, verdict, MODULE, (GEMM_PRESHUFFLED if preshuffle else GEMM,))
+
+    def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
+        """The pre-shuffled copy when opted in; an e4m3fnuz copy of an e4m3fn checkpoint on gfx942
+        (shared with Triton's); else the checkpoint."""
+        if use_preshuffle(caps, problem.n, problem.k):
+            return "aiter-preshuffled"
+        if self.normalise_fnuz and self.weight_dtype(caps) == torch.float8_e4m3fnuz and problem.weight_dtype == torch.float8_e4m3fn:
+            return FNUZ_LAYOUT
+        return CHECKPOINT_LAYOUT
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

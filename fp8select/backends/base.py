@@ -8,7 +8,7 @@ here touches a device or imports a vendor package at import time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -21,6 +21,12 @@ from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Verdict
 
 NOT_IMPLEMENTED = "not implemented in this version"
+
+CHECKPOINT_LAYOUT = "checkpoint"
+"""The weight layout of a backend that reads the checkpoint's fp8 bytes as they are (or views of them)."""
+
+FNUZ_LAYOUT = "e4m3fnuz"
+"""An e4m3fn checkpoint converted to e4m3fnuz (same bits but 0x80, scales doubled) for gfx942."""
 
 BLOCK_128x128 = (128, 128)
 BLOCK_1x128 = (1, 128)
@@ -72,7 +78,9 @@ class Backend:
     n_multiple: ClassVar[int] = 1
     k_multiple: ClassVar[int] = 1
     implemented: ClassVar[bool] = True
-    layout: ClassVar[str] = "checkpoint"
+    packages: ClassVar[tuple[str, ...]] = ()
+    """Import names of the packages whose versions this backend's speed depends on (besides torch,
+    CUDA/HIP and Triton): measurements are kept per backend at these versions."""
 
     def check(self, caps: Capabilities) -> Verdict:
         """Device-level gate: every probe in ``requires``, then whether compute exists."""
@@ -120,6 +128,23 @@ class Backend:
         if problem.m is not None:
             return self.supports_m(problem.m, caps)
         return Verdict.accept(f"supports {problem.describe()}")
+
+    def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
+        """How :meth:`prepare` stores the fp8 weight: :data:`CHECKPOINT_LAYOUT` when it keeps the
+        checkpoint's bytes (the tensor or views of it), else a name for its copy (requantized,
+        converted, shuffled). Backends with the same name share one copy; each other name costs
+        one more weight in memory."""
+        return CHECKPOINT_LAYOUT
+
+    def preferred_m(self, caps: Capabilities) -> int | None:
+        """The largest M this backend should run when nothing was measured (a speed rule the plan
+        applies only without measurements), or None for any M."""
+        return None
+
+    def launch_config(self, config: Mapping[str, Any]) -> Any:
+        """A measured launch configuration (a tuning-table row's ``config``) in the form :meth:`run`
+        takes as ``config=``; backends without launch parameters have none."""
+        return None
 
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
         """Per-call gate on the number of rows; every M by default."""

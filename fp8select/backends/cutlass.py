@@ -51,7 +51,7 @@ class CutlassBackend(Backend):
     block_sizes = (BLOCK_128x128,)
     n_multiple = 128
     k_multiple = 128
-    layout = "cutlass"
+    packages = (MODULE,)
 
     activation_scale_layout: ClassVar[ScaleLayout] = M_MAJOR  # a class attribute so a test can break it
 

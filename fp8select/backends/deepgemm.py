@@ -44,7 +44,7 @@ from fp8select.backends._vendor import (
     relayout_scale,
     require,
 )
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
+from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import ScaleLayout
 from fp8select.kernels.vendor_layouts import expand_block_rows, is_power_of_two, pack_ue8m0, requantize_ue8m0
@@ -101,7 +101,7 @@ class DeepGemmBackend(Backend):
     out_dtypes = (torch.bfloat16,)
     n_multiple = 64
     k_multiple = 128
-    layout = "deepgemm"
+    packages = (MODULE,)
 
     # Activation-scale layouts (class attributes so a test can substitute a wrong one).
     sm90_scale_layout: ClassVar[ScaleLayout] = ScaleLayout(mn_major=True, m_align=4)
@@ -126,6 +126,11 @@ class DeepGemmBackend(Backend):
                                                         "scales; a caller's fp32 scales would be truncated)")
             return rejected
         return entry_points_gate(problem, verdict, MODULE, ENTRY_POINTS[arch], why=_why(arch))
+
+    def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
+        """sm90 reads the checkpoint; sm100 a copy requantized with power-of-two block scales (counted as
+        a copy even when the checkpoint's scales are already powers of two and none is made)."""
+        return "ue8m0-requantized" if _arch(caps) == SM100 else CHECKPOINT_LAYOUT
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

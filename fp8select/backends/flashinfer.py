@@ -16,9 +16,9 @@ flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
   padded to a multiple of 4 (the docstring's note).
 * ``sm90`` (flashinfer >= 0.6.0): ``flashinfer.gemm.fp8_blockscale_gemm_sm90(x_bf16, W, None,
   S_w, out_dtype=torch.bfloat16)``: bf16 activations, quantized inside the kernel; the
-  checkpoint weight and scale as is. Used only for 1 <= M < 32, as SGLang does: for larger M its
-  non-swapAB kernel is slower than DeepGEMM and less accurate on some checkpoints, so those
-  calls go to the layer's fallback.
+  checkpoint weight and scale as is. Any M; SGLang uses it only for M < 32 (above that its
+  non-swapAB kernel was slower than DeepGEMM), which the plan applies as a speed rule where
+  nothing was measured (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise.
 
 None of these take a bias, so it is added afterwards. sm107 is accepted by FlashInfer main
 only (no release verified), so it is not gated in. N and K not multiples of 128 are unverified
@@ -63,7 +63,7 @@ OUT_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     SM90: (torch.bfloat16,),  # as SGLang uses it
 }
 TRTLLM_MIN_K = 256
-SM90_MAX_M = 31
+SM90_MAX_M = 31  # SGLang's bound for fp8_blockscale_gemm_sm90; a speed rule (preferred_m)
 CUTLASS_M_MULTIPLE = 4
 CUTLASS_SCALE_MAJOR_MODE = "MN"  # as SGLang calls it: both scales transposed-contiguous
 
@@ -87,12 +87,12 @@ def path_for(caps: Capabilities) -> str | None:
 class FlashInferBackend(Backend):
     name = "flashinfer"
     summary = ("FlashInfer gemm_fp8_nt_groupwise (sm100/103 trtllm, sm120/121 cutlass) "
-               "or fp8_blockscale_gemm_sm90 (sm90, M < 32)")
+               "or fp8_blockscale_gemm_sm90 (sm90)")
     requires: ClassVar[tuple[Probe, ...]] = (DeviceKind(("cuda",)), Package("flashinfer"), FLASHINFER_PATHS)
     block_sizes = (BLOCK_128x128,)
     n_multiple = 64  # every path; the groupwise ones need N % 128 (see supports)
     k_multiple = 128
-    layout = "flashinfer"
+    packages = ("flashinfer",)
 
     # Activation-scale layouts per path (class attributes so a test can substitute a wrong one).
     trtllm_scale_layout: ClassVar[ScaleLayout] = M_MAJOR
@@ -104,7 +104,7 @@ class FlashInferBackend(Backend):
         return self.trtllm_scale_layout
 
     def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
-        """Per path: output dtype, N/K alignment, TRT-LLM's K >= 256, the sm90 kernel's bf16 input and M < 32."""
+        """Per path: output dtype, N/K alignment, TRT-LLM's K >= 256, the sm90 kernel's bf16 input."""
         verdict = super().supports(problem, caps)
         if not verdict.ok:
             return verdict
@@ -133,12 +133,10 @@ class FlashInferBackend(Backend):
                                   f"found {dtype_name(problem.act_dtype)}")
         return dtypes_ok(problem, (torch.float8_e4m3fn,), ())
 
-    def supports_m(self, m: int, caps: Capabilities) -> Verdict:
-        """M <= 31 on sm90 (fp8_blockscale_gemm_sm90's swapAB kernel); any M on sm100/103/120/121."""
-        if path_for(caps) == SM90 and m > SM90_MAX_M:
-            return Verdict.reject(f"requires M <= {SM90_MAX_M} on the sm90 path (above it the kernel is slower than "
-                                  f"the alternatives and less accurate on some checkpoints, per SGLang), found M={m}")
-        return Verdict.accept(f"M={m} on the {path_for(caps)} path")
+    def preferred_m(self, caps: Capabilities) -> int | None:
+        """Without measurements, only M <= 31 on sm90: SGLang found its non-swapAB kernel slower than
+        DeepGEMM above that. A speed rule for the plan, not a gate: measured routes decide."""
+        return SM90_MAX_M if path_for(caps) == SM90 else None
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

@@ -73,7 +73,7 @@ class NpuBackend(Backend):
     block_sizes = (BLOCK_128x128,)
     n_multiple = 128
     k_multiple = 128
-    layout = "npu"
+    packages = (MODULE,)
 
     transpose_views: ClassVar[bool] = True  # W.t() and S_w.t() as views; a test may break the pairing
 

@@ -1,0 +1,282 @@
+"""One plan per layer: for every M bucket, the backend that runs, its launch configuration, and why.
+
+:func:`build_plan` is a pure decision over values: the layer's problem, the selection's chain
+of accepted backends, each backend's gate, each backend's expected time per bucket
+(:class:`fp8select.tuning.model.Estimate`), whether the choice was explicit, and how many
+extra copies of the weight the layer may hold. Per bucket (:mod:`fp8select.buckets`):
+
+* **explicit** (``resolve(backend=...)`` or ``FP8SELECT_BACKEND``): that backend, wherever its
+  gate accepts the bucket; elsewhere the automatic choice among the others (**gate**).
+* **measured** / **model**: otherwise the backend with the least expected time among those
+  whose gate accepts the bucket and that have an estimate (measured for this shape, or
+  modelled from other shapes of the same device);
+* **rule**: where no accepted backend has an estimate, the first in priority order.
+
+Gates say only what cannot run or would be wrong; speed is decided here. A gate is asked at
+both ends of each bucket, and a backend whose gate rejects either stays out of the whole
+bucket (a route never needs a per-call check). The weight budget:
+backends whose prepared weight is not the checkpoint's bytes (a requantized, converted or
+shuffled copy) count one copy per distinct layout; while the plan needs more copies than
+allowed, the layout whose loss costs least (sum of log time ratios over its buckets) is
+dropped and its buckets re-chosen. An explicit choice is never dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend
+from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range
+from fp8select.capabilities import Capabilities
+from fp8select.errors import UnsupportedProblemError
+from fp8select.problem import Problem
+from fp8select.tuning.model import Estimate
+from fp8select.verdict import Candidate, Verdict
+
+__all__ = ["EXPLICIT", "GATE", "MEASURED", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan", "gate"]
+
+EXPLICIT, GATE, MEASURED, MODEL, RULE = "explicit", "gate", "measured", "model", "rule"
+
+EstimateFn = Callable[[Backend, int], "Estimate | None"]
+
+
+def gate(backend: Backend, problem: Problem, caps: Capabilities) -> Verdict:
+    """``backend.supports(problem)``; a gate that raises or answers something other than a
+    Verdict (a third-party one) is a rejection saying so, never a crash or an acceptance."""
+    try:
+        verdict = backend.supports(problem, caps)
+    except Exception as exc:  # noqa: BLE001 - a plugin's gate may raise anything
+        return Verdict.reject(f"its gate raised {type(exc).__name__}: {exc}")
+    if not isinstance(verdict, Verdict):
+        return Verdict.reject(f"its gate returned {verdict!r}, expected a Verdict")
+    return verdict
+
+
+@dataclass(frozen=True)
+class Route:
+    """What runs the calls of one M bucket (M in ``bucket/2 + 1 .. bucket``)."""
+
+    bucket: int
+    backend: str | None  # None: no backend of the chain can run this bucket (calls raise)
+    why: str
+    detail: str
+    config: Any = None  # a launch configuration (Triton's TritonConfig), else None
+    us: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        config = self.config.to_dict() if hasattr(self.config, "to_dict") else self.config
+        return {"bucket": self.bucket, "backend": self.backend, "why": self.why, "detail": self.detail,
+                "config": config, "us": None if self.us is None else round(self.us, 3)}
+
+
+@dataclass(frozen=True)
+class WeightUse:
+    """One weight layout the plan needs: which backends read it, and whether it is a copy."""
+
+    layout: str
+    backends: tuple[str, ...]
+
+    @property
+    def copy(self) -> bool:
+        return self.layout != CHECKPOINT_LAYOUT
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A layer's decisions: one :class:`Route` per M bucket, the weights they need, and the verdicts."""
+
+    problem: Problem
+    routes: tuple[Route, ...]
+    weights: tuple[WeightUse, ...]
+    candidates: tuple[Candidate, ...]
+    explicit: str | None = None
+    max_weight_copies: int | None = 1
+    notes: tuple[str, ...] = ()
+
+    def route(self, m: int) -> Route:
+        return self.routes[bucket_index(m)]
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends the plan runs, in order of first use (smallest M first)."""
+        return tuple(dict.fromkeys(r.backend for r in self.routes if r.backend is not None))
+
+    @property
+    def weight_copies(self) -> int:
+        return sum(w.copy for w in self.weights)
+
+    def ranges(self, *, by_backend_only: bool = False) -> list[tuple[int, int | None, Route]]:
+        """Consecutive buckets merged, ``(m_lo, m_hi, first route)``: those with the same backend, why
+        and configuration (or, ``by_backend_only``, the same backend); ``m_hi`` None is unbounded."""
+        out: list[tuple[int, int | None, Route]] = []
+        for route in self.routes:
+            lo, hi = bucket_range(route.bucket)
+            if out and _same(out[-1][2], route, by_backend_only):
+                out[-1] = (out[-1][0], hi, out[-1][2])
+            else:
+                out.append((lo, hi, route))
+        return out
+
+    def summary(self) -> str:
+        """``M 1-4: triton, M 5-64: cuda-scaled-mm, M >= 65: deepgemm`` (one line)."""
+        return ", ".join(f"{_span(lo, hi)}: {route.backend or 'none'}" for lo, hi, route in self.ranges(by_backend_only=True))
+
+    def describe(self) -> str:
+        """Several lines: per M range the backend and why, then the weights held."""
+        bn, bk = self.problem.block_size
+        lines = [f"plan for N={self.problem.n}, K={self.problem.k}, block [{bn}, {bk}]"
+                 + (f" (explicit choice: {self.explicit})" if self.explicit else "")]
+        for lo, hi, route in self.ranges():
+            lines.append(f"  {_span(lo, hi):<14} {route.backend or '-':<15} {route.why:<9} {route.detail}")
+        for use in self.weights:
+            kind = "a copy" if use.copy else "the checkpoint's"
+            lines.append(f"  weight layout {use.layout!r} ({kind}) for {', '.join(use.backends)}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.problem.n, "k": self.problem.k, "block_size": list(self.problem.block_size),
+                "explicit": self.explicit, "max_weight_copies": self.max_weight_copies,
+                "routes": [r.to_dict() for r in self.routes],
+                "weights": [{"layout": w.layout, "backends": list(w.backends), "copy": w.copy} for w in self.weights],
+                "notes": list(self.notes)}
+
+    def fingerprint(self) -> str:
+        """A short hash of the decisions (backends, configs, weights): equal plans, equal fingerprints."""
+        data = self.to_dict()
+        for route in data["routes"]:
+            route.pop("detail"), route.pop("us")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _same(a: Route, b: Route, by_backend_only: bool) -> bool:
+    return a.backend == b.backend and (by_backend_only or (a.why, a.config) == (b.why, b.config))
+
+
+def _span(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return "any M" if lo == 1 else f"M >= {lo}"
+    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
+
+
+def _probe_ms(bucket: int) -> tuple[int, ...]:
+    lo, hi = bucket_range(bucket)
+    return (lo,) if hi is None or hi == lo else (lo, hi)
+
+
+def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, estimate: EstimateFn, *,
+               explicit: str | None = None, max_weight_copies: int | None = 1) -> Plan:
+    """The plan for ``problem`` (``m`` None) over ``chain`` (accepted backends, priority order).
+
+    Raises :class:`UnsupportedProblemError` when no backend of the chain accepts the layer.
+    """
+    load_verdicts = {b.name: gate(b, problem, caps) for b in chain}
+    candidates = tuple(Candidate(rank, b.name, load_verdicts[b.name].ok, load_verdicts[b.name].reason)
+                       for rank, b in enumerate(chain, 1))
+    accepted = [b for b in chain if load_verdicts[b.name].ok]
+    if not accepted:
+        raise UnsupportedProblemError(problem.describe(), candidates)
+
+    # Per bucket: which accepted backends' gates take every probed M, and why not.
+    rejects: dict[tuple[str, int], str] = {}
+    for b in accepted:
+        for bucket in M_BUCKETS:
+            for m in _probe_ms(bucket):
+                verdict = gate(b, replace(problem, m=m), caps)
+                if not verdict.ok:
+                    rejects[(b.name, bucket)] = verdict.reason
+                    break
+    estimates = {(b.name, bucket): estimate(b, bucket) for b in accepted for bucket in M_BUCKETS}
+    layouts = {b.name: b.weight_layout(caps, problem) for b in accepted}
+    preferred = {b.name: b.preferred_m(caps) for b in accepted}
+    explicit_backend = explicit if explicit in layouts else None
+
+    def choose(allowed: Sequence[Backend]) -> tuple[Route, ...]:
+        return tuple(_route(bucket, allowed, explicit_backend, rejects, estimates, preferred) for bucket in M_BUCKETS)
+
+    allowed = list(accepted)
+    routes = choose(allowed)
+    notes: list[str] = []
+    if max_weight_copies is not None:
+        while True:
+            used = {layouts[r.backend] for r in routes if r.backend is not None} - {CHECKPOINT_LAYOUT}
+            if len(used) <= max_weight_copies:
+                break
+            droppable = [lay for lay in used if explicit_backend is None or layouts[explicit_backend] != lay]
+            if not droppable:
+                notes.append(f"the explicit choice {explicit_backend!r} needs more weight copies than "
+                             f"max_weight_copies={max_weight_copies}; kept")
+                break
+            options = []
+            for lay in sorted(droppable):
+                trial_allowed = [b for b in allowed if layouts[b.name] != lay]
+                trial = choose(trial_allowed)
+                options.append((_cost(trial, estimates) - _cost(routes, estimates), lay, trial_allowed, trial))
+            _, dropped, allowed, routes = min(options, key=lambda o: (o[0], o[1]))
+            notes.append(f"weight layout {dropped!r} left out: max_weight_copies={max_weight_copies}")
+    by_layout: dict[str, list[str]] = {}
+    for route in routes:
+        if route.backend is not None:
+            by_layout.setdefault(layouts[route.backend], [])
+            if route.backend not in by_layout[layouts[route.backend]]:
+                by_layout[layouts[route.backend]].append(route.backend)
+    weights = tuple(WeightUse(lay, tuple(names)) for lay, names in by_layout.items())
+    routes = tuple(_with_config(r, accepted) for r in routes)
+    return Plan(problem, routes, weights, candidates, explicit_backend, max_weight_copies, tuple(notes))
+
+
+def _cost(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None]) -> float:
+    """Sum over buckets of log expected time (unknown times count as the bucket's worst known x2)."""
+    total = 0.0
+    for r in routes:
+        if r.backend is None:
+            total += 1e6
+        elif r.us is not None:
+            total += math.log(r.us)
+        else:
+            known = [e.us for (_, b), e in estimates.items() if b == r.bucket and e is not None]
+            total += math.log(2 * max(known)) if known else 0.0
+    return total
+
+
+def _route(bucket: int, allowed: Sequence[Backend], explicit: str | None, rejects: Mapping[tuple[str, int], str],
+           estimates: Mapping[tuple[str, int], Estimate | None], preferred: Mapping[str, int | None]) -> Route:
+    runnable = [b for b in allowed if (b.name, bucket) not in rejects]
+    prefix = ""
+    if explicit is not None:
+        if any(b.name == explicit for b in runnable):
+            est = estimates.get((explicit, bucket))
+            return Route(bucket, explicit, EXPLICIT, "the explicit choice" + (f"; {est.detail}" if est else ""),
+                         None if est is None else est.config, None if est is None else est.us)
+        reason = rejects.get((explicit, bucket), "not allowed by the weight budget")
+        prefix = f"{explicit} rejects this M ({reason}); "
+    runnable = [b for b in runnable if b.name != explicit]
+    if not runnable:
+        why = "; ".join(f"{b.name}: {rejects.get((b.name, bucket), 'left out')}" for b in allowed)
+        return Route(bucket, None, GATE, prefix + f"no backend accepts this M ({why})")
+    timed = [(e.us, i, b, e) for i, b in enumerate(runnable) if (e := estimates.get((b.name, bucket))) is not None]
+    if timed:
+        timed.sort(key=lambda t: (t[0], t[1]))
+        _, _, best, est = timed[0]
+        others = ", ".join(f"{b.name} {us:.1f}" for us, _, b, _ in timed[1:4])
+        detail = prefix + est.detail + (f" (others: {others} us)" if others else "")
+        return Route(bucket, best.name, GATE if prefix else est.source, detail, est.config, est.us)
+    lo = bucket_range(bucket)[0]
+    fits = [b for b in runnable if (limit := preferred.get(b.name)) is None or lo <= limit]
+    first = (fits or runnable)[0]
+    skipped = [f"{b.name} (preferred only for M <= {preferred[b.name]})" for b in runnable[:runnable.index(first)]]
+    detail = "first in priority order (no measurement)" + (f", passing over {', '.join(skipped)}" if skipped else "")
+    return Route(bucket, first.name, GATE if prefix else RULE, prefix + detail)
+
+
+def _with_config(route: Route, backends: Sequence[Backend]) -> Route:
+    """``route`` with its launch configuration parsed by the backend that will read it."""
+    if route.backend is None or route.config is None:
+        return route
+    backend = next(b for b in backends if b.name == route.backend)
+    return replace(route, config=backend.launch_config(route.config))
