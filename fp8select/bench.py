@@ -15,22 +15,22 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from fp8select.backends.base import Backend
+from fp8select.buckets import M_BUCKETS
 from fp8select.errors import Fp8SelectError
+from fp8select.roofline import HBM_BYTES_PER_S, floors_us
 from fp8select.selection import Selection
 
 SHAPE_SETS: dict[str, tuple[tuple[int, int], ...]] = {
     "deepseek-v3": ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
                     (36864, 7168), (7168, 18432)),
 }
-DEFAULT_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-HBM_BYTES_PER_S = 4.3e12  # device-to-device copy measured on the lent H200 (reads plus writes)
-FP8_PEAK_FLOPS = 1979e12  # H100/H200 SXM dense FP8, datasheet
+DEFAULT_M: tuple[int, ...] = M_BUCKETS
 L2_BYTES = 60 * 2**20
 REL_ERR_MAX = 1e-2
 
@@ -73,16 +73,6 @@ def parse_ms(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise Fp8SelectError(f"--m: expected a comma list of positive integers, found {text!r}")
     return values
-
-
-def min_bytes(n: int, k: int, m: int) -> int:
-    """The fewest bytes one call must move: fp8 weight, its scales, bf16 input and output."""
-    return n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4 + m * k * 2 + m * n * 2
-
-
-def floors_us(n: int, k: int, m: int) -> tuple[float, float]:
-    """(HBM floor, FP8 compute floor) in microseconds."""
-    return min_bytes(n, k, m) / HBM_BYTES_PER_S * 1e6, 2 * m * n * k / FP8_PEAK_FLOPS * 1e6
 
 
 def rotation_copies(weight_bytes: int, l2_bytes: int = L2_BYTES, cap: int = 32, *, l2_passes: int = 3) -> int:
@@ -153,23 +143,25 @@ def checked_call(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
 def single_backend(selection: Selection, backend: Backend) -> Selection:
     """A selection whose chain is just ``backend`` (so a call it cannot take fails, not falls back).
 
-    It keeps the selection's tuning table, so each backend is measured at its tuned best (the
-    Triton configurations found by ``tune``), which is what the ``auto`` choice is compared to.
+    It keeps the selection's measurements, so each backend runs at its tuned best (the Triton
+    configurations found by ``tune``), which is what the ``auto`` choice is compared to.
     """
-    return Selection(backend, selection.verdicts, "argument", selection.capabilities, (backend,), tuning=selection.tuning)
+    return replace(selection, backend=backend, source="argument", chain=(backend,), max_weight_copies=None)
 
 
 def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
             backends: Sequence[str] | None = None, replays: int = 50, block: tuple[int, int] = (128, 128),
             progress: Callable[[str], None] | None = None, seed: int = 0, auto: bool = True,
-            budget_s: float = math.inf) -> list[dict[str, Any]]:
+            budget_s: float = math.inf, rounds: int = 2, bf16: bool = True, gemm_alone: bool = True) -> list[dict[str, Any]]:
     """One row per (N, K, M, backend): correctness, whole-op and GEMM-alone timings, roofline.
 
     ``backends`` defaults to every backend the selection accepted except ``reference``
     (whose fp32 dequantization is for correctness, not speed). ``bf16`` rows time
     ``torch.matmul`` on the dequantized weight. ``auto`` rows time the layer a user gets from
-    ``selection.prepare`` (tuning table included), with the backend it ran in ``ran``. No new
-    shape is started after ``budget_s`` seconds.
+    ``selection.prepare`` (its plan), with the backend it ran in ``ran``. Whole-op times are
+    taken in ``rounds`` rounds of alternating column order, each column keeping its faster
+    round. ``gemm_alone`` adds the GEMM on a pre-quantized input; ``bf16`` the yardstick. No
+    new shape is started after ``budget_s`` seconds.
     """
     start = time.monotonic()
     from fp8select.backends.reference import dequantize_weight
@@ -198,7 +190,8 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
             sel = single_backend(selection, backend)
             try:
                 layers[name] = [sel.prepare(w, scale, block) for w in weights]
-                gemm_layers[name] = [sel.prepare(w, scale, block, out_dtype=torch.bfloat16) for w in weights]
+                if gemm_alone:
+                    gemm_layers[name] = [sel.prepare(w, scale, block, out_dtype=torch.bfloat16) for w in weights]
             except Fp8SelectError as exc:
                 skipped[name] = str(exc).splitlines()[0]
         if auto:
@@ -207,8 +200,10 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 gemm_layers["auto"] = []
             except Fp8SelectError as exc:
                 skipped["auto"] = str(exc).splitlines()[0]
-        w_bf16 = dequantize_weight(base, scale, block, torch.bfloat16)
-        bf16_weights = [w_bf16] + [w_bf16.clone() for _ in range(rotation_copies(2 * n * k) - 1)]
+        bf16_weights: list[torch.Tensor] = []
+        if bf16:
+            w_bf16 = dequantize_weight(base, scale, block, torch.bfloat16)
+            bf16_weights = [w_bf16] + [w_bf16.clone() for _ in range(rotation_copies(2 * n * k) - 1)]
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
             ref = fp64_reference(x, base, scale, block)
@@ -216,6 +211,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
             common = {"n": n, "k": k, "m": m, "hbm_floor_us": round(hbm_us, 3), "fp8_floor_us": round(flop_us, 3)}
             for name, reason in skipped.items():
                 rows.append({**common, "backend": name, "skipped": reason})
+            timed: dict[str, dict[str, Any]] = {}
             for name, per_copy in layers.items():
                 row: dict[str, Any] = {**common, "backend": name}
                 rows.append(row)
@@ -225,24 +221,44 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     torch.cuda.synchronize()
                     row["rel_err"] = _rel_err(out, ref)
                     row["correct"] = row["rel_err"] < REL_ERR_MAX
-                    if not row["correct"]:
-                        continue
-                    whole = time_graph([functools.partial(layer, x) for layer in per_copy], replays)
-                    row["whole"] = whole.to_dict()
-                    row["hbm_fraction"] = round(hbm_us / whole.median_us, 4)
-                    row["tflops"] = round(2 * m * n * k / whole.median_us / 1e6, 2)
-                    if name == "auto":
-                        row["ran"] = per_copy[0].plan(m).name
-                        continue
-                    backend = by_name[name]
-                    xq, xs = _quantize_for(backend, x)
-                    gemm = time_graph([functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]], replays)
-                    row["gemm"] = gemm.to_dict()
+                    if row["correct"]:
+                        timed[name] = row
                 except Exception as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            bf = time_graph([functools.partial(torch.matmul, x, w.t()) for w in bf16_weights], replays)
-            rows.append({**common, "backend": "bf16-matmul", "whole": bf.to_dict(), "gemm": bf.to_dict(),
-                         "hbm_fraction": round((n * k * 2 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6 / bf.median_us, 4)})
+            # Two rounds in opposite orders, each column keeping its faster round, so that drift
+            # and heat hit every column alike (BENCHMARKING.md).
+            order = list(timed)
+            for round_order in (order, order[::-1])[:rounds]:
+                for name in round_order:
+                    row = timed[name]
+                    try:
+                        whole = time_graph([functools.partial(layer, x) for layer in layers[name]], replays)
+                    except Exception as exc:  # noqa: BLE001
+                        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                        continue
+                    if "whole" not in row or whole.median_us < row["whole"]["median_us"]:
+                        row["whole"] = whole.to_dict()
+            for name, row in timed.items():
+                if "whole" not in row:
+                    continue
+                median = row["whole"]["median_us"]
+                row["hbm_fraction"] = round(hbm_us / median, 4)
+                row["tflops"] = round(2 * m * n * k / median / 1e6, 2)
+                if name == "auto":
+                    row["ran"] = layers[name][0].plan(m).name
+                    continue
+                if name not in gemm_layers:
+                    continue
+                try:
+                    xq, xs = _quantize_for(by_name[name], x)
+                    gemm = time_graph([functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]], replays)
+                    row["gemm"] = gemm.to_dict()
+                except Exception as exc:  # noqa: BLE001
+                    row["gemm_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            if bf16:
+                bf = time_graph([functools.partial(torch.matmul, x, w.t()) for w in bf16_weights], replays)
+                rows.append({**common, "backend": "bf16-matmul", "whole": bf.to_dict(), "gemm": bf.to_dict(),
+                             "hbm_fraction": round((n * k * 2 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6 / bf.median_us, 4)})
             if progress is not None:
                 progress(_progress_line(n, k, m, rows))
             del ref

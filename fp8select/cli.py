@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) and/or N,K pairs")
     tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
     tu.add_argument("--out", metavar="FILE", help="write the table here instead of the cache directory")
+    tu.add_argument("--force", action="store_true", help="measure again what the tables already hold for these versions")
+    tu.add_argument("--backends", default="", help="comma list of backends to measure (default: the chain but reference)")
     tu.add_argument("--json", metavar="FILE", help="also write every timing measured")
     tu.add_argument("--replays", type=int, default=30, help="CUDA-graph replays per timing")
     tu.add_argument("--max-configs", type=int, default=10, help="Triton configurations tried per (N, K, M)")
@@ -113,7 +115,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"environment": bench.environment(), "chain": [b.name for b in selection.chain],
-                       "tuning_table": (selection.tuning or {}).get("_path"), "summary": figures,
+                       "tuning_sources": list(selection.tuning_sources), "summary": figures,
                        "capabilities": selection.capabilities.to_dict(), "rows": rows}, fh, indent=1)
     if args.plot:
         try:
@@ -127,22 +129,31 @@ def _bench(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     import torch
 
-    from fp8select import bench, tuning
-    from fp8select.tuning_cache import cache_dir, save_table, table_path
+    from fp8select import bench
+    from fp8select.tuning.sources import find_tables
+    from fp8select.tuning.table import cache_dir, load_table, merge_tables, new_table, save_table, table_path
+    from fp8select.tuning.tune import tune
 
     shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
     if args.replays < 1 or args.max_configs < 1:
         raise Fp8SelectError(f"--replays/--max-configs: expected positive integers, found {args.replays}/{args.max_configs}")
     if not torch.cuda.is_available():
         raise Fp8SelectError("tune: needs a CUDA GPU, found none")
-    selection = resolve(tuning=False)
+    selection = resolve()
     caps = selection.capabilities
-    print(f"fp8select tune on {caps.device_name}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
-    table, rows = tuning.tune(selection, shapes, ms, replays=args.replays, max_configs=args.max_configs,
-                              budget_s=args.budget_s, progress=lambda line: print(line, flush=True))
-    path = args.out or str(table_path(cache_dir(caps.env), table["fingerprint"]))
-    save_table(path, table)
-    print(f"tuning table ({len(table['entries'])} shapes, fingerprint {table['fingerprint']}) written to {path}")
+    device = caps.device_name or "unknown"
+    path = args.out or str(table_path(cache_dir(caps.env), device))
+    known = new_table(device)
+    for _, found in find_tables(caps):
+        known = merge_tables(known, found)
+    print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
+    table, rows = tune(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
+                       max_configs=args.max_configs, budget_s=args.budget_s, backends=parse_names(args.backends) or None,
+                       progress=lambda line: print(line, flush=True))
+    existing = load_table(path, device)
+    save_table(path, merge_tables(existing, table) if existing is not None else table)
+    measured = sum(len(b) for g in table["groups"] for b in g["shapes"].values())
+    print(f"{measured} new measurements ({', '.join(g['backend'] for g in table['groups']) or 'none missing'}) written to {path}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"environment": bench.environment(), "table": table, "rows": rows}, fh, indent=1)

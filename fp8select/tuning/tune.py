@@ -1,0 +1,188 @@
+"""Measure the backends of a chain on this GPU and write the rows of a tuning table (``fp8select tune``).
+
+Per layer shape (N, K) and M (one per bucket), each backend of the chain except ``reference``
+is checked against an fp64 reference and then timed as the whole op a user calls (bf16 in,
+activation quantization included), CUDA-graph replay with the weights rotated past the L2
+(:func:`fp8select.bench.time_graph`). Triton is timed over a search of launch configurations
+(:mod:`fp8select.kernels.triton_search`), starting from the configurations already known for
+that point (any version's row, or the nearest measured shape's). A row goes into the group of
+its backend at the versions installed here (:func:`~fp8select.tuning.table.backend_versions`);
+rows the ``known`` table has for the same backend, versions, shape and bucket are skipped
+unless ``force``: ``tune`` measures only what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from fp8select import bench
+from fp8select.backends.base import Backend
+from fp8select.buckets import m_bucket
+from fp8select.plan import gate
+from fp8select.problem import Problem
+from fp8select.tuning.model import Measurements
+from fp8select.tuning.table import backend_versions, new_table, shape_key
+
+__all__ = ["DEFAULT_TUNE_M", "tune", "tune_on_one_rank"]
+
+DEFAULT_TUNE_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+BLOCK = (128, 128)
+
+
+def _known_rows(table: Mapping[str, Any] | None) -> set[tuple[str, tuple[tuple[str, str], ...], str, str]]:
+    rows: set[tuple[str, tuple[tuple[str, str], ...], str, str]] = set()
+    for group in (table or {}).get("groups", ()):
+        versions = tuple(sorted(group["versions"].items()))
+        for shape, buckets in group["shapes"].items():
+            rows.update((group["backend"], versions, shape, bucket) for bucket in buckets)
+    return rows
+
+
+def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = DEFAULT_TUNE_M, *,
+         known: Mapping[str, Any] | None = None, force: bool = False, replays: int = 30, max_configs: int = 10,
+         budget_s: float = math.inf, backends: Sequence[str] | None = None,
+         progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``.
+
+    ``table`` holds only the new measurements (merge it into the cache's with
+    :func:`~fp8select.tuning.table.merge_tables`); ``rows`` every timing for the record.
+    ``backends`` limits the measurement to those names (default: the chain but ``reference``).
+    No new point is started after ``budget_s`` seconds; each point gets a fair share of what
+    is left for its Triton search.
+    """
+    start = time.monotonic()
+    caps = selection.capabilities
+    chain: list[Backend] = [b for b in selection.chain if b.name != "reference"
+                            and (backends is None or b.name in backends)]
+    table = new_table(caps.device_name or "unknown")
+    groups: dict[str, dict[str, Any]] = {}
+    skip = set() if force else _known_rows(known)
+    versions = {b.name: backend_versions(caps, b.packages) for b in chain}
+    seeds = selection.measurements or (Measurements(caps.device_name or "", [known], versions) if known else None)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows: list[dict[str, Any]] = []
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    points_left = len(shapes) * len(ms)
+    for n, k in shapes:
+        todo = {b.name: [m for m in ms if (b.name, tuple(sorted(versions[b.name].items())), shape_key(n, k),
+                                          str(m_bucket(m))) not in skip] for b in chain}
+        if not any(todo.values()):
+            points_left -= len(ms)
+            continue
+        base = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+        scale = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda", generator=gen) * 1e-3 + 1e-4
+        weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        prepared: dict[str, list[Any]] = {}
+        for b in chain:
+            if todo[b.name] and gate(b, Problem(n, k, BLOCK), caps).ok:
+                try:
+                    prepared[b.name] = [b.prepare(w, scale, BLOCK, caps) for w in weights]
+                except Exception as exc:  # noqa: BLE001 - recorded; the other backends go on
+                    rows.append({"n": n, "k": k, "backend": b.name, "error": f"prepare: {type(exc).__name__}: {exc}"[:300]})
+        for m in ms:
+            left = budget_s - (time.monotonic() - start)
+            points_left -= 1
+            if left <= 0:
+                rows.append({"n": n, "k": k, "m": m, "skipped": "budget"})
+                continue
+            deadline = time.monotonic() + left / (points_left + 1)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            ref = bench.fp64_reference(x, base, scale, BLOCK)
+            for b in chain:
+                if b.name not in prepared or m not in todo[b.name]:
+                    continue
+                if not gate(b, Problem(n, k, BLOCK, m), caps).ok:
+                    continue
+                us, config = _measure(b, prepared[b.name], x, ref, n, k, m, caps, replays=replays, sms=sms,
+                                      max_configs=max_configs, deadline=deadline, rows=rows, seeds=seeds)
+                if us is None:
+                    continue
+                group = groups.get(b.name)
+                if group is None:
+                    group = groups[b.name] = {"backend": b.name, "versions": versions[b.name], "shapes": {}}
+                    table["groups"].append(group)
+                row: dict[str, Any] = {"us": round(us, 3)}
+                if config is not None:
+                    row["config"] = config.to_dict()
+                group["shapes"].setdefault(shape_key(n, k), {})[str(m_bucket(m))] = row
+            if progress is not None:
+                done = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("us")]
+                progress(f"N={n} K={k} M={m}: " + ", ".join(f"{r['backend']} {r['us']:.1f}us" for r in done))
+        del prepared, weights
+        torch.cuda.empty_cache()
+    return table, rows
+
+
+def _measure(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torch.Tensor, n: int, k: int, m: int,
+             caps: Any, *, replays: int, sms: int, max_configs: int, deadline: float, rows: list[dict[str, Any]],
+             seeds: Measurements | None) -> tuple[float | None, Any]:
+    """One backend at one point: (median us or None, the Triton configuration or None)."""
+
+    def timed(config: Any = None) -> float | None:
+        extra = {} if config is None else {"config": config}
+        calls = [functools.partial(backend.run, p, x, input_scale=None, bias=None, out_dtype=torch.bfloat16, caps=caps,
+                                   **extra) for p in per_copy]
+        if bench.checked_call(calls[0], x, ref) is None:
+            return None
+        return bench.time_graph(calls, replays).median_us
+
+    if backend.name != "triton":
+        try:
+            us = timed()
+        except Exception as exc:  # noqa: BLE001 - recorded, the others go on
+            rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            return None, None
+        rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "us": us, "correct": us is not None})
+        return us, None
+    return _search_triton(backend, timed, n, k, m, sms=sms, max_configs=max_configs, deadline=deadline, rows=rows,
+                          seeds=seeds)
+
+
+def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: int, k: int, m: int, *, sms: int,
+                   max_configs: int, deadline: float, rows: list[dict[str, Any]],
+                   seeds: Measurements | None) -> tuple[float | None, Any]:
+    """The fastest Triton configuration: the known ones for this point first, then the search's."""
+    from fp8select.kernels import triton_search
+    from fp8select.kernels.triton_config import TritonConfig
+
+    results: list[tuple[float, TritonConfig]] = []
+
+    def time_config(config: TritonConfig) -> float | None:
+        try:
+            us = timed(config)
+        except Exception as exc:  # noqa: BLE001 - a configuration that fails to compile or launch is skipped
+            rows.append({"n": n, "k": k, "m": m, "backend": "triton", "config": config.to_dict(),
+                         "error": f"{type(exc).__name__}: {exc}"[:300]})
+            return None
+        rows.append({"n": n, "k": k, "m": m, "backend": "triton", "config": config.to_dict(), "us": us})
+        if us is not None:
+            results.append((us, config))
+        return us
+
+    known = seeds.estimate("triton", n, k, m_bucket(m)) if seeds is not None else None
+    if known is not None and known.config is not None:
+        time_config(TritonConfig.from_dict(known.config))
+    if max_configs > len(results):
+        triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs - len(results), deadline=deadline)
+    if not results:
+        return None, None
+    us, config = min(results, key=lambda r: r[0])
+    return us, config
+
+
+def tune_on_one_rank(selection: Any, shapes: Sequence[tuple[int, int]], group: Any = None, src: int = 0,
+                     **kwargs: Any) -> dict[str, Any]:
+    """:func:`tune` on rank ``src`` of a ``torch.distributed`` group only; every rank gets its table.
+
+    The GPUs of one node are the same model, so measuring once and broadcasting saves every
+    other rank the time and guarantees one set of plans (a collective).
+    """
+    from fp8select.distributed import measure_on_one_rank
+
+    return measure_on_one_rank(lambda: tune(selection, shapes, **kwargs)[0], group, src)
