@@ -28,7 +28,7 @@ KNOWN_PACKAGES: Mapping[str, tuple[str, ...]] = {
     "triton": ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"),
     "deep_gemm": ("deep_gemm", "deep-gemm"),
     "flashinfer": ("flashinfer-python", "flashinfer"),
-    "sgl_kernel": ("sgl-kernel", "sgl_kernel"),
+    "sgl_kernel": ("sgl-kernel", "sglang-kernel", "sgl_kernel"),
     "aiter": ("amd-aiter", "aiter"),
     "torch_npu": ("torch-npu", "torch_npu"),
 }
@@ -44,7 +44,7 @@ PACKAGE_SYMBOLS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 # Environment variables copied into the snapshot (besides every FP8SELECT_* variable).
-ENV_NAMES = ("TRITON_INTERPRET",)
+ENV_NAMES = ("TRITON_INTERPRET", "XDG_CACHE_HOME")
 ENV_PREFIX = "FP8SELECT_"
 
 FLOAT8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
