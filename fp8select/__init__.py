@@ -18,11 +18,13 @@ from fp8select.errors import (
     UnsupportedProblemError,
 )
 from fp8select.layer import Fp8Linear
+from fp8select.plan import Plan, Route
 from fp8select.plugins import Placement, hookimpl
 from fp8select.problem import Problem
 from fp8select.resolver import choose, resolve
-from fp8select.selection import Candidate, Selection
-from fp8select.verdict import Verdict
+from fp8select.selection import Selection
+from fp8select.verdict import Candidate, Verdict
+from fp8select.warmup import WarmupReport, warmup
 
 __version__ = "0.1.0"
 
@@ -39,15 +41,19 @@ __all__ = [
     "InvalidInputError",
     "NoBackendError",
     "Placement",
+    "Plan",
     "PreparedWeight",
     "Problem",
     "RankMismatchError",
+    "Route",
     "Selection",
     "UnknownBackendError",
     "UnsupportedProblemError",
     "Verdict",
+    "WarmupReport",
     "choose",
     "detect_capabilities",
     "hookimpl",
     "resolve",
+    "warmup",
 ]

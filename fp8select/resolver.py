@@ -124,6 +124,9 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     a what-if) whose device this process does not have, and the CPU's only backends are the
     pure-torch reference and the Triton interpreter. With verification on, functional
     probes for uncertain version gates also run (:func:`fp8select.verify.run_functional_probes`).
+    A built-in backend that passed before on this device model with the same versions is not
+    run again (:func:`fp8select.verify.remembered`, kept in the cache directory);
+    ``verify=True`` always runs every check.
 
     ``group``: a ``torch.distributed`` process group (or ``"world"`` for the default one);
     the ranks exchange fingerprints and choices (:func:`fp8select.distributed.agree`), and
@@ -149,13 +152,13 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     caps = detect_capabilities() if capabilities is None else capabilities
     do_verify = verify if verify is not None else (detected and caps.device_kind != "cpu")
     if group is None:
-        selection = _resolve_here(caps, backend, disable, order, plugins, do_verify)
+        selection = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True)
         return _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
     from fp8select.distributed import agree
 
     outcome: Selection | BaseException
     try:
-        outcome = _resolve_here(caps, backend, disable, order, plugins, do_verify)
+        outcome = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True)
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
     agreed = agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch)
@@ -213,7 +216,7 @@ def _names(value: object, parameter: str) -> tuple[str, ...]:
 
 
 def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str] | str, order: Sequence[str] | str | None,
-                  plugins: bool | Iterable[Any], do_verify: bool) -> Selection:
+                  plugins: bool | Iterable[Any], do_verify: bool, force_verify: bool = False) -> Selection:
     """This process's decision: choose, then verify when asked; logs ``fp8select.resolved``."""
     if backend is not None and not isinstance(backend, str):
         raise InvalidDtypeError(f"backend: expected a backend name or None, found {backend!r}")
@@ -245,7 +248,7 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
                            disabled=disabled, disabled_source=disabled_source, origins=origins,
                            failures=[(f.plugin, f.reason) for f in loaded.failures])
         if do_verify:
-            selection = _verify_chain(selection, explicit, explicit_source, log)
+            selection = _verify_chain(selection, explicit, explicit_source, log, force=force_verify)
     except (BackendRejectedError, NoBackendError) as exc:
         log.warning("fp8select.resolved", backend=None, source=explicit_source if explicit else "auto",
                     rejected={c.name: c.reason for c in exc.candidates if not c.accepted})
@@ -257,14 +260,16 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
     return selection
 
 
-def _verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any) -> Selection:
+def _verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any, *,
+                  force: bool = False) -> Selection:
     """``selection`` with every backend of its chain verified; failures become rejected verdicts.
 
     The whole chain is verified, not only the choice: the layer calls a fallback for the
     calls the primary declines (an M cuBLAS rejects, say), so a broken fallback would give
     wrong numbers just as surely.
     """
-    from fp8select.verify import device_for, verify_backend
+    from fp8select.verdict import Verdict
+    from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
 
     caps = selection.capabilities
     device = device_for(caps)
@@ -278,10 +283,19 @@ def _verify_chain(selection: Selection, explicit: str | None, explicit_source: s
                                 "snapshot") from None
     candidates = list(selection.verdicts)
     index = {c.name: i for i, c in enumerate(candidates)}
+    known = {} if force else remembered(caps)
+    newly: dict[str, str] = {}
     passed = []
     notes = []
     for backend in selection.chain:
-        verdict = verify_backend(backend, caps, device)
+        builtin = candidates[index[backend.name]].origin == "builtin"
+        key = verification_key(backend, caps) if builtin else None
+        if key is not None and key in known:
+            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
+        else:
+            verdict = verify_backend(backend, caps, device)
+            if verdict.ok and key is not None and not verdict.reason.startswith("not verified"):
+                newly[key] = verdict.reason
         notes.append(f"verification of {backend.name}: {verdict.reason}")
         if verdict.ok:
             passed.append(backend)
@@ -290,6 +304,8 @@ def _verify_chain(selection: Selection, explicit: str | None, explicit_source: s
                     fingerprint=caps.fingerprint())
         i = index[backend.name]
         candidates[i] = replace(candidates[i], accepted=False, reason=verdict.reason)
+    if newly:
+        remember(caps, newly)
     if explicit is not None and selection.backend not in passed:
         raise BackendRejectedError(explicit, explicit_source, candidates)
     if not passed:

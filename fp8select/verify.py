@@ -14,8 +14,14 @@ whether the tiny call worked, instead of trusting a version guess.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
+import os
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +32,7 @@ from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Verdict
 
 __all__ = [
+    "VERIFIED_FILE",
     "TOLERANCE",
     "VERIFY_SHAPE",
     "XPU_BLOCKWISE_KEY",
@@ -45,6 +52,9 @@ TOLERANCE = 1e-2
 
 XPU_BLOCKWISE_KEY = "xpu_blockwise_scaled_mm"
 """Key in ``Capabilities.functional`` for the block-wise XPU ``F.scaled_mm`` functional probe."""
+
+VERIFIED_FILE = "verified.json"
+"""In the cache directory: built-in backends that passed verification, per device and versions."""
 
 _DEVICES = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "npu": "npu", "cpu": "cpu"}
 _EPS = 1e-10  # amax floor of the documented activation quantization recipe
@@ -200,3 +210,56 @@ def _xpu_blockwise_works(device: str, caps_json: str) -> bool:
     get_logger().info("fp8select.functional_probe", probe=XPU_BLOCKWISE_KEY, ok=verdict.ok, reason=verdict.reason)
     return verdict.ok and not verdict.reason.startswith("not verified")
 
+
+
+# -- remembered verifications -----------------------------------------------------------------------
+#
+# Verifying runs each backend's kernels once, which on a fresh process means importing the vendor
+# package and compiling its kernels (seconds with DeepGEMM and FlashInfer). A built-in backend
+# that passed on this device model, with these versions of torch, CUDA, Triton, its packages and
+# fp8select, passes again: the pass is remembered in the cache directory and later resolutions
+# skip the run. Failures are never remembered (they are re-checked), nor are plugin backends
+# (their versions are not known here). ``resolve(verify=True)`` always runs the check.
+
+
+def verification_key(backend: Backend, caps: Capabilities) -> str:
+    from fp8select import __version__
+    from fp8select.tuning.table import backend_versions
+
+    payload = {"device": caps.device_name, "cc": caps.compute_capability, "gfx": caps.gfx_arch, "backend": backend.name,
+               "versions": backend_versions(caps, backend.packages), "fp8select": __version__}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _verified_path(caps: Capabilities) -> Path:
+    from fp8select.tuning.table import cache_dir
+
+    return cache_dir(caps.env) / VERIFIED_FILE
+
+
+def remembered(caps: Capabilities) -> dict[str, str]:
+    """Verification key -> the reason it passed with, from the cache directory (empty when unreadable)."""
+    try:
+        data = json.loads(_verified_path(caps).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    passed = data.get("passed") if isinstance(data, dict) else None
+    if not isinstance(passed, dict):
+        return {}
+    return {k: v for k, v in passed.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def remember(caps: Capabilities, passed: dict[str, str]) -> None:
+    """Add ``passed`` to the remembered verifications (atomic replace; a cache that cannot be
+    written is left alone: verification then simply runs again next time)."""
+    path = _verified_path(caps)
+    merged = {**remembered(caps), **passed}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"schema": 1, "passed": merged}, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(tmp)

@@ -391,3 +391,25 @@ def test_model_choice_on_the_shipped_h200_table_is_sane() -> None:
     assert est["triton"][0].us < est["cuda-scaled-mm"][0].us  # type: ignore[union-attr]
     assert est["cuda-scaled-mm"][1].us < est["triton"][1].us  # type: ignore[union-attr]
     assert math.isfinite(est["triton"][1].us)  # type: ignore[union-attr]
+
+
+def test_warmup_runs_every_route_of_each_distinct_layer_once() -> None:
+    from fp8select.warmup import warmup
+
+    a, b = fake("a"), fake("b")
+    meas = measurements({"a": {(N, K): {m: 10.0 for m in M_BUCKETS}},
+                         "b": {(N, K): {m: 5.0 if m <= 4 else 20.0 for m in M_BUCKETS}}})
+    w, s = _weights()
+    layers = [Fp8Linear([a, b], CPU, w, s, measurements=meas) for _ in range(3)]
+    Fake.ran.clear()
+    with capture_logs() as logs:
+        report = warmup(layers)
+    assert report.layers == 3 and report.distinct == 1
+    ran = {(name, m) for name, m, _ in Fake.ran}
+    assert {("b", 1), ("b", 2), ("b", 3), ("b", 4), ("a", 5), ("a", 8), ("a", 4097), ("a", 8192)} <= ran
+    assert report.calls == len(Fake.ran) == 26  # both ends of each bucket: 1, 2, then 12 buckets x 2
+    assert next(e for e in logs if e["event"] == "fp8select.warmup")["calls"] == 26
+    Fake.ran.clear()
+    assert warmup(layers[0], ms=[3, 64]).calls == 2 and {(n, m) for n, m, _ in Fake.ran} == {("b", 3), ("a", 64)}
+    with pytest.raises(InvalidInputError, match="ms"):
+        warmup(layers, ms=[0])

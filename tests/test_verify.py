@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported, for the Triton case
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -372,3 +373,30 @@ def test_functional_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch,
     for _ in range(3):
         assert run_functional_probes(XPU_211, device="cpu").functional[XPU_BLOCKWISE_KEY]
     assert len(calls) == 1
+
+
+def test_a_pass_is_remembered_per_versions_and_verify_true_checks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fp8select.resolver as resolver_module
+    from fp8select import verify as verify_module
+
+    caps = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",))
+    runs: list[str] = []
+    real = verify_module.verify_backend
+
+    def counting(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        runs.append(backend.name)
+        return real(backend, *args, **kwargs)
+
+    monkeypatch.setattr(verify_module, "verify_backend", counting)
+    first = resolve(caps, plugins=False, verify=True)
+    assert runs == ["reference"] and "verified: relative error" in first.notes[-1]
+    assert verify_module.remembered(caps)  # written to the cache directory
+    runs.clear()
+    again = resolver_module._verify_chain(first, None, "auto", resolver_module.get_logger())
+    assert runs == [] and "verified before with these versions" in again.notes[-1]
+    newer = replace_caps(caps, torch_version="2.14.0+cpu")
+    resolver_module._verify_chain(replace(first, capabilities=newer), None, "auto", resolver_module.get_logger())
+    assert runs == ["reference"], "another torch must be verified again"
+    runs.clear()
+    resolve(caps, plugins=False, verify=True)
+    assert runs == ["reference"], "verify=True always runs the check"

@@ -1,0 +1,100 @@
+"""Warm-up: run every kernel a layer's plan can use once, so CUDA-graph capture and serving never compile.
+
+DeepGEMM and FlashInfer compile a kernel the first time they see a shape (2-5 s each on the
+H200), Triton the first time it sees a launch configuration. :func:`warmup` calls each
+distinct layer (same shape, dtype, device and plan: the kernels are the same) with the
+activation sizes of every route of its plan: by default both ends of each M bucket, or the
+``ms`` an engine will capture. It logs ``fp8select.warmup_progress`` every few seconds on long
+runs and one ``fp8select.warmup`` event with the totals.
+
+A JIT library may pick different kernels for different M inside one bucket (DeepGEMM chooses
+its tile by M); pass the exact batch sizes your engine captures as ``ms`` to cover them all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fp8select._log import get_logger
+from fp8select.buckets import bucket_range
+from fp8select.errors import InvalidDtypeError, InvalidInputError
+from fp8select.layer import Fp8Linear
+
+__all__ = ["WarmupReport", "warmup"]
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    layers: int  # layers given
+    distinct: int  # distinct (shape, dtype, device, plan): the ones actually run
+    calls: int
+    seconds: float
+
+
+def _layers(target: Any) -> list[Fp8Linear]:
+    if isinstance(target, Fp8Linear):
+        return [target]
+    if isinstance(target, torch.nn.Module):
+        found = [getattr(m, "fp8_layer", None) for m in target.modules()]
+        return [layer for layer in found if isinstance(layer, Fp8Linear)]
+    if isinstance(target, Iterable) and not isinstance(target, (str, bytes)):
+        items = list(target)
+        if all(isinstance(t, Fp8Linear) for t in items):
+            return items
+    raise InvalidDtypeError(f"target: expected an Fp8Linear, an iterable of them or an nn.Module holding them, "
+                            f"found {type(target).__name__}")
+
+
+def _default_ms(layer: Fp8Linear) -> list[int]:
+    ms: set[int] = set()
+    for route in layer.main_plan.routes:
+        if route.backend is None:
+            continue
+        lo, hi = bucket_range(route.bucket)
+        ms.update((lo, hi if hi is not None else route.bucket))
+    return sorted(ms)
+
+
+def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype = torch.bfloat16,
+           progress: Callable[[str], None] | None = None, every_s: float = 5.0) -> WarmupReport:
+    """Call every distinct layer of ``target`` at each M of ``ms`` (default: both ends of every M bucket
+    its plan routes) with ``dtype`` activations; returns what was run and how long it took."""
+    if ms is not None and (not ms or not all(isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms)):
+        raise InvalidInputError(f"ms: expected positive integers, found {ms!r}")
+    layers = _layers(target)
+    distinct: dict[tuple[Any, ...], Fp8Linear] = {}
+    for layer in layers:
+        same = (layer.n, layer.k, layer.block_size, layer.weight_dtype, str(layer.device), layer.main_plan.fingerprint())
+        distinct.setdefault(same, layer)
+    todo = [(layer, m) for layer in distinct.values() for m in (ms or _default_ms(layer))]
+    log = get_logger()
+    start = last = time.perf_counter()
+    rows: dict[tuple[int, str], int] = {}
+    for layer, m in todo:
+        key = (layer.k, str(layer.device))
+        rows[key] = max(rows.get(key, 0), m)
+    inputs: dict[tuple[int, str], torch.Tensor] = {}  # one activation per K and device, sliced per M
+    for done, (layer, m) in enumerate(todo, 1):
+        key = (layer.k, str(layer.device))
+        if key not in inputs:
+            inputs[key] = torch.randn(rows[key], layer.k, device=layer.device, dtype=dtype)
+        x = inputs[key]
+        with torch.no_grad():
+            layer.forward(x[:m])
+        now = time.perf_counter()
+        if now - last >= every_s:
+            last = now
+            log.info("fp8select.warmup_progress", done=done, total=len(todo), seconds=round(now - start, 1))
+            if progress is not None:
+                progress(f"warm-up: {done}/{len(todo)} calls, {now - start:.1f} s")
+    if todo and todo[0][0].device.type == "cuda":
+        torch.cuda.synchronize()
+    report = WarmupReport(len(layers), len(distinct), len(todo), time.perf_counter() - start)
+    log.info("fp8select.warmup", layers=report.layers, distinct=report.distinct, calls=report.calls,
+             seconds=round(report.seconds, 3))
+    return report
