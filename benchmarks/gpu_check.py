@@ -129,6 +129,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-facts", action="store_true", help="skip the cuBLAS acceptance facts")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new shapes after this many seconds")
     args = parser.parse_args()
     out_dir = Path(args.out)
@@ -163,8 +164,10 @@ def main() -> int:
 
     result["numerics"] = []
     deadline = time.time() + args.budget_s
-    for key, fn in (("cublas_facts", lambda: cublas_facts(args.quick)),
-                    ("numerics", lambda: numerics_sweep(selection, args.quick, result["numerics"], save, deadline))):
+    parts = [("numerics", lambda: numerics_sweep(selection, args.quick, result["numerics"], save, deadline))]
+    if not args.skip_facts:
+        parts.insert(0, ("cublas_facts", lambda: cublas_facts(args.quick)))
+    for key, fn in parts:
         t0 = time.time()
         try:
             result[key] = fn()

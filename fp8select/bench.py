@@ -110,6 +110,12 @@ def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50, *, warm
     return Timing(statistics.median(per_call), min(per_call), max(per_call))
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device (a no-op on the CPU, where calls are synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _poison(shape: tuple[int, ...], device: torch.device) -> None:
     """Leave NaN in the allocator's free blocks of an output's size, so unwritten outputs show."""
     junk = [torch.full(shape, float("nan"), device=device, dtype=torch.float32) for _ in range(2)]
@@ -136,7 +142,7 @@ def checked_call(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     """``layer(x)`` with its output memory poisoned first; None when it is not within 1e-2 of ``ref``."""
     _poison((x.shape[0], ref.shape[1]), x.device)
     out = layer(x)
-    torch.cuda.synchronize()
+    synchronize(x.device)
     return out if _rel_err(out, ref) < REL_ERR_MAX else None
 
 
@@ -152,7 +158,8 @@ def single_backend(selection: Selection, backend: Backend) -> Selection:
 def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
             backends: Sequence[str] | None = None, replays: int = 50, block: tuple[int, int] = (128, 128),
             progress: Callable[[str], None] | None = None, seed: int = 0, auto: bool = True,
-            budget_s: float = math.inf, rounds: int = 2, bf16: bool = True, gemm_alone: bool = True) -> list[dict[str, Any]]:
+            budget_s: float = math.inf, rounds: int = 2, bf16: bool = True, gemm_alone: bool = True,
+            device: torch.device | str = "cuda") -> list[dict[str, Any]]:
     """One row per (N, K, M, backend): correctness, whole-op and GEMM-alone timings, roofline.
 
     ``backends`` defaults to every backend the selection accepted except ``reference``
@@ -166,7 +173,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
     start = time.monotonic()
     from fp8select.backends.reference import dequantize_weight
 
-    device = torch.device("cuda")
+    device = torch.device(device)
     names = list(backends) if backends is not None else [b.name for b in selection.chain if b.name != "reference"]
     by_name = {b.name: b for b in selection.chain}
     rows: list[dict[str, Any]] = []
@@ -218,7 +225,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 try:
                     _poison((m, n), device)
                     out = per_copy[0](x)
-                    torch.cuda.synchronize()
+                    synchronize(device)
                     row["rel_err"] = _rel_err(out, ref)
                     row["correct"] = row["rel_err"] < REL_ERR_MAX
                     if row["correct"]:
@@ -263,7 +270,8 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 progress(_progress_line(n, k, m, rows))
             del ref
         del layers, gemm_layers, weights, bf16_weights
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 

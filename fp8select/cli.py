@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fp8select.bench import DEFAULT_M
 from fp8select.capabilities import Capabilities, detect_capabilities
@@ -147,11 +148,15 @@ def _tune(args: argparse.Namespace) -> int:
     for _, found in find_tables(caps):
         known = merge_tables(known, found)
     print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
+    existing = load_table(path, device)
+
+    def save(measured: dict[str, Any]) -> None:  # after every shape: an interrupted run keeps what it measured
+        save_table(path, merge_tables(existing, measured) if existing is not None else measured)
+
     table, rows = tune(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
                        max_configs=args.max_configs, budget_s=args.budget_s, backends=parse_names(args.backends) or None,
-                       progress=lambda line: print(line, flush=True))
-    existing = load_table(path, device)
-    save_table(path, merge_tables(existing, table) if existing is not None else table)
+                       progress=lambda line: print(line, flush=True), on_shape=save)
+    save(table)
     measured = sum(len(b) for g in table["groups"] for b in g["shapes"].values())
     print(f"{measured} new measurements ({', '.join(g['backend'] for g in table['groups']) or 'none missing'}) written to {path}")
     if args.json:

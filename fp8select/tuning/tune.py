@@ -47,14 +47,17 @@ def _known_rows(table: Mapping[str, Any] | None) -> set[tuple[str, tuple[tuple[s
 def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = DEFAULT_TUNE_M, *,
          known: Mapping[str, Any] | None = None, force: bool = False, replays: int = 30, max_configs: int = 10,
          budget_s: float = math.inf, backends: Sequence[str] | None = None,
-         progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+         progress: Callable[[str], None] | None = None,
+         on_shape: Callable[[dict[str, Any]], None] | None = None,
+         device: torch.device | str = "cuda") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``.
 
     ``table`` holds only the new measurements (merge it into the cache's with
     :func:`~fp8select.tuning.table.merge_tables`); ``rows`` every timing for the record.
     ``backends`` limits the measurement to those names (default: the chain but ``reference``).
     No new point is started after ``budget_s`` seconds; each point gets a fair share of what
-    is left for its Triton search.
+    is left for its Triton search. ``on_shape(table)`` is called after each shape, so a caller
+    can save what was measured so far.
     """
     start = time.monotonic()
     caps = selection.capabilities
@@ -65,9 +68,10 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
     skip = set() if force else _known_rows(known)
     versions = {b.name: backend_versions(caps, b.packages) for b in chain}
     seeds = selection.measurements or (Measurements(caps.device_name or "", [known], versions) if known else None)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    device = torch.device(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     rows: list[dict[str, Any]] = []
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=device).manual_seed(1)
     points_left = len(shapes) * len(ms)
     for n, k in shapes:
         todo = {b.name: [m for m in ms if (b.name, tuple(sorted(versions[b.name].items())), shape_key(n, k),
@@ -75,8 +79,8 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
         if not any(todo.values()):
             points_left -= len(ms)
             continue
-        base = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        scale = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda", generator=gen) * 1e-3 + 1e-4
+        base = (torch.randn(n, k, device=device, generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+        scale = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device=device, generator=gen) * 1e-3 + 1e-4
         weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
         prepared: dict[str, list[Any]] = {}
         for b in chain:
@@ -92,7 +96,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
                 rows.append({"n": n, "k": k, "m": m, "skipped": "budget"})
                 continue
             deadline = time.monotonic() + left / (points_left + 1)
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
             ref = bench.fp64_reference(x, base, scale, BLOCK)
             for b in chain:
                 if b.name not in prepared or m not in todo[b.name]:
@@ -115,7 +119,10 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
                 done = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("us")]
                 progress(f"N={n} K={k} M={m}: " + ", ".join(f"{r['backend']} {r['us']:.1f}us" for r in done))
         del prepared, weights
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if on_shape is not None:
+            on_shape(table)
     return table, rows
 
 
@@ -126,11 +133,11 @@ def _measure(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torch.
 
     def timed(config: Any = None) -> float | None:
         extra = {} if config is None else {"config": config}
-        calls = [functools.partial(backend.run, p, x, input_scale=None, bias=None, out_dtype=torch.bfloat16, caps=caps,
-                                   **extra) for p in per_copy]
-        if bench.checked_call(calls[0], x, ref) is None:
+        layers = [functools.partial(backend.run, p, input_scale=None, bias=None, out_dtype=torch.bfloat16, caps=caps,
+                                    **extra) for p in per_copy]
+        if bench.checked_call(layers[0], x, ref) is None:
             return None
-        return bench.time_graph(calls, replays).median_us
+        return bench.time_graph([functools.partial(layer, x) for layer in layers], replays).median_us
 
     if backend.name != "triton":
         try:

@@ -1,0 +1,98 @@
+"""How close the automatic choice comes to the fastest backend, per point (the selection targets).
+
+    python benchmarks/regret.py --shapes deepseek-v3 --label vendors --out regret-vendors.json
+
+Times, as BENCHMARKING.md says, every accepted backend pinned (a selection whose chain is that
+backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
+(N, K, M): whole op with quantization, CUDA-graph replay, weights rotated past the L2, two rounds
+in alternating column order keeping each column's faster one. Writes the distilled figures:
+per point every backend's median, what auto ran and its regret (auto time / fastest pinned
+time), and the summary: regret geomean and worst, and how the ideal per-point choice compares
+with always running one backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import fp8select
+from fp8select import bench
+
+SKIP = ("auto", "bf16-matmul", "reference")
+
+
+def distill(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    points: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for r in rows:
+        if r.get("m", 0) == 0:
+            continue
+        p = points.setdefault((r["n"], r["k"], r["m"]), {"n": r["n"], "k": r["k"], "m": r["m"], "us": {}})
+        if "whole" in r:
+            p["us"][r["backend"]] = r["whole"]["median_us"]
+            if r["backend"] == "auto":
+                p["auto_ran"] = r.get("ran")
+        elif r.get("correct") is False or "error" in r:
+            p.setdefault("failed", {})[r["backend"]] = r.get("error") or f"rel_err {r.get('rel_err')}"
+    out = []
+    for p in points.values():
+        pinned = {b: t for b, t in p["us"].items() if b not in SKIP}
+        if pinned:
+            best = min(pinned, key=lambda b: pinned[b])
+            p["best"] = best
+            if "auto" in p["us"]:
+                p["regret"] = round(p["us"]["auto"] / pinned[best], 4)
+        out.append(p)
+    return out
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    return round(math.exp(sum(math.log(v) for v in values) / len(values)), 4) if values else None
+
+
+def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    regrets = [p["regret"] for p in points if "regret" in p]
+    worst = max((p for p in points if "regret" in p), key=lambda p: p["regret"], default=None)
+    backends = sorted({b for p in points for b in p["us"] if b not in SKIP})
+    always = {}
+    for b in backends:  # the ideal per-point choice against always running b (where b ran everywhere)
+        ratios = [p["us"][b] / p["us"][p["best"]] for p in points if b in p["us"] and "best" in p]
+        if len(ratios) == len([p for p in points if "best" in p]):
+            always[b] = _geomean(ratios)
+    decode = [p["regret"] for p in points if "regret" in p and p["m"] <= 16]
+    return {"points": len(points), "auto_regret_geomean": _geomean(regrets), "auto_regret_worst": max(regrets, default=None),
+            "worst_point": None if worst is None else {k: worst[k] for k in ("n", "k", "m", "auto_ran", "best", "regret")},
+            "points_over_8pct": sum(r > 1.08 for r in regrets), "decode_regret_worst": max(decode, default=None),
+            "ideal_vs_always": always}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="deepseek-v3")
+    parser.add_argument("--m", default=",".join(str(m) for m in bench.DEFAULT_M))
+    parser.add_argument("--label", default="")
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--budget-s", type=float, default=math.inf)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    start = time.monotonic()
+    selection = fp8select.resolve()
+    print(selection.explain(), flush=True)
+    rows = bench.measure(selection, bench.parse_shapes(args.shapes), bench.parse_ms(args.m), replays=args.replays,
+                         budget_s=args.budget_s, gemm_alone=False, bf16=False,
+                         progress=lambda line: print(line, flush=True))
+    points = distill(rows)
+    summary = summarize(points)
+    print(json.dumps(summary, indent=1), flush=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump({"label": args.label, "environment": bench.environment(), "chain": [b.name for b in selection.chain],
+                   "tuning_sources": list(selection.tuning_sources), "seconds": round(time.monotonic() - start, 1),
+                   "summary": summary, "points": points}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

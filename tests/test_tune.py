@@ -1,0 +1,111 @@
+"""tune and bench on the CPU, with the CUDA-graph timer replaced by a fake clock: what is measured,
+what is skipped, what the rows look like, and that a tuned table makes the plan pick the winner."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from fp8select import Capabilities, bench, hookimpl, resolve
+from fp8select.backends.reference import ReferenceBackend
+from fp8select.bench import Timing
+from fp8select.tuning.table import merge_tables, new_table, validate_table
+from fp8select.tuning.tune import tune
+
+CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), device_name="cpu-test")
+N, K = 256, 384
+
+
+class Clocked(ReferenceBackend):
+    """Reference math; its 'time' is given per M, so the fake clock can report it."""
+
+    requires = ()
+    us: ClassVar[dict[str, Any]] = {}
+    last: ClassVar[list[str]] = []
+
+    def run(self, prepared: Any, x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        Clocked.last.append(self.name)
+        Clocked.last.append(str(x.shape[0]))
+        return super().run(prepared, x, **kw)
+
+
+class Small(Clocked):
+    name = "small"
+
+
+class Large(Clocked):
+    name = "large"
+
+
+TIMES = {"small": lambda m: 1.0 if m <= 8 else 5.0, "large": lambda m: 3.0, "reference": lambda m: 50.0}
+
+
+def fake_clock(calls: Any, replays: int = 50, **kw: Any) -> Timing:
+    calls[0]()
+    name, m = Clocked.last[-2], int(Clocked.last[-1])
+    t = TIMES.get(name, lambda m: 40.0)(m)
+    return Timing(t, t, t)
+
+
+class Plugin:
+    @hookimpl
+    def fp8select_backends(self) -> list[Any]:
+        return [Small, Large]
+
+
+@pytest.fixture
+def clocked(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(bench, "time_graph", fake_clock)
+    monkeypatch.setattr(bench, "rotation_copies", lambda *a, **k: 2)
+    return resolve(CPU, plugins=[Plugin()], tuning=False)
+
+
+def test_tune_measures_every_backend_but_reference_and_only_what_is_missing(clocked: Any) -> None:
+    table, rows = tune(clocked, [(N, K)], ms=(1, 8, 64), device="cpu")
+    assert validate_table(table) is None
+    shapes = {g["backend"]: g["shapes"][f"{N},{K}"] for g in table["groups"]}
+    assert set(shapes) == {"small", "large"}
+    assert {b: {m: r["us"] for m, r in s.items()} for b, s in shapes.items()} == {
+        "small": {"1": 1.0, "8": 1.0, "64": 5.0}, "large": {"1": 3.0, "8": 3.0, "64": 3.0}}
+    assert all(g["versions"] == {"torch": "2.13.0+cpu"} for g in table["groups"])
+    assert all(r.get("correct") for r in rows if "us" in r)
+    # a second run with that table known measures nothing; with force, everything again
+    again, _ = tune(clocked, [(N, K)], ms=(1, 8, 64), known=table, device="cpu")
+    assert again["groups"] == []
+    more, _ = tune(clocked, [(N, K)], ms=(1, 8, 64, 512), known=table, device="cpu")
+    assert {g["backend"]: list(g["shapes"][f"{N},{K}"]) for g in more["groups"]} == {"small": ["512"], "large": ["512"]}
+    forced, _ = tune(clocked, [(N, K)], ms=(1,), known=table, force=True, device="cpu")
+    assert len(forced["groups"]) == 2
+
+
+def test_a_tuned_table_makes_the_plan_pick_the_measured_winner(clocked: Any) -> None:
+    table, _ = tune(clocked, [(N, K)], ms=tuple(2**i for i in range(14)), device="cpu")
+    table = merge_tables(new_table("cpu-test"), {**table, "device_name": "cpu-test"})
+    sel = resolve(CPU, plugins=[Plugin()], tuning=table)
+    w = (torch.randn(N, K) * 50).to(torch.float8_e4m3fn)
+    layer = sel.prepare(w, torch.rand(2, 3) + 0.5)
+    assert layer.main_plan.summary() == "M 1-8: small, M >= 9: large"
+    assert {r.why for r in layer.main_plan.routes} == {"measured"}
+
+
+def test_bench_times_pinned_backends_and_auto_side_by_side(clocked: Any) -> None:
+    table, _ = tune(clocked, [(N, K)], ms=tuple(2**i for i in range(14)), device="cpu")
+    sel = resolve(CPU, plugins=[Plugin()], tuning={**table, "device_name": "cpu-test"})
+    rows = bench.measure(sel, [(N, K)], [4, 64], device="cpu", gemm_alone=False, bf16=False)
+    got = {(r["m"], r["backend"]): r["whole"]["median_us"] for r in rows if "whole" in r}
+    assert got == {(4, "small"): 1.0, (4, "large"): 3.0, (4, "auto"): 1.0, (64, "small"): 5.0, (64, "large"): 3.0,
+                   (64, "auto"): 3.0}
+    assert {(r["m"], r["ran"]) for r in rows if r["backend"] == "auto"} == {(4, "small"), (64, "large")}
+
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import regret
+
+    points = regret.distill(rows)
+    summary = regret.summarize(points)
+    assert summary["auto_regret_geomean"] == 1.0 and summary["points_over_8pct"] == 0
+    assert summary["ideal_vs_always"] == {"large": pytest.approx(3**0.5, rel=1e-3), "small": pytest.approx((5 / 3) ** 0.5, rel=1e-3)}
