@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fp8select import ops
 from fp8select.backends.base import Backend, PreparedWeight
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
 from fp8select.kernels.triton_search import M_BUCKET_MAX
@@ -115,6 +116,7 @@ class Fp8Linear:
             buckets = (2**i for i in range(M_BUCKET_MAX.bit_length()))  # 1, 2, 4, ..., 8192
             tuned = {b: dict(self.routes.entry(b) or {}).get("triton") for b in buckets}
             self.prepared["triton"].extra["tuned"] = {b: t for b, t in tuned.items() if t}
+        ops.register(self)
 
     def _problem(self, m: int | None, act: torch.dtype, out: torch.dtype) -> Problem:
         return Problem(self.n, self.k, self.block_size, m, self.weight_dtype, act, out)
@@ -149,6 +151,11 @@ class Fp8Linear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                  input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        return ops.call(self, x, bias, input_scale)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+                input_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The eager computation (what the custom op runs under ``torch.compile``)."""
         x2, scale2, lead = self._check_input(x, input_scale)
         out_dtype = self.out_dtype or x.dtype
         self._check_bias(bias)
