@@ -100,8 +100,8 @@ def call(layer: Fp8Linear, x: torch.Tensor, bias: torch.Tensor | None = None,
         return torch.ops.fp8select.linear(  # type: ignore[no-any-return]
             x.detach(), None if bias is None else bias.detach(), None if input_scale is None else input_scale.detach(),
             getattr(layer, HANDLE_ATTR), layer.n, out_dtype)
-    if x.requires_grad or (bias is not None and bias.requires_grad):
-        with torch.no_grad():
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(bias, "requires_grad", False)):
+        with torch.no_grad():  # inference-only: no autograd graph, eager as compiled
             return layer.forward(x, bias, input_scale)
     return layer.forward(x, bias, input_scale)
 

