@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPreparedError
-from fp8select.layer import ACTIVATION_DTYPES, Fp8Linear, check_block_size
+from fp8select.layer import ACTIVATION_DTYPES, Fp8Linear, check_block_size, check_weight
 from fp8select.problem import dtype_name
 from fp8select.selection import Selection
 
@@ -63,7 +63,8 @@ class BlockFp8Linear(torch.nn.Module):
     at prepare time otherwise). ``out_dtype=None`` returns the input's dtype. ``selection``
     is a :class:`~fp8select.selection.Selection` (None resolves one lazily, see the module
     docstring). ``device`` is where the (uninitialised) parameters are allocated; ``"meta"``
-    allocates nothing, for loading with ``load_state_dict(..., assign=True)``.
+    allocates nothing, for loading with ``load_state_dict(..., assign=True)``. The bias is
+    zeros of the default dtype until loaded (any float dtype works: it is added in fp32).
     """
 
     weight: torch.nn.Parameter
@@ -108,16 +109,15 @@ class BlockFp8Linear(torch.nn.Module):
         """A module holding these tensors (no copy), prepared now when they are on its selection's device.
 
         ``weight`` is float8_e4m3fn ``[N, K]``; ``weight_scale_inv`` its fp32 block scales
-        ``[ceil(N/bn), ceil(K/bk)]``; checked by the layer when prepared.
+        ``[ceil(N/bn), ceil(K/bk)]`` on the same device (typed errors otherwise).
         """
         for name, value in (("weight", weight), ("weight_scale_inv", weight_scale_inv), ("bias", bias)):
             if value is not None and not isinstance(value, torch.Tensor):
                 raise InvalidDtypeError(f"{name}: expected a torch.Tensor, found {type(value).__name__}")
-        if weight.dim() != 2:
-            raise InvalidInputError(f"weight: expected a 2-D [N, K] tensor, found shape {list(weight.shape)}")
+        block = check_block_size(block_size)
+        check_weight(weight, weight_scale_inv, block)  # early, even when preparing waits for a device move
         n, k = weight.shape
-        module = cls(k, n, bias=bias is not None, block_size=block_size, selection=selection, out_dtype=out_dtype,
-                     device="meta")
+        module = cls(k, n, bias=bias is not None, block_size=block, selection=selection, out_dtype=out_dtype, device="meta")
         module.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
         module.weight_scale_inv = torch.nn.Parameter(weight_scale_inv.detach(), requires_grad=False)
         if bias is not None:
@@ -208,6 +208,8 @@ class BlockFp8Linear(torch.nn.Module):
                               missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
         errors_before = len(error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if any(prefix + name in state_dict for name in _WEIGHT_NAMES):
+            self._prepared_from = None  # new values, maybe in the same storage: prepare again
         if len(error_msgs) == errors_before and all(prefix + name in state_dict for name in _WEIGHT_NAMES):
             self._loaded = True  # prepared by _prepare_after_load once the whole model is loaded
 

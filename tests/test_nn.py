@@ -81,6 +81,16 @@ def test_state_dict_round_trip(selection) -> None:  # type: ignore[no-untyped-de
     assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), state.values(), strict=True))
 
 
+def test_loading_new_values_in_place_prepares_again(selection) -> None:  # type: ignore[no-untyped-def]
+    module = _quantized(selection, seed=2)
+    layer, weight_storage = module._layer, module.weight.data_ptr()
+    other = _quantized(selection, seed=9)
+    module.load_state_dict(other.state_dict())  # copied into the same storage
+    assert module.weight.data_ptr() == weight_storage and module._layer is not layer
+    x = torch.randn(3, 384, dtype=torch.bfloat16)
+    assert torch.equal(module(x), other(x))
+
+
 def test_meta_construction_then_assign_load(selection) -> None:  # type: ignore[no-untyped-def]
     source = _quantized(selection, seed=3)
     with torch.device("meta"):
@@ -199,6 +209,15 @@ def test_bad_arguments(kwargs, error, match) -> None:  # type: ignore[no-untyped
     args = {"in_features": 256, "out_features": 128, **kwargs}
     with pytest.raises(error, match=match):
         BlockFp8Linear(args.pop("in_features"), args.pop("out_features"), **args)
+
+
+def test_from_weights_checks_the_checkpoint_at_once() -> None:
+    gpu_selection = resolve(H200, plugins=False)  # preparing would wait for .to("cuda"); the checks do not
+    w = torch.ones(256, 384).to(torch.float8_e4m3fn)
+    with pytest.raises(InvalidInputError, match=r"weight_scale: expected shape"):
+        BlockFp8Linear.from_weights(w, torch.ones(2, 2), selection=gpu_selection)
+    with pytest.raises(InvalidDtypeError, match="weight: expected dtype"):
+        BlockFp8Linear.from_weights(w.float(), torch.ones(2, 3), selection=gpu_selection)
 
 
 def test_from_linear_rejects_what_is_not_a_linear(selection) -> None:  # type: ignore[no-untyped-def]
