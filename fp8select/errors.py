@@ -77,3 +77,8 @@ class RankMismatchError(Fp8SelectError, RuntimeError):
     def __init__(self, message: str, reports: Sequence[object]) -> None:
         self.reports = tuple(reports)
         super().__init__(message)
+
+
+class NotPreparedError(Fp8SelectError, RuntimeError):
+    """A module called before its weights were loaded and laid out for a backend (or while they
+    sit on a device its selection does not run on)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fp8select import ops
 from fp8select._log import get_logger
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
 from fp8select.buckets import bucket_index
@@ -125,6 +126,7 @@ class Fp8Linear:
         self.main_plan = self._plan_for(torch.bfloat16, out_dtype or torch.bfloat16)
         if all(use.layout != CHECKPOINT_LAYOUT for use in self.main_plan.weights):
             del self._shared[CHECKPOINT_LAYOUT]  # no backend reads it: the caller may free the checkpoint
+        ops.register(self)  # the handle a compiled graph calls it by (before any tracing)
         get_logger().info("fp8select.layer_prepared", n=self.n, k=self.k, block=list(block),
                           plan=self.main_plan.summary(), weight_copies=self.main_plan.weight_copies,
                           ms=round((time.perf_counter() - start) * 1e3, 3))
@@ -238,11 +240,12 @@ class Fp8Linear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                  input_scale: torch.Tensor | None = None) -> torch.Tensor:
-        return self.forward(x, bias, input_scale)
+        """The layer; under ``torch.compile`` one opaque custom op (:mod:`fp8select.ops`), else :meth:`forward`."""
+        return ops.call(self, x, bias, input_scale)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                 input_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """``y = x @ dequant(W).T (+ bias)`` for ``x`` of any leading shape; no autograd."""
+        """``y = x @ dequant(W).T (+ bias)`` for ``x`` of any leading shape, eagerly; no autograd."""
         x2, scale2, lead = self._check_input(x, input_scale)
         out_dtype = self.out_dtype or x.dtype
         self._check_bias(bias)

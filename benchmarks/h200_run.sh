@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# H200 measurement runs over two GPUs, with the vendors installed (`source .vendors/setup.sh` first).
+#
+#   bash benchmarks/h200_run.sh tune OUTDIR           # GPU 0: JIT warm-up, tune (DeepSeek-V3, every backend)
+#                                                     # GPU 1: GPU tests, start-up/prepare/NaN checks, numerics
+#   bash benchmarks/h200_run.sh bench OUTDIR          # both GPUs: regret of the automatic choice, with the vendors
+#                                                     # (DeepSeek-V3 on GPU 0, other models' shapes on GPU 1)
+#   bash benchmarks/h200_run.sh no-vendors OUTDIR     # the same without the vendors on the path
+#
+# Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
+# one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
+# of other models are never tuned: they check the plan's model on shapes no table contains.
+set -u
+stage=${1:?stage}
+out=${2:?outdir}
+work=${WORK:-/tmp/h200work}
+mkdir -p "$work"
+TABLE=${TABLE:-$work/tuning.json}
+[ -e "$TABLE" ] || TABLE=fp8select/data/tuning-nvidia-h200.json
+export PYTHONUNBUFFERED=1 FP8SELECT_CACHE_DIR=/tmp/fp8cache
+OTHER="6144,4096,4096,4096,28672,4096,4096,14336,4608,3584,3584,18944"  # Llama-3-8B, Qwen2.5-7B projections
+py=python3
+log() { echo "[$(date +%T)] $*" | tee -a "$work/run.log"; }
+
+lane0_tune() {
+  log "gpu0: jit warm-up"
+  CUDA_VISIBLE_DEVICES=0 timeout 120 $py benchmarks/jit_warm.py --shapes "deepseek-v3,$OTHER" \
+      --backends deepgemm,flashinfer --procs 14 --out "$work/jit_warm.json" >>"$work/lane0.log" 2>&1
+  log "gpu0: tune"
+  CUDA_VISIBLE_DEVICES=0 timeout 400 $py -m fp8select tune --shapes deepseek-v3 --force --max-configs 2 --replays 20 \
+      --budget-s 370 --out "$work/tuning.json" >>"$work/lane0.log" 2>&1
+  log "gpu0: done"
+}
+
+bench() {
+  log "bench with the vendors on both GPUs"
+  CUDA_VISIBLE_DEVICES=0 FP8SELECT_TUNING_TABLE="$TABLE" timeout 270 $py benchmarks/regret.py \
+      --shapes deepseek-v3 --label vendors-deepseek --budget-s 240 --out "$work/regret_vendors_deepseek.json" \
+      >>"$work/lane0.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 FP8SELECT_TUNING_TABLE="$TABLE" timeout 270 $py benchmarks/regret.py \
+      --shapes "$OTHER" --label vendors-other --budget-s 240 --out "$work/regret_vendors_other.json" \
+      >>"$work/lane1.log" 2>&1 &
+  wait
+}
+
+lane1_checks() {
+  log "gpu1: gpu tests"
+  CUDA_VISIBLE_DEVICES=1 timeout 200 $py -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
+      -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+  log "gpu1: checks"
+  CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/h200_checks.py --label vendors --out "$work/checks_vendors.json" \
+      >>"$work/lane1.log" 2>&1
+  log "gpu1: numerics"
+  CUDA_VISIBLE_DEVICES=1 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+      --budget-s 170 >>"$work/lane1.log" 2>&1
+  log "gpu1: done"
+}
+
+no_vendors() {
+  # structlog only: the vendors' site directory is left off the path
+  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
+  local pp=/tmp/projdeps
+  local table=$TABLE
+  log "no vendors: regret on both GPUs"
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
+      --shapes deepseek-v3 --label novendors-deepseek --budget-s 200 --out "$work/regret_novendors_deepseek.json" \
+      >>"$work/lane0.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
+      --shapes "$OTHER" --label novendors-other --budget-s 200 --out "$work/regret_novendors_other.json" \
+      >>"$work/lane1.log" 2>&1 &
+  wait
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp timeout 100 $py benchmarks/h200_checks.py --label no-vendors --skip nonfinite,prepare \
+      --out "$work/checks_novendors.json" >>"$work/lane0.log" 2>&1
+}
+
+case $stage in
+  tune) lane0_tune & lane1_checks & wait ;;
+  bench) bench ;;
+  no-vendors) no_vendors ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >"$work/smi.txt" 2>&1
+tar czf "$out/run-$stage.tgz" -C "$work" . && log "packed $(du -h "$out/run-$stage.tgz" | cut -f1)"
+tail -5 "$work/lane0.log" "$work/lane1.log" 2>/dev/null

@@ -1,0 +1,176 @@
+"""The launch configuration of fp8select's Triton block-FP8 linear: one value type, every field explicit.
+
+Pure Python (no torch, no triton), so tuning tables, tools and tests can read, validate and
+write configurations without a GPU stack. A :class:`TritonConfig` names the kernel path and
+every launch parameter; nothing is filled in later from another table. The paths:
+
+``gemm``
+    Triton activation quantization kernel, then the ``[BLOCK_M, BLOCK_N]`` tile GEMM kernel
+    (two launches; three with a two-pass split-K).
+``fused``
+    The same tile GEMM kernel, quantizing each ``[BLOCK_M, 128]`` activation tile in its K loop.
+``decode``
+    Swap-AB GEMM for small M: each program computes a ``[BLOCK_N, BLOCK_M]`` tile of the
+    transposed output as ``W_tile @ Xq_tile^T`` (weight rows on the MMA's wide side, the few
+    tokens on its narrow side) and quantizes the activation inside its K loop. One launch.
+``swap``
+    Triton quantization kernel, then the swap-AB GEMM on the fp8 activation.
+
+A caller that already quantized its activation (``w8a8_block_gemm``) cannot run an in-kernel
+quantizing path: :meth:`TritonConfig.prequantized` maps ``fused -> gemm`` and ``decode -> swap``
+(same kernel, same tiles), the one rule for that case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = [
+    "LAUNCH_KEYS",
+    "OPTIONAL_KEYS",
+    "PATHS",
+    "PREQUANT_PATHS",
+    "QUANT_FUSED_PATHS",
+    "SCALE_GROUP_K",
+    "SWAP_PATHS",
+    "TritonConfig",
+]
+
+SCALE_GROUP_K = 128
+"""K elements per activation and weight scale; also every kernel's BLOCK_K."""
+
+PATHS = ("gemm", "fused", "decode", "swap")
+"""Ways to run a linear on an unquantized activation (see the module docstring)."""
+
+SWAP_PATHS = ("decode", "swap")
+"""Paths that run the swap-AB kernel."""
+
+QUANT_FUSED_PATHS = ("fused", "decode")
+"""Paths that quantize the activation inside the GEMM (one kernel, no fp8 activation in memory)."""
+
+PREQUANT_PATHS = ("gemm", "swap")
+"""Paths that run on an already-quantized activation (after the quantization kernel)."""
+
+LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
+"""Keys every configuration must give (positive ints)."""
+
+OPTIONAL_KEYS = ("path", "FIXUP", "TMA")
+"""Keys :meth:`TritonConfig.from_dict` fills when absent, always with the same defaults: ``path``
+``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0."""
+
+_PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap"}
+
+
+def _check_int(key: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"TritonConfig {key!r} must be a positive int, got {value!r}")
+    return value
+
+
+def _check_flag(key: str, value: object) -> int:
+    if isinstance(value, bool) or value not in (0, 1):
+        raise ValueError(f"TritonConfig {key!r} must be 0 or 1, got {value!r}")
+    return 1 if value else 0
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    """One launch of the Triton block-FP8 linear. Validated on construction (``ValueError``
+    naming the field); field names are the kernels' own (and the keys of :meth:`to_dict`).
+
+    Attributes:
+        BLOCK_M: output rows per program (tokens; the narrow MMA side on the swap-AB paths),
+            a power of two >= 16.
+        BLOCK_N: output columns per program (weight rows), a power of two >= 16.
+        BLOCK_K: K per step; always 128, the scale group.
+        GROUP_M: row tiles that share each weight column tile in the tile kernel's launch order.
+        SPLIT_K: K splits (programs per output tile); the launch uses at most the K-block count.
+        num_warps: warps per program, a power of two.
+        num_stages: software-pipeline depth.
+        path: ``gemm``, ``fused``, ``decode`` or ``swap`` (see the module docstring).
+        FIXUP: with ``SPLIT_K > 1``, 1 sums the partials in the last-arriving program (one
+            launch), 0 in a second kernel; bitwise equal results either way.
+        TMA: 1 loads the weight (and, in the tile kernel, the fp8 activation) tiles through
+            Hopper TMA descriptors where one can be built (pointer loads otherwise); 0 never.
+    """
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int
+    SPLIT_K: int
+    num_warps: int
+    num_stages: int
+    path: str
+    FIXUP: int
+    TMA: int
+
+    def __post_init__(self) -> None:
+        for key in LAUNCH_KEYS:
+            _check_int(key, getattr(self, key))
+        if self.BLOCK_K != SCALE_GROUP_K:
+            raise ValueError(f"TritonConfig 'BLOCK_K' must be {SCALE_GROUP_K} (the scale group), got {self.BLOCK_K}")
+        for key in ("BLOCK_M", "BLOCK_N", "num_warps"):
+            value = getattr(self, key)
+            if value & (value - 1):
+                raise ValueError(f"TritonConfig {key!r} must be a power of two, got {value}")
+        for key in ("BLOCK_M", "BLOCK_N"):
+            if getattr(self, key) < 16:
+                raise ValueError(f"TritonConfig {key!r} must be >= 16 (the tl.dot minimum), got {getattr(self, key)}")
+        if self.path not in PATHS:
+            raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {self.path!r}")
+        for key in ("FIXUP", "TMA"):
+            _check_flag(key, getattr(self, key))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TritonConfig:
+        """Validate a mapping (a tuning-table row, a JSON object) into a configuration.
+
+        Every key of :data:`LAUNCH_KEYS` is required; :data:`OPTIONAL_KEYS` get their fixed
+        defaults when absent. Unknown keys, missing keys and bad values raise ``ValueError``
+        naming the key.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a TritonConfig must come from a mapping, got {type(data).__name__}")
+        missing = [key for key in LAUNCH_KEYS if key not in data]
+        unknown = sorted(str(key) for key in data if key not in LAUNCH_KEYS and key not in OPTIONAL_KEYS)
+        if missing or unknown:
+            raise ValueError(f"TritonConfig keys must be {LAUNCH_KEYS} (optionally {OPTIONAL_KEYS}): "
+                             f"missing {missing}, unknown {unknown}")
+        path = data.get("path", "gemm")
+        if path not in PATHS:
+            raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {path!r}")
+        fixup = data.get("FIXUP", 1 if path in SWAP_PATHS else 0)
+        return cls(**{key: data[key] for key in LAUNCH_KEYS}, path=path, FIXUP=_check_flag("FIXUP", fixup),
+                   TMA=_check_flag("TMA", data.get("TMA", 0)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, launch keys first (what tables store; :meth:`from_dict` reads it back)."""
+        return asdict(self)
+
+    @property
+    def swap(self) -> bool:
+        """Whether this path runs the swap-AB kernel."""
+        return self.path in SWAP_PATHS
+
+    @property
+    def quantizes_in_kernel(self) -> bool:
+        """Whether this path quantizes the activation inside the GEMM."""
+        return self.path in QUANT_FUSED_PATHS
+
+    def prequantized(self) -> TritonConfig:
+        """The configuration for an activation quantized already: ``fused -> gemm``,
+        ``decode -> swap`` (the same kernel and tiles, reading fp8 and its scales); other
+        paths unchanged."""
+        target = _PREQUANT_OF[self.path]
+        return self if target == self.path else replace(self, path=target)
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``decode 16x128 sk4f w4 s4 tma``."""
+        fixup = "f" if self.FIXUP and self.SPLIT_K > 1 else ""
+        group = f" g{self.GROUP_M}" if self.GROUP_M != 8 else ""
+        tma = " tma" if self.TMA else ""
+        return (f"{self.path} {self.BLOCK_M}x{self.BLOCK_N} sk{self.SPLIT_K}{fixup} "
+                f"w{self.num_warps} s{self.num_stages}{group}{tma}")

@@ -1,0 +1,310 @@
+"""``BlockFp8Linear``: a block-FP8 linear layer as a ``torch.nn.Module``.
+
+Its state dict is the checkpoint's: ``weight`` (float8_e4m3fn ``[N, K]``),
+``weight_scale_inv`` (fp32 block scales ``[ceil(N/bn), ceil(K/bk)]``, the name DeepSeek and
+Hugging Face checkpoints use; despite the name it multiplies, ``w ~= weight * scale``) and
+``bias``. The module lays its weights out for its selection's backend (an
+:class:`~fp8select.layer.Fp8Linear`) when they become real: after ``load_state_dict`` (also
+into a meta-device module with ``assign=True``), after ``model.to(device)`` / ``.cuda()``,
+in :meth:`BlockFp8Linear.from_linear`, or when :meth:`BlockFp8Linear.prepare` is called
+after weights were written in place. ``forward`` never prepares anything, so it traces into
+a single ``fp8select::linear`` node under ``torch.compile`` (:mod:`fp8select.ops`) and
+replays under CUDA graphs.
+
+The module is inference-only: its parameters do not require grad and its output never does.
+Casting the module's dtype (``.half()``, ``.to(torch.bfloat16)``) casts the bias only; the
+fp8 weight and its fp32 scales keep their dtypes (a bf16 scale would lose precision).
+
+The selection (which backend runs) is resolved once per module, lazily, the first time the
+module has weights to prepare (``fp8select.resolve()``), unless one is given; pass the same
+:class:`~fp8select.selection.Selection` to every module of a large model so that
+``resolve()`` runs once. A module runs on the device kind its selection was made for: its
+weights must live there (a CUDA selection and weights on the CPU leave it unprepared until
+``.to("cuda")``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPreparedError
+from fp8select.layer import ACTIVATION_DTYPES, Fp8Linear, check_block_size, check_weight
+from fp8select.problem import dtype_name
+from fp8select.selection import Selection
+
+__all__ = ["BlockFp8Linear"]
+
+WEIGHT_DTYPE = torch.float8_e4m3fn
+# The torch device type that a snapshot's device kind runs on (ROCm builds call theirs "cuda").
+_DEVICE_TYPE = {"rocm": "cuda"}
+_WEIGHT_NAMES = ("weight", "weight_scale_inv")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidDtypeError(f"{name}: expected a positive int, found {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise InvalidInputError(f"{name}: expected a positive int, found {value}")
+    return value
+
+
+class BlockFp8Linear(torch.nn.Module):
+    """``y = x @ (weight * weight_scale_inv).T + bias`` with fp8 weights and per-token-group fp8 activations.
+
+    ``in_features`` (K) and ``out_features`` (N) need not be multiples of the block; the
+    chosen backend decides what it accepts (an :class:`~fp8select.errors.UnsupportedProblemError`
+    at prepare time otherwise). ``out_dtype=None`` returns the input's dtype. ``selection``
+    is a :class:`~fp8select.selection.Selection` (None resolves one lazily, see the module
+    docstring). ``device`` is where the (uninitialised) parameters are allocated; ``"meta"``
+    allocates nothing, for loading with ``load_state_dict(..., assign=True)``. The bias is
+    zeros of the default dtype until loaded (any float dtype works: it is added in fp32).
+    """
+
+    weight: torch.nn.Parameter
+    weight_scale_inv: torch.nn.Parameter
+    bias: torch.nn.Parameter | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 block_size: Sequence[int] = (128, 128), selection: Selection | None = None,
+                 out_dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.in_features = _positive_int("in_features", in_features)
+        self.out_features = _positive_int("out_features", out_features)
+        self.block_size = check_block_size(block_size)
+        if out_dtype is not None and out_dtype not in ACTIVATION_DTYPES:
+            allowed = "/".join(dtype_name(d) for d in ACTIVATION_DTYPES)
+            raise InvalidDtypeError(f"out_dtype: expected {allowed} or None, found {out_dtype!r}")
+        if selection is not None and not isinstance(selection, Selection):
+            raise InvalidDtypeError(f"selection: expected an fp8select.Selection or None, found {type(selection).__name__}")
+        self.out_dtype = out_dtype
+        self.selection = selection
+        bn, bk = self.block_size
+        self.weight = torch.nn.Parameter(
+            torch.empty(out_features, in_features, dtype=WEIGHT_DTYPE, device=device), requires_grad=False)
+        self.weight_scale_inv = torch.nn.Parameter(
+            torch.empty(_ceil_div(out_features, bn), _ceil_div(in_features, bk), dtype=torch.float32, device=device),
+            requires_grad=False)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+        self._layer: Fp8Linear | None = None
+        self._loaded = False  # the parameters hold a checkpoint's values (not torch.empty's)
+        self._prepared_from: tuple[Any, ...] | None = None
+        self.register_load_state_dict_post_hook(_prepare_after_load)
+
+    # -- construction from an unquantized layer ---------------------------------------------
+
+    @classmethod
+    def from_weights(cls, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None = None, *,
+                     block_size: Sequence[int] = (128, 128), selection: Selection | None = None,
+                     out_dtype: torch.dtype | None = None) -> BlockFp8Linear:
+        """A module holding these tensors (no copy), prepared now when they are on its selection's device.
+
+        ``weight`` is float8_e4m3fn ``[N, K]``; ``weight_scale_inv`` its fp32 block scales
+        ``[ceil(N/bn), ceil(K/bk)]`` on the same device (typed errors otherwise).
+        """
+        for name, value in (("weight", weight), ("weight_scale_inv", weight_scale_inv), ("bias", bias)):
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise InvalidDtypeError(f"{name}: expected a torch.Tensor, found {type(value).__name__}")
+        block = check_block_size(block_size)
+        check_weight(weight, weight_scale_inv, block)  # early, even when preparing waits for a device move
+        n, k = weight.shape
+        module = cls(k, n, bias=bias is not None, block_size=block, selection=selection, out_dtype=out_dtype, device="meta")
+        module.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
+        module.weight_scale_inv = torch.nn.Parameter(weight_scale_inv.detach(), requires_grad=False)
+        if bias is not None:
+            module.bias = torch.nn.Parameter(bias.detach(), requires_grad=False)
+        module._loaded = True
+        module._sync()
+        return module
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, block_size: Sequence[int] = (128, 128),
+                    selection: Selection | None = None, *, out_dtype: torch.dtype | None = None) -> BlockFp8Linear:
+        """Quantize ``linear``'s weight (bf16/fp16/fp32) to fp8 with one scale per block.
+
+        The bias is copied in its dtype; ``linear`` is left unchanged. The module is prepared
+        now when ``linear`` is on its selection's device (else at ``.to(device)``).
+        """
+        if not isinstance(linear, torch.nn.Linear):
+            raise InvalidDtypeError(f"linear: expected a torch.nn.Linear, found {type(linear).__name__}")
+        block = check_block_size(block_size)
+        weight = linear.weight.detach()
+        if weight.is_meta:
+            raise InvalidInputError("linear.weight: expected a tensor holding data, found one on the meta device")
+        w_fp8, scale = _quantize_weight(weight, block)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls.from_weights(w_fp8, scale, bias, block_size=block, selection=selection, out_dtype=out_dtype)
+
+    # -- preparation ------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Lay the current weights out for the backend (load-time work, never per call).
+
+        Called for you after ``load_state_dict``, ``.to()`` and in :meth:`from_linear`; call
+        it after writing ``weight`` / ``weight_scale_inv`` in place. Raises
+        :class:`~fp8select.errors.NotPreparedError` where the weights cannot run (on the meta
+        device, or on a device kind other than the selection's), and the layer's typed
+        errors for a bad checkpoint (non-finite scales, wrong shapes).
+        """
+        if not any(getattr(self, name).is_meta for name in _WEIGHT_NAMES):
+            self._loaded = True
+        selection = self._selection()
+        reason = self._cannot_run(selection)
+        if reason is not None:
+            raise NotPreparedError(f"{self._name()}: cannot prepare: {reason}")
+        self._layer = selection.prepare(self.weight, self.weight_scale_inv, self.block_size, out_dtype=self.out_dtype)
+        self._prepared_from = self._weights_key()
+
+    def _sync(self) -> None:
+        """Prepare if the weights are real, on the selection's device and changed since the last time."""
+        if any(getattr(self, name).is_meta for name in _WEIGHT_NAMES):
+            self._loaded = False  # whatever comes off the meta device (to_empty) is not a checkpoint
+        if not self._loaded:
+            self._layer, self._prepared_from = None, None
+            return
+        if self._layer is not None and self._prepared_from == self._weights_key():
+            return
+        selection = self._selection()
+        if self._cannot_run(selection) is not None:
+            self._layer, self._prepared_from = None, None
+            return
+        self.prepare()
+
+    def _selection(self) -> Selection:
+        if self.selection is None:
+            from fp8select.resolver import resolve
+
+            self.selection = resolve()
+        return self.selection
+
+    def _cannot_run(self, selection: Selection) -> str | None:
+        for name in _WEIGHT_NAMES:
+            if getattr(self, name).is_meta:
+                return f"{name} is on the meta device (load the weights first)"
+        kind = selection.capabilities.device_kind
+        want = _DEVICE_TYPE.get(kind, kind)
+        have = self.weight.device.type
+        if have != want:
+            return (f"the weights are on {have} but the selection ({selection.backend.name}) runs on {kind}; "
+                    f"move the module with .to({want!r}) or pass a selection for {have}")
+        return None
+
+    def _weights_key(self) -> tuple[Any, ...]:
+        w, s = self.weight, self.weight_scale_inv
+        return (w.device, w.dtype, w.data_ptr(), tuple(w.shape), s.device, s.dtype, s.data_ptr(), tuple(s.shape))
+
+    # -- torch.nn.Module hooks ----------------------------------------------------------------
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        errors_before = len(error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if any(prefix + name in state_dict for name in _WEIGHT_NAMES):
+            self._prepared_from = None  # new values, maybe in the same storage: prepare again
+        if len(error_msgs) == errors_before and all(prefix + name in state_dict for name in _WEIGHT_NAMES):
+            self._loaded = True  # prepared by _prepare_after_load once the whole model is loaded
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> BlockFp8Linear:
+        protected = (self.weight, self.weight_scale_inv)
+
+        def keep_weight_dtypes(t: torch.Tensor) -> torch.Tensor:
+            if not any(t is p for p in protected):
+                return fn(t)
+            target = fn(t.new_empty(0))  # where, and as what, fn puts a tensor like t
+            if target.dtype == t.dtype:
+                return fn(t)
+            return t.to(device=target.device)  # moves, but never casts, the fp8 weight and its fp32 scales
+
+        super()._apply(keep_weight_dtypes, recurse)
+        self._sync()
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The prepared layer is process-local (backend state, a custom-op handle): copies and
+        # pickles carry the weights and prepare their own.
+        state = dict(self.__dict__)
+        state["_layer"], state["_prepared_from"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._sync()
+
+    # -- the forward ------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer = self._layer
+        if layer is None:
+            raise NotPreparedError(self._not_prepared_reason())
+        return layer(x, self.bias)
+
+    def _not_prepared_reason(self) -> str:
+        if not self._loaded:
+            return (f"{self._name()}: no weights loaded: load a state dict, build it with from_linear(), "
+                    "or call prepare() after writing weight and weight_scale_inv")
+        reason = self._cannot_run(self._selection()) if self.selection is not None else None
+        return f"{self._name()}: not prepared: {reason or 'call prepare()'}"
+
+    def _name(self) -> str:
+        return f"BlockFp8Linear({self.in_features}, {self.out_features})"
+
+    @property
+    def fp8_layer(self) -> Fp8Linear | None:
+        """The prepared layer (its plan, prepared weights), None until prepared."""
+        return self._layer
+
+    @property
+    def backend(self) -> str | None:
+        """The plan's backends by M range, e.g. ``M 1-4: triton, M >= 5: deepgemm`` (None until prepared)."""
+        return self._layer.main_plan.summary() if self._layer is not None else None
+
+    def extra_repr(self) -> str:
+        bn, bk = self.block_size
+        parts = [f"in_features={self.in_features}", f"out_features={self.out_features}", f"bias={self.bias is not None}",
+                 f"block_size=({bn}, {bk})"]
+        if self.out_dtype is not None:
+            parts.append(f"out_dtype={dtype_name(self.out_dtype)}")
+        if self._layer is None:
+            parts.append("backend=None (not prepared)")
+        else:
+            parts.append(f"plan={self._layer.main_plan.summary()!r}")
+        return ", ".join(parts)
+
+
+def _prepare_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None:
+    if isinstance(module, BlockFp8Linear):
+        module._sync()
+
+
+def _quantize_weight(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    import fp8select
+
+    quantize = getattr(fp8select, "quantize_weight", None)
+    if quantize is None:  # TEMPORARY: until fp8select.quantize_weight lands (issue 10 item 2)
+        quantize = _temporary_quantize_weight
+    return quantize(weight, block)  # type: ignore[no-any-return]
+
+
+def _temporary_quantize_weight(weight: torch.Tensor, block_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """TEMPORARY stand-in for ``fp8select.quantize_weight`` (same signature and result), to be deleted when it lands."""
+    if weight.dtype not in ACTIVATION_DTYPES or weight.dim() != 2:
+        raise InvalidDtypeError(f"weight: expected a 2-D bf16/fp16/fp32 tensor, found {dtype_name(weight.dtype)} {list(weight.shape)}")
+    n, k = weight.shape
+    bn, bk = block_size
+    gn, gk = _ceil_div(n, bn), _ceil_div(k, bk)
+    fmax = torch.finfo(WEIGHT_DTYPE).max
+    padded = torch.zeros(gn * bn, gk * bk, dtype=torch.float32, device=weight.device)
+    padded[:n, :k] = weight
+    blocks = padded.view(gn, bn, gk, bk)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / fmax
+    q = (blocks / scale[:, None, :, None]).clamp(-fmax, fmax).view(gn * bn, gk * bk)[:n, :k]
+    return q.to(WEIGHT_DTYPE).contiguous(), scale

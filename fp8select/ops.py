@@ -1,0 +1,126 @@
+"""fp8select layers as ``torch.library`` custom ops, so compiled graphs see one opaque node.
+
+``torch.compile`` must not trace into a layer: Dynamo and Inductor cannot follow its
+Python dispatch (the per-call plan lookup mutates a dict) nor the Triton launches of its
+quantizers and GEMMs. Under compilation a layer call becomes one ``fp8select::linear``
+node instead, whose fake (meta) implementation gives the output's shape and dtype without
+running anything; the real implementation calls the layer's eager ``forward``.
+
+A layer is a Python object, not a tensor, so the op takes an integer *handle* to it: layers
+register themselves when they are created (:func:`register`), the registry holds them by
+weak reference (a layer is freed as usual when its owner drops it), and Dynamo treats the
+handle as a constant of the graph. The op also takes N and the output dtype, all the fake
+needs, so the fake is a pure function of its arguments. Handles are local to the process:
+a graph holding one cannot be exported or run in another process.
+
+Eager calls do not go through the dispatcher: :func:`call` runs ``layer.forward`` directly
+unless ``torch.compiler.is_compiling()``.
+
+The op is inference-only and has no autograd formula. Outputs never require grad, eager
+or compiled: an input that requires grad is detached (the product of an fp8-quantized
+activation has no useful gradient, and a backward that silently returned zeros would be
+worse than none).
+
+Nothing is registered with torch when fp8select is imported: :func:`register` defines the
+op the first time a layer is created (``_define`` is idempotent).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fp8select.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from fp8select.layer import Fp8Linear
+
+OP_NAME = "fp8select::linear"
+SCHEMA = "(Tensor x, Tensor? bias, Tensor? input_scale, int handle, int n, ScalarType out_dtype) -> Tensor"
+HANDLE_ATTR = "_fp8select_handle"
+
+
+class _LiveLayers:
+    """Handle -> layer, by weak reference. Handles are never reused, so a stale one is an error, not another layer."""
+
+    def __init__(self) -> None:
+        self._layers: weakref.WeakValueDictionary[int, Fp8Linear] = weakref.WeakValueDictionary()
+        self._next = itertools.count(1)
+
+    def add(self, layer: Fp8Linear) -> int:
+        handle = next(self._next)
+        self._layers[handle] = layer
+        return handle
+
+    def get(self, handle: int) -> Fp8Linear:
+        layer = self._layers.get(handle)
+        if layer is None:
+            raise InvalidInputError(
+                f"handle: expected the handle of a live fp8select layer, found {handle}, whose layer was freed "
+                "(a compiled graph outlived the layer it was traced with)")
+        return layer
+
+    def holds(self, handle: int, layer: Fp8Linear) -> bool:
+        return self._layers.get(handle) is layer
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+
+# The one process-wide registry the op's real implementation looks handles up in: ops are
+# process-global in torch, so the table they read is too. It holds no strong references.
+_LIVE = _LiveLayers()
+
+
+def register(layer: Fp8Linear) -> int:
+    """Give ``layer`` a handle for the custom op (once; defines the op on first use) and return it."""
+    _define()
+    handle = layer.__dict__.get(HANDLE_ATTR)
+    if isinstance(handle, int) and _LIVE.holds(handle, layer):
+        return handle
+    handle = _LIVE.add(layer)  # new, or a copy that carried its original's handle
+    setattr(layer, HANDLE_ATTR, handle)
+    return handle
+
+
+def live_layers() -> int:
+    """How many layers are registered and alive (for tests and diagnostics)."""
+    return len(_LIVE)
+
+
+def call(layer: Fp8Linear, x: torch.Tensor, bias: torch.Tensor | None = None,
+         input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Run ``layer`` on ``x``: directly in eager mode, as one ``fp8select::linear`` node under compilation."""
+    if torch.compiler.is_compiling():
+        out_dtype = layer.out_dtype or x.dtype
+        return torch.ops.fp8select.linear(  # type: ignore[no-any-return]
+            x.detach(), None if bias is None else bias.detach(), None if input_scale is None else input_scale.detach(),
+            getattr(layer, HANDLE_ATTR), layer.n, out_dtype)
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(bias, "requires_grad", False)):
+        with torch.no_grad():  # inference-only: no autograd graph, eager as compiled
+            return layer.forward(x, bias, input_scale)
+    return layer.forward(x, bias, input_scale)
+
+
+def _linear(x: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.Tensor | None, handle: int, n: int,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    out = _LIVE.get(handle).forward(x, bias, input_scale)
+    # The fake promises a fresh contiguous tensor; compiled code relies on those strides.
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _linear_fake(x: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.Tensor | None, handle: int, n: int,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], n), dtype=out_dtype)
+
+
+@functools.cache
+def _define() -> Any:
+    """Define ``fp8select::linear`` with torch (once per process) and return it."""
+    op = torch.library.custom_op(OP_NAME, mutates_args=(), schema=SCHEMA)(_linear)
+    op.register_fake(_linear_fake)
+    return op
