@@ -132,7 +132,8 @@ class Plan:
         lines = [f"plan for N={self.problem.n}, K={self.problem.k}, block [{bn}, {bk}]"
                  + (f" (explicit choice: {self.explicit})" if self.explicit else "")]
         for lo, hi, route in self.ranges():
-            lines.append(f"  {_span(lo, hi):<14} {route.backend or '-':<15} {route.why:<9} {route.detail}")
+            at = f"at M={route.bucket}: " if (lo, hi) != bucket_range(route.bucket) else ""
+            lines.append(f"  {_span(lo, hi):<14} {route.backend or '-':<15} {route.why:<9} {at}{route.detail}")
         for use in self.weights:
             kind = "a copy" if use.copy else "the checkpoint's"
             lines.append(f"  weight layout {use.layout!r} ({kind}) for {', '.join(use.backends)}")
