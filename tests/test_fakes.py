@@ -95,7 +95,7 @@ def test_calls_are_recorded_with_bound_arguments(monkeypatch: pytest.MonkeyPatch
     assert not fake.last().ok and isinstance(fake.last().error, RuntimeError)
     assert [c.function for c in fake.calls] == ["get_mn_major_tma_aligned_tensor", "fp8_gemm_nt", "fp8_gemm_nt"]
     with pytest.raises(TypeError):
-        deep_gemm.fp8_gemm_nt((problem.x_q, sfa), (problem.w_q, problem.w_scale), d, recipe_a=(1, 128))
+        deep_gemm.fp8_gemm_nt((problem.x_q, sfa), (problem.w_q, problem.w_scale), d, alpha=1.0)  # not in 2.6.1
     assert isinstance(fake.last().error, TypeError)
     fake.clear_calls()
     with pytest.raises(LookupError):
@@ -141,14 +141,14 @@ def test_deepgemm_sm90_accepts_tma_aligned_mn_major_scales(monkeypatch: pytest.M
         ("fp16_output", "kBFloat16 or kFloat"),
         ("column_major_output", "row-major output"),
         ("wrong_output_shape", "m == m_"),
-        ("n_not_multiple_of_64", "n % 64 == 0"),
+        ("misaligned_a_rows", "a leading stride is 16-byte aligned"),
         ("mn_major_b", "K-major"),
         ("accumulate_on_sm90", "not c.has_value"),
         ("wrong_sfb_shape", "sfb shape"),
     ],
 )
 def test_deepgemm_sm90_rejects(monkeypatch: pytest.MonkeyPatch, case: str, match: str) -> None:
-    p = make_problem(6, 128 if case != "n_not_multiple_of_64" else 160, 256, seed=4)
+    p = make_problem(6, 128, 256, seed=4)
     _, dg = _deepgemm(monkeypatch, arch="sm90")
     n = p.n
     a, sfa = p.x_q, dg.get_mn_major_tma_aligned_tensor(p.x_scale)
@@ -170,6 +170,9 @@ def test_deepgemm_sm90_rejects(monkeypatch: pytest.MonkeyPatch, case: str, match
         d = torch.zeros(8, n, dtype=torch.bfloat16)
     elif case == "mn_major_b":
         b = p.w_q.t().contiguous().t()
+    elif case == "misaligned_a_rows":  # rows 264 bytes apart: no TMA descriptor
+        a = torch.zeros(6, 264, dtype=torch.float8_e4m3fn)[:, :256]
+        a.copy_(p.x_q)
     elif case == "accumulate_on_sm90":
         c = torch.zeros_like(d)
     elif case == "wrong_sfb_shape":
@@ -278,7 +281,25 @@ def test_deepgemm_arch_knob_is_resettable(monkeypatch: pytest.MonkeyPatch, probl
     assert close(d, problem.reference)
 
 
+def test_deepgemm_asserts_no_n_or_k_multiple_in_2x(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DeepGEMM 2.6.1's host code has no N % 64 / K % 128 assert (only TMA alignment); v1 has one.
+    p = make_problem(6, 160, 256, seed=9)
+    _, dg = _deepgemm(monkeypatch, arch="sm90")
+    d = torch.zeros(6, 160, dtype=torch.bfloat16)
+    dg.fp8_gemm_nt((p.x_q, dg.get_mn_major_tma_aligned_tensor(p.x_scale)), (p.w_q, p.w_scale), d)
+    assert close(d, p.reference)
+    _, dg1 = _deepgemm(monkeypatch, api="v1")
+    with pytest.raises(AssertionError, match="n % 64 == 0"):
+        dg1.gemm_fp8_fp8_bf16_nt((p.x_q, dg1.get_col_major_tma_aligned_tensor(p.x_scale)), (p.w_q, p.w_scale), d)
+
+
 def test_deepgemm_api_variants(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    _, dg26 = _deepgemm(monkeypatch)  # the default: DeepGEMM 2.6.1 as read at commit 54e2261
+    params = inspect.signature(dg26.fp8_gemm_nt).parameters
+    assert dg26.__version__ == "2.6.1" and dg26.fp8_gemm_nt is dg26.fp8_fp4_gemm_nt
+    assert list(params) == ["a", "b", "d", "c", "recipe", "recipe_a", "recipe_b", "compiled_dims", "disable_ue8m0_cast"]
+    _, dg2 = _deepgemm(monkeypatch, api="v2")
+    assert "recipe_a" not in inspect.signature(dg2.fp8_gemm_nt).parameters and not hasattr(dg2, "fp8_fp4_gemm_nt")
     _, dg28 = _deepgemm(monkeypatch, api="v2.8")
     assert "recipe_a" in inspect.signature(dg28.fp8_gemm_nt).parameters
     assert dg28.__version__ == "2.8.0" and dg28.utils.layout.get_mn_major_tma_aligned_packed_ue8m0_tensor

@@ -77,6 +77,7 @@ def _all_ok(fake: FakeVendor) -> None:
 
 @pytest.mark.parametrize("row, api, entry", [
     ("h200-deepgemm", "v2", "fp8_gemm_nt"),
+    ("h200-deepgemm", "v2.6", "fp8_gemm_nt"),
     ("h200-deepgemm", "v2.8", "fp8_gemm_nt"),
     ("h100-deepgemm-v1", "v1", "gemm_fp8_fp8_bf16_nt"),
 ])
