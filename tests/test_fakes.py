@@ -438,8 +438,13 @@ def test_flashinfer_sm90_blockscale_gemm(monkeypatch: pytest.MonkeyPatch, proble
     out = fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale, out_dtype=torch.bfloat16)
     w64 = dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128)
     assert close(out, x.double() @ w64.T, 3e-2)
-    w8a8 = fp8_blockscale_gemm_sm90(problem.x_q, problem.w_q, problem.x_scale, problem.w_scale)
+    # W8A8: the kernel reads the activation scale as DeepGEMM's MN-major, TMA-aligned buffer
+    x_scale_mn = torch.empty(K // 128, round_up(M, 4)).t()[:M]
+    x_scale_mn.copy_(problem.x_scale)
+    w8a8 = fp8_blockscale_gemm_sm90(problem.x_q, problem.w_q, x_scale_mn, problem.w_scale)
     assert close(w8a8, problem.reference)
+    with pytest.raises(ValueError, match="MN-major TMA-aligned"):
+        fp8_blockscale_gemm_sm90(problem.x_q, problem.w_q, problem.x_scale, problem.w_scale)  # row-major: misread
     with pytest.raises(ValueError, match="divisible by 64"):
         fp8_blockscale_gemm_sm90(x[:, :K], make_problem(M, 160, K).w_q, None, make_problem(M, 160, K).w_scale)
     with pytest.raises(ValueError, match="input_scale should not be provided"):
@@ -451,6 +456,35 @@ def test_flashinfer_sm90_blockscale_gemm(monkeypatch: pytest.MonkeyPatch, proble
     fake.impl.set_compute_capability((10, 0))
     with pytest.raises(ValueError, match="only supported on SM90"):
         fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale)
+
+
+def test_flashinfer_sm90_writes_bf16_bits_whatever_out_dtype(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    install(monkeypatch, "flashinfer", compute_capability=(9, 0))
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    ref = problem.x.double() @ dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128).T
+    out = fp8_blockscale_gemm_sm90(problem.x, problem.w_q, None, problem.w_scale, out_dtype=torch.float16)
+    assert out.dtype == torch.float16 and close(out.view(torch.bfloat16), ref, 3e-2)
+    assert not close(out, ref, 0.5)  # bf16 bit patterns read as fp16
+
+
+def test_flashinfer_sm90_quantizer_propagates_nan_and_inf(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    install(monkeypatch, "flashinfer", compute_capability=(9, 0))
+    from fakes.flashinfer import quantize_1x128_like_flashinfer
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    x = problem.x.clone()
+    x[3, 5], x[7, 200] = float("nan"), float("-inf")
+    q, scale = quantize_1x128_like_flashinfer(x)
+    assert torch.isnan(q[3, 5].float()) and torch.isfinite(scale[3]).all()  # NaN skipped by amax, kept as a value
+    assert scale[7, 1] == float("inf") and torch.isnan(q[7, 200].float()) and q[7, 130].float() == 0
+    out = fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale, out_dtype=torch.bfloat16)
+    finite = torch.isfinite(out.float())
+    assert not finite[3].any() and not finite[7].any()
+    rows = [i for i in range(M) if i not in (3, 7)]
+    assert finite[rows].all()
+    ref = problem.x.double() @ dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128).T
+    assert close(out[rows], ref[rows], 3e-2)
 
 
 def test_flashinfer_version_gates(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
