@@ -499,6 +499,16 @@ def test_flashinfer_version_gates(monkeypatch: pytest.MonkeyPatch, problem: Bloc
 # =============================================================================== sgl-kernel (CUTLASS)
 
 
+def test_sgl_kernel_dispatch_by_build(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    fake = install(monkeypatch, "sgl_kernel", sm_version=120)  # 0.4.4 holds an SM120 launcher
+    assert fake.module.__version__ == "0.4.4"
+    args = (problem.x_q, problem.w_q.t(), problem.x_scale.t().contiguous().t(), problem.w_scale.t(), torch.bfloat16)
+    assert close(fake.module.fp8_blockwise_scaled_mm(*args), problem.reference)
+    old = install(monkeypatch, "sgl_kernel", sm_version=120, supported_sms=(90, 100), version="0.3.9")
+    with pytest.raises(NotImplementedError, match="compute capability: 120"):
+        old.module.fp8_blockwise_scaled_mm(*args)
+
+
 def test_sgl_kernel_accepts_sglang_layouts(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
     install(monkeypatch, "sgl_kernel", sm_version=90)
     from sgl_kernel import fp8_blockwise_scaled_mm
@@ -520,7 +530,8 @@ def test_sgl_kernel_accepts_sglang_layouts(monkeypatch: pytest.MonkeyPatch, prob
         ("checkpoint_scales_b", RuntimeError, "size of scales_b is not matched"),
         ("fp32_out", RuntimeError, "out_dtype must be Half or BFloat16"),
         ("e5m2", RuntimeError, "mat_a must be Float8_e4m3fn"),
-        ("sm120", NotImplementedError, "compute capability: 120"),
+        ("sm89", NotImplementedError, "compute capability: 89"),
+        ("row_strided_a", RuntimeError, "mat_a must be packed"),
     ],
 )
 def test_sgl_kernel_rejects(
@@ -542,8 +553,11 @@ def test_sgl_kernel_rejects(
         out_dtype = torch.float32
     elif case == "e5m2":
         a = problem.x_q.to(torch.float8_e5m2)
-    elif case == "sm120":
-        fake.module.set_sm_version(120)
+    elif case == "sm89":
+        fake.module.set_sm_version(89)
+    elif case == "row_strided_a":
+        a = torch.zeros(M, K + 128, dtype=torch.float8_e4m3fn)[:, :K]
+        a.copy_(problem.x_q)
     with pytest.raises(error, match=match):
         fake.module.fp8_blockwise_scaled_mm(a, b, sa, sb, out_dtype)
 
