@@ -451,6 +451,25 @@ def test_pre_quantized_input(monkeypatch: pytest.MonkeyPatch, row: str, backend:
     assert all(c.ok for c in fake.calls) and bool(fake.calls) == (runs_on == backend)
 
 
+@pytest.mark.parametrize("row, backend, vendor, knobs", [
+    ("h200-sglkernel", "cutlass", "sgl_kernel", {"sm_version": 90}),
+    ("b200-flashinfer", "flashinfer", "flashinfer", {"compute_capability": (10, 0)}),
+    ("gb10-flashinfer", "flashinfer", "flashinfer", {"compute_capability": (12, 1)}),
+])
+def test_pre_quantized_row_strided_input_is_packed(monkeypatch: pytest.MonkeyPatch, row: str, backend: str, vendor: str,
+                                                   knobs: dict[str, object]) -> None:
+    """A caller's fp8 activation that is a column slice of a wider tensor (rows K + 128 apart) is
+    handed to kernels that read rows K apart as a packed copy."""
+    fake = install(monkeypatch, vendor, **knobs)
+    layer, w, s = _layer(row, backend, 256, 512, out_dtype=torch.bfloat16)
+    q, xs = quantize_groups(torch.randn(8, 512))
+    wide = torch.zeros(8, 640, dtype=torch.float8_e4m3fn)
+    wide[:, :512] = q
+    y = layer(wide[:, :512], input_scale=xs.float())
+    assert rel_err(y, expected(q, w, s, BLOCK, input_scale=xs)) < TOL
+    _all_ok(fake)
+
+
 # =============================================================================== explain: rejections
 
 
