@@ -26,7 +26,7 @@ from fp8select.backends.cutlass import CutlassBackend
 from fp8select.backends.deepgemm import DeepGemmBackend
 from fp8select.backends.flashinfer import FlashInferBackend
 from fp8select.backends.npu import NpuBackend
-from fp8select.capabilities import _package_symbols, replace_caps
+from fp8select.capabilities import _installed_packages, _package_symbols, replace_caps
 from fp8select.kernels import vendor_layouts as vl
 from fp8select.kernels.quant import ROW_MAJOR
 from fp8select.layer import Fp8Linear
@@ -555,6 +555,24 @@ def test_package_symbols_are_read_from_source_without_importing(monkeypatch: pyt
                      "aiter": ("gemm_a8w8_blockscale_bpreshuffle",)}
     assert not any(m in sys.modules for m in packages)
     assert _package_symbols({}) == {}
+
+
+def test_vendor_versions_are_read_from_their_distributions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The distributions of the real vendor builds: ``deep_gemm`` (2.6.1+local from a source build),
+    ``flashinfer-python`` and ``sglang-kernel`` (whose import name is ``sgl_kernel``)."""
+    for module, dist, version in (("deep_gemm", "deep_gemm", "2.6.1+local"),
+                                  ("flashinfer", "flashinfer-python", "0.7.2.post1"),
+                                  ("sgl_kernel", "sglang-kernel", "0.4.4")):
+        _write(tmp_path, f"{module}/__init__.py", "raise RuntimeError('imported')\n")
+        info = f"{dist.replace('-', '_')}-{version}.dist-info"
+        _write(tmp_path, f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        _write(tmp_path, f"{info}/top_level.txt", f"{module}\n")
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    found = _installed_packages()
+    assert {m: found.get(m) for m in ("deep_gemm", "flashinfer", "sgl_kernel")} == {
+        "deep_gemm": "2.6.1+local", "flashinfer": "0.7.2.post1", "sgl_kernel": "0.4.4"}
 
 
 def test_package_symbols_round_trip_and_validation() -> None:
