@@ -19,13 +19,13 @@ flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
   quantized inside (by its source, its 1x128 quantizer makes the output row of an activation
   row holding a NaN or an inf NaN, so no fix-up is applied); the checkpoint weight and scale as
   is, read through their pointers (contiguous). N % 64, K % 128 (its checks). bf16 output
-  only: the binding writes bf16 whatever ``out_dtype`` says. Any M (swapAB kernel below 32); SGLang uses it only for
-  M < 32 (above that its non-swapAB kernel was slower than DeepGEMM), which the plan applies
-  as a speed rule where nothing was measured (:meth:`FlashInferBackend.preferred_m`); measured
-  routes decide otherwise.
+  only: the binding writes bf16 whatever ``out_dtype`` says. Any M (a swapAB kernel below 32);
+  SGLang uses it only for M < 32 (above that its non-swapAB kernel was slower than DeepGEMM),
+  which the plan applies as a speed rule where nothing was measured
+  (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise.
 
 None of these take a bias, so it is added afterwards. sm107 is accepted by FlashInfer main
-only (no release verified), so it is not gated in. N and K not multiples of 128 are unverified
+and 0.7.2.post1 (its requirement lists) but no sm107 path was run, so it is not gated in. N and K not multiples of 128 are unverified
 for the groupwise paths and go to the fallback.
 """
 
