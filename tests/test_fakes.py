@@ -95,7 +95,7 @@ def test_calls_are_recorded_with_bound_arguments(monkeypatch: pytest.MonkeyPatch
     assert not fake.last().ok and isinstance(fake.last().error, RuntimeError)
     assert [c.function for c in fake.calls] == ["get_mn_major_tma_aligned_tensor", "fp8_gemm_nt", "fp8_gemm_nt"]
     with pytest.raises(TypeError):
-        deep_gemm.fp8_gemm_nt((problem.x_q, sfa), (problem.w_q, problem.w_scale), d, recipe_a=(1, 128))
+        deep_gemm.fp8_gemm_nt((problem.x_q, sfa), (problem.w_q, problem.w_scale), d, alpha=1.0)  # not in 2.6.1
     assert isinstance(fake.last().error, TypeError)
     fake.clear_calls()
     with pytest.raises(LookupError):
@@ -141,14 +141,14 @@ def test_deepgemm_sm90_accepts_tma_aligned_mn_major_scales(monkeypatch: pytest.M
         ("fp16_output", "kBFloat16 or kFloat"),
         ("column_major_output", "row-major output"),
         ("wrong_output_shape", "m == m_"),
-        ("n_not_multiple_of_64", "n % 64 == 0"),
+        ("misaligned_a_rows", "a leading stride is 16-byte aligned"),
         ("mn_major_b", "K-major"),
         ("accumulate_on_sm90", "not c.has_value"),
         ("wrong_sfb_shape", "sfb shape"),
     ],
 )
 def test_deepgemm_sm90_rejects(monkeypatch: pytest.MonkeyPatch, case: str, match: str) -> None:
-    p = make_problem(6, 128 if case != "n_not_multiple_of_64" else 160, 256, seed=4)
+    p = make_problem(6, 128, 256, seed=4)
     _, dg = _deepgemm(monkeypatch, arch="sm90")
     n = p.n
     a, sfa = p.x_q, dg.get_mn_major_tma_aligned_tensor(p.x_scale)
@@ -170,6 +170,9 @@ def test_deepgemm_sm90_rejects(monkeypatch: pytest.MonkeyPatch, case: str, match
         d = torch.zeros(8, n, dtype=torch.bfloat16)
     elif case == "mn_major_b":
         b = p.w_q.t().contiguous().t()
+    elif case == "misaligned_a_rows":  # rows 264 bytes apart: no TMA descriptor
+        a = torch.zeros(6, 264, dtype=torch.float8_e4m3fn)[:, :256]
+        a.copy_(p.x_q)
     elif case == "accumulate_on_sm90":
         c = torch.zeros_like(d)
     elif case == "wrong_sfb_shape":
@@ -278,7 +281,25 @@ def test_deepgemm_arch_knob_is_resettable(monkeypatch: pytest.MonkeyPatch, probl
     assert close(d, problem.reference)
 
 
+def test_deepgemm_asserts_no_n_or_k_multiple_in_2x(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DeepGEMM 2.6.1's host code has no N % 64 / K % 128 assert (only TMA alignment); v1 has one.
+    p = make_problem(6, 160, 256, seed=9)
+    _, dg = _deepgemm(monkeypatch, arch="sm90")
+    d = torch.zeros(6, 160, dtype=torch.bfloat16)
+    dg.fp8_gemm_nt((p.x_q, dg.get_mn_major_tma_aligned_tensor(p.x_scale)), (p.w_q, p.w_scale), d)
+    assert close(d, p.reference)
+    _, dg1 = _deepgemm(monkeypatch, api="v1")
+    with pytest.raises(AssertionError, match="n % 64 == 0"):
+        dg1.gemm_fp8_fp8_bf16_nt((p.x_q, dg1.get_col_major_tma_aligned_tensor(p.x_scale)), (p.w_q, p.w_scale), d)
+
+
 def test_deepgemm_api_variants(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    _, dg26 = _deepgemm(monkeypatch)  # the default: DeepGEMM 2.6.1 as read at commit 54e2261
+    params = inspect.signature(dg26.fp8_gemm_nt).parameters
+    assert dg26.__version__ == "2.6.1" and dg26.fp8_gemm_nt is dg26.fp8_fp4_gemm_nt
+    assert list(params) == ["a", "b", "d", "c", "recipe", "recipe_a", "recipe_b", "compiled_dims", "disable_ue8m0_cast"]
+    _, dg2 = _deepgemm(monkeypatch, api="v2")
+    assert "recipe_a" not in inspect.signature(dg2.fp8_gemm_nt).parameters and not hasattr(dg2, "fp8_fp4_gemm_nt")
     _, dg28 = _deepgemm(monkeypatch, api="v2.8")
     assert "recipe_a" in inspect.signature(dg28.fp8_gemm_nt).parameters
     assert dg28.__version__ == "2.8.0" and dg28.utils.layout.get_mn_major_tma_aligned_packed_ue8m0_tensor
@@ -417,8 +438,13 @@ def test_flashinfer_sm90_blockscale_gemm(monkeypatch: pytest.MonkeyPatch, proble
     out = fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale, out_dtype=torch.bfloat16)
     w64 = dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128)
     assert close(out, x.double() @ w64.T, 3e-2)
-    w8a8 = fp8_blockscale_gemm_sm90(problem.x_q, problem.w_q, problem.x_scale, problem.w_scale)
+    # W8A8: the kernel reads the activation scale as DeepGEMM's MN-major, TMA-aligned buffer
+    x_scale_mn = torch.empty(K // 128, round_up(M, 4)).t()[:M]
+    x_scale_mn.copy_(problem.x_scale)
+    w8a8 = fp8_blockscale_gemm_sm90(problem.x_q, problem.w_q, x_scale_mn, problem.w_scale)
     assert close(w8a8, problem.reference)
+    with pytest.raises(ValueError, match="MN-major TMA-aligned"):
+        fp8_blockscale_gemm_sm90(problem.x_q, problem.w_q, problem.x_scale, problem.w_scale)  # row-major: misread
     with pytest.raises(ValueError, match="divisible by 64"):
         fp8_blockscale_gemm_sm90(x[:, :K], make_problem(M, 160, K).w_q, None, make_problem(M, 160, K).w_scale)
     with pytest.raises(ValueError, match="input_scale should not be provided"):
@@ -432,6 +458,35 @@ def test_flashinfer_sm90_blockscale_gemm(monkeypatch: pytest.MonkeyPatch, proble
         fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale)
 
 
+def test_flashinfer_sm90_writes_bf16_bits_whatever_out_dtype(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    install(monkeypatch, "flashinfer", compute_capability=(9, 0))
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    ref = problem.x.double() @ dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128).T
+    out = fp8_blockscale_gemm_sm90(problem.x, problem.w_q, None, problem.w_scale, out_dtype=torch.float16)
+    assert out.dtype == torch.float16 and close(out.view(torch.bfloat16), ref, 3e-2)
+    assert not close(out, ref, 0.5)  # bf16 bit patterns read as fp16
+
+
+def test_flashinfer_sm90_quantizer_propagates_nan_and_inf(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    install(monkeypatch, "flashinfer", compute_capability=(9, 0))
+    from fakes.flashinfer import quantize_1x128_like_flashinfer
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    x = problem.x.clone()
+    x[3, 5], x[7, 200] = float("nan"), float("-inf")
+    q, scale = quantize_1x128_like_flashinfer(x)
+    assert torch.isnan(q[3, 5].float()) and torch.isfinite(scale[3]).all()  # NaN skipped by amax, kept as a value
+    assert scale[7, 1] == float("inf") and torch.isnan(q[7, 200].float()) and q[7, 130].float() == 0
+    out = fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale, out_dtype=torch.bfloat16)
+    finite = torch.isfinite(out.float())
+    assert not finite[3].any() and not finite[7].any()
+    rows = [i for i in range(M) if i not in (3, 7)]
+    assert finite[rows].all()
+    ref = problem.x.double() @ dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128).T
+    assert close(out[rows], ref[rows], 3e-2)
+
+
 def test_flashinfer_version_gates(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
     old = install(monkeypatch, "flashinfer", version="0.5.3").module
     assert old.__version__ == "0.5.3" and not hasattr(old.gemm, "fp8_blockscale_gemm_sm90")
@@ -442,6 +497,16 @@ def test_flashinfer_version_gates(monkeypatch: pytest.MonkeyPatch, problem: Bloc
 
 
 # =============================================================================== sgl-kernel (CUTLASS)
+
+
+def test_sgl_kernel_dispatch_by_build(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    fake = install(monkeypatch, "sgl_kernel", sm_version=120)  # 0.4.4 holds an SM120 launcher
+    assert fake.module.__version__ == "0.4.4"
+    args = (problem.x_q, problem.w_q.t(), problem.x_scale.t().contiguous().t(), problem.w_scale.t(), torch.bfloat16)
+    assert close(fake.module.fp8_blockwise_scaled_mm(*args), problem.reference)
+    old = install(monkeypatch, "sgl_kernel", sm_version=120, supported_sms=(90, 100), version="0.3.9")
+    with pytest.raises(NotImplementedError, match="compute capability: 120"):
+        old.module.fp8_blockwise_scaled_mm(*args)
 
 
 def test_sgl_kernel_accepts_sglang_layouts(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
@@ -465,7 +530,8 @@ def test_sgl_kernel_accepts_sglang_layouts(monkeypatch: pytest.MonkeyPatch, prob
         ("checkpoint_scales_b", RuntimeError, "size of scales_b is not matched"),
         ("fp32_out", RuntimeError, "out_dtype must be Half or BFloat16"),
         ("e5m2", RuntimeError, "mat_a must be Float8_e4m3fn"),
-        ("sm120", NotImplementedError, "compute capability: 120"),
+        ("sm89", NotImplementedError, "compute capability: 89"),
+        ("row_strided_a", RuntimeError, "mat_a must be packed"),
     ],
 )
 def test_sgl_kernel_rejects(
@@ -487,8 +553,11 @@ def test_sgl_kernel_rejects(
         out_dtype = torch.float32
     elif case == "e5m2":
         a = problem.x_q.to(torch.float8_e5m2)
-    elif case == "sm120":
-        fake.module.set_sm_version(120)
+    elif case == "sm89":
+        fake.module.set_sm_version(89)
+    elif case == "row_strided_a":
+        a = torch.zeros(M, K + 128, dtype=torch.float8_e4m3fn)[:, :K]
+        a.copy_(problem.x_q)
     with pytest.raises(error, match=match):
         fake.module.fp8_blockwise_scaled_mm(a, b, sa, sb, out_dtype)
 

@@ -26,7 +26,7 @@ from fp8select.backends.cutlass import CutlassBackend
 from fp8select.backends.deepgemm import DeepGemmBackend
 from fp8select.backends.flashinfer import FlashInferBackend
 from fp8select.backends.npu import NpuBackend
-from fp8select.capabilities import _package_symbols, replace_caps
+from fp8select.capabilities import _installed_packages, _package_symbols, replace_caps
 from fp8select.kernels import vendor_layouts as vl
 from fp8select.kernels.quant import ROW_MAJOR
 from fp8select.layer import Fp8Linear
@@ -77,6 +77,7 @@ def _all_ok(fake: FakeVendor) -> None:
 
 @pytest.mark.parametrize("row, api, entry", [
     ("h200-deepgemm", "v2", "fp8_gemm_nt"),
+    ("h200-deepgemm", "v2.6", "fp8_gemm_nt"),
     ("h200-deepgemm", "v2.8", "fp8_gemm_nt"),
     ("h100-deepgemm-v1", "v1", "gemm_fp8_fp8_bf16_nt"),
 ])
@@ -450,6 +451,25 @@ def test_pre_quantized_input(monkeypatch: pytest.MonkeyPatch, row: str, backend:
     assert all(c.ok for c in fake.calls) and bool(fake.calls) == (runs_on == backend)
 
 
+@pytest.mark.parametrize("row, backend, vendor, knobs", [
+    ("h200-sglkernel", "cutlass", "sgl_kernel", {"sm_version": 90}),
+    ("b200-flashinfer", "flashinfer", "flashinfer", {"compute_capability": (10, 0)}),
+    ("gb10-flashinfer", "flashinfer", "flashinfer", {"compute_capability": (12, 1)}),
+])
+def test_pre_quantized_row_strided_input_is_packed(monkeypatch: pytest.MonkeyPatch, row: str, backend: str, vendor: str,
+                                                   knobs: dict[str, object]) -> None:
+    """A caller's fp8 activation that is a column slice of a wider tensor (rows K + 128 apart) is
+    handed to kernels that read rows K apart as a packed copy."""
+    fake = install(monkeypatch, vendor, **knobs)
+    layer, w, s = _layer(row, backend, 256, 512, out_dtype=torch.bfloat16)
+    q, xs = quantize_groups(torch.randn(8, 512))
+    wide = torch.zeros(8, 640, dtype=torch.float8_e4m3fn)
+    wide[:, :512] = q
+    y = layer(wide[:, :512], input_scale=xs.float())
+    assert rel_err(y, expected(q, w, s, BLOCK, input_scale=xs)) < TOL
+    _all_ok(fake)
+
+
 # =============================================================================== explain: rejections
 
 
@@ -535,6 +555,24 @@ def test_package_symbols_are_read_from_source_without_importing(monkeypatch: pyt
                      "aiter": ("gemm_a8w8_blockscale_bpreshuffle",)}
     assert not any(m in sys.modules for m in packages)
     assert _package_symbols({}) == {}
+
+
+def test_vendor_versions_are_read_from_their_distributions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The distributions of the real vendor builds: ``deep_gemm`` (2.6.1+local from a source build),
+    ``flashinfer-python`` and ``sglang-kernel`` (whose import name is ``sgl_kernel``)."""
+    for module, dist, version in (("deep_gemm", "deep_gemm", "2.6.1+local"),
+                                  ("flashinfer", "flashinfer-python", "0.7.2.post1"),
+                                  ("sgl_kernel", "sglang-kernel", "0.4.4")):
+        _write(tmp_path, f"{module}/__init__.py", "raise RuntimeError('imported')\n")
+        info = f"{dist.replace('-', '_')}-{version}.dist-info"
+        _write(tmp_path, f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        _write(tmp_path, f"{info}/top_level.txt", f"{module}\n")
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    found = _installed_packages()
+    assert {m: found.get(m) for m in ("deep_gemm", "flashinfer", "sgl_kernel")} == {
+        "deep_gemm": "2.6.1+local", "flashinfer": "0.7.2.post1", "sgl_kernel": "0.4.4"}
 
 
 def test_package_symbols_round_trip_and_validation() -> None:

@@ -118,10 +118,12 @@ def quantize_activation(x: torch.Tensor, dtype: torch.dtype, layout: ScaleLayout
 def quantized_input(x: torch.Tensor, input_scale: torch.Tensor | None, dtype: torch.dtype,
                     layout: ScaleLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` quantized to ``dtype`` with its scale in ``layout``, or, when the caller quantized
-    it already (``input_scale`` given), ``x`` with that scale relaid out in ``layout``."""
+    it already (``input_scale`` given), ``x`` packed (a row-strided view is copied: sgl-kernel
+    checks only ``stride(1) == 1`` and FlashInfer's groupwise kernels take a row-major ``a``)
+    with that scale relaid out in ``layout``."""
     if input_scale is None:
         return quantize_activation(x, dtype, layout)
-    return x, relayout_scale(input_scale, layout)
+    return x.contiguous(), relayout_scale(input_scale, layout)
 
 
 def relayout_scale(scale: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:

@@ -2,15 +2,19 @@
 
 API followed (docs/vendor-apis.md, "sgl-kernel CUTLASS"; sgl-project/sglang
 sgl-kernel/python/sgl_kernel/gemm.py and csrc/gemm/fp8_blockwise_gemm_kernel.cu at commit
-0e6ed14d, sgl-kernel 0.3.x): ``sgl_kernel.fp8_blockwise_scaled_mm(mat_a, mat_b, scales_a,
-scales_b, out_dtype)`` returns a new [M, N] tensor; SGLang calls it as
+0e6ed14d, sgl-kernel 0.3.x; the same schema and checks in sglang-kernel 0.4.4, the
+distribution that now ships ``sgl_kernel``, run on the H200):
+``sgl_kernel.fp8_blockwise_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype)`` returns a
+new [M, N] tensor; SGLang calls it as
 ``fp8_blockwise_scaled_mm(q_input, weight.T, x_scale, weight_scale.T, out_dtype)``.
 
 Layouts: ``mat_a`` the quantized activation [M, K] row-major; ``mat_b`` the checkpoint weight's
 ``.t()`` view ([K, N], column-major, no copy); ``scales_a`` fp32 [M, K/128] M-major
 (``stride(0) == 1``), written so by the quantizer; ``scales_b`` the checkpoint scale's ``.t()``
 view ([K/128, N/128], K-major). All views: the weight is shared with the fallback. The
-library pads M to a multiple of 4 itself. No bias argument: it is added afterwards.
+library pads M to a multiple of 4 itself (a copy of ``mat_a`` and ``scales_a`` when M % 4 != 0)
+and on sm90 copies ``scales_b`` contiguous on every call. No bias argument: it is added
+afterwards.
 
 Gates: sm90 (CUDA >= 12.0) and sm100 (CUDA >= 12.8); sm120 exists in later builds whose
 release is unverified. The kernel's shape checks use ``K // 128`` and ``N // 128``, so the

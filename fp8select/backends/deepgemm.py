@@ -1,9 +1,10 @@
 """``deepgemm``: DeepSeek's DeepGEMM ``fp8_gemm_nt`` on sm90 / sm100.
 
 API followed (docs/vendor-apis.md, "DeepGEMM"): DeepGEMM 2.x
-``deep_gemm.fp8_gemm_nt((a, sfa), (b, sfb), d, c=None, recipe=None, compiled_dims="nk",
-disable_ue8m0_cast=False)`` (2.0 - 2.6, e.g. vllm-project/DeepGEMM 2.6.1; in 2.8.0, commit
-0274ad7b, an alias of ``fp8_fp4_gemm_nt`` with extra keyword parameters), and on sm90 the
+``deep_gemm.fp8_gemm_nt((a, sfa), (b, sfb), d, c=None, recipe=None, ...)``: in 2.6.1 (main at
+54e2261, read and run on the H200) an alias of ``fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None,
+recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False)``, in 2.8.0 with a
+trailing ``alpha=None``, in the 2.0-era form without ``recipe_a``/``recipe_b``; and on sm90 the
 v1 name ``gemm_fp8_fp8_bf16_nt(lhs, rhs, out)`` (before the 2025-07 refactor, DeepGEMM #112),
 which takes the same three positional arguments. Only ``a``, ``b``, ``d`` are passed, so
 every release binds; the recipe is DeepGEMM's default for the scale dtypes. ``d = a @ b.T``
@@ -15,7 +16,7 @@ Layouts:
 * sm90: the weight and its fp32 [N/128, K/128] scale as in the checkpoint (shared with the
   fallback); the activation scale fp32 [M, K/128] MN-major and TMA-aligned, strides
   ``(1, round_up(M, 4))``, written so by the quantizer (DeepGEMM would otherwise copy it on
-  every call).
+  every call: 2.6.1 copies any other fp32 layout silently, it does not assert).
 * sm100: scales are UE8M0 exponents packed four per int32, MN-major, TMA-aligned, one row per
   output feature (recipe (1, 1, 128)). fp32 scales would be truncated to powers of two on
   every call, so :meth:`DeepGemmBackend.prepare` re-quantizes the weight once with
@@ -24,8 +25,9 @@ Layouts:
   power-of-two scales, then packed.
 
 Device gate (FACTS.md): sm90 with CUDA >= 12.3, sm100 with CUDA >= 12.9; never sm12x (GB10 is
-sm121). Problem gate (SGLang's, the library's own limits being unverified): N % 64 == 0,
-K % 128 == 0, 128x128 weight blocks, bf16 output.
+sm121). Problem gate (SGLang's): N % 64 == 0, K % 128 == 0, 128x128 weight blocks, bf16 output
+(2.6.1's host code asserts only TMA alignment, K % 16 and N % 8; its results outside SGLang's
+gate are unverified).
 """
 
 from __future__ import annotations

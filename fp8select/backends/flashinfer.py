@@ -14,14 +14,18 @@ flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
   transposed once in :meth:`FlashInferBackend.prepare`), as SGLang calls it. The kernel reads
   the scales through their data pointers, so a wrong layout is misread, never copied. M is
   padded to a multiple of 4 (the docstring's note).
-* ``sm90`` (flashinfer >= 0.6.0): ``flashinfer.gemm.fp8_blockscale_gemm_sm90(x_bf16, W, None,
-  S_w, out_dtype=torch.bfloat16)``: bf16 activations, quantized inside the kernel; the
-  checkpoint weight and scale as is. Any M; SGLang uses it only for M < 32 (above that its
-  non-swapAB kernel was slower than DeepGEMM), which the plan applies as a speed rule where
-  nothing was measured (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise.
+* ``sm90`` (flashinfer >= 0.6.0; read and run in 0.7.2.post1): ``flashinfer.gemm.
+  fp8_blockscale_gemm_sm90(x_bf16, W, None, S_w, out_dtype=torch.bfloat16)``: bf16 activations,
+  quantized inside (by its source, its 1x128 quantizer makes the output row of an activation
+  row holding a NaN or an inf NaN, so no fix-up is applied); the checkpoint weight and scale as
+  is, read through their pointers (contiguous). N % 64, K % 128 (its checks). bf16 output
+  only: the binding writes bf16 whatever ``out_dtype`` says. Any M (a swapAB kernel below 32);
+  SGLang uses it only for M < 32 (above that its non-swapAB kernel was slower than DeepGEMM),
+  which the plan applies as a speed rule where nothing was measured
+  (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise.
 
 None of these take a bias, so it is added afterwards. sm107 is accepted by FlashInfer main
-only (no release verified), so it is not gated in. N and K not multiples of 128 are unverified
+and 0.7.2.post1 (its requirement lists) but no sm107 path was run, so it is not gated in. N and K not multiples of 128 are unverified
 for the groupwise paths and go to the fallback.
 """
 
@@ -60,7 +64,7 @@ ENTRY_POINTS = {TRTLLM: GROUPWISE, CUTLASS: GROUPWISE, SM90: HOPPER_GEMM}
 OUT_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     TRTLLM: (torch.bfloat16,),  # the TRT-LLM kernel writes bf16 only (fp16 would be misread)
     CUTLASS: (torch.bfloat16, torch.float16),
-    SM90: (torch.bfloat16,),  # as SGLang uses it
+    SM90: (torch.bfloat16,),  # the binding writes bf16 into any output (fp16 would be misread)
 }
 TRTLLM_MIN_K = 256
 SM90_MAX_M = 31  # SGLang's bound for fp8_blockscale_gemm_sm90; a speed rule (preferred_m)

@@ -2,14 +2,22 @@
 
 Emulates the dense FP8 GEMM entry points and the scale-layout helpers an adapter uses:
 
-* ``api="v2"`` (default): ``fp8_gemm_nt((a, sfa), (b, sfb), d, c=None, recipe=None,
-  compiled_dims="nk", disable_ue8m0_cast=False)`` plus ``get_tma_aligned_size``,
-  ``get_mn_major_tma_aligned_tensor``, ``get_mn_major_tma_aligned_packed_ue8m0_tensor``,
-  ``transform_sf_into_required_layout``, ``set_num_sms``/``get_num_sms`` and the
-  ``deep_gemm.utils`` / ``deep_gemm.utils.layout`` submodules (DeepGEMM 2.0 - 2.6).
-* ``api="v2.8"``: as v2, with the later signature ``fp8_gemm_nt(a, b, d, c=None,
-  recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False,
-  alpha=None)`` (read at DeepGEMM 2.8.0).
+* ``api="v2.6"`` (default), checked against the real DeepGEMM 2.6.1 (main at commit 54e2261,
+  ``deep_gemm/__init__.py``, ``deep_gemm/_C.pyi``, ``csrc/apis/gemm.hpp``,
+  ``csrc/apis/layout.hpp``, ``csrc/utils/layout.hpp``,
+  ``csrc/jit_kernels/impls/smxx_layout.hpp``, ``csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp``):
+  ``fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None,
+  compiled_dims="nk", disable_ue8m0_cast=False)`` with ``fp8_gemm_nt`` the same function
+  (``m.attr("fp8_gemm_nt") = m.attr("fp8_fp4_gemm_nt")``), plus ``get_tma_aligned_size``,
+  ``get_mn_major_tma_aligned_tensor``, ``get_mn_major_tma_aligned_packed_ue8m0_tensor(sf,
+  psum_layout=None)``, ``transform_sf_into_required_layout(sf, mn, k, recipe, num_groups=None,
+  is_sfa=None, disable_ue8m0_cast=False, psum_layout=None)``, ``set_num_sms``/``get_num_sms``
+  and the ``deep_gemm.utils`` / ``deep_gemm.utils.layout`` submodules; ``__version__ = "2.6.1"``.
+* ``api="v2"``: the 2.0-era seven-parameter form ``fp8_gemm_nt((a, sfa), (b, sfb), d, c=None,
+  recipe=None, compiled_dims="nk", disable_ue8m0_cast=False)`` (read in earlier 2.x sources,
+  not in a release checked here).
+* ``api="v2.8"``: as v2.6 with a trailing ``alpha=None`` (read at DeepGEMM 2.8.0 source;
+  not run).
 * ``api="v1"``: ``gemm_fp8_fp8_bf16_nt(lhs, rhs, out)`` and
   ``get_col_major_tma_aligned_tensor`` (DeepGEMM before the 2025-07 refactor, Hopper only).
 
@@ -21,13 +29,17 @@ Knobs (on ``fake.impl``, also exported as module functions ``set_arch`` / ``set_
 * ``layout_check``: ``"strict"`` (default) enforces the documented contract: the LHS scale
   already MN-major and TMA-aligned (strides exactly ``(1, round_up(M, 4))``), and on SM100
   both scales already packed UE8M0. ``"transform"`` emulates what the library code does
-  instead: re-lay-out FP32 scales on every call, and on SM100 silently truncate FP32 scales
-  to powers of two while packing them.
+  instead: re-lay-out FP32 scales on every call (``get_mn_major_tma_aligned_tensor``: a
+  silent copy), and on SM100 silently truncate FP32 scales to powers of two while packing them.
 
-The fake is stricter than the library in one more place: it requires N % 64 == 0 and
-K % 128 == 0 (asserted by v1, and the gate SGLang applies to v2; v2's own limits unverified).
-Errors are ``RuntimeError("Assertion error: ...")`` (DeepGEMM's ``DG_HOST_ASSERT`` surfaces as
-a ``RuntimeError``); v1 raises ``AssertionError`` as its Python ``assert`` does.
+What the 2.x fakes assert of the shapes is what DeepGEMM's host code asserts: no N or K
+multiple (2.6.1 has none in the dense path), only the TMA alignment of the operands' leading
+strides (16 bytes: K % 16 for fp8 ``a`` and ``b``, N % 8 for a bf16 ``d``). Whether the kernels
+are *correct* outside SGLang's gate (N % 64, K % 128) is not known here: the fake computes exact
+numbers for any shape it accepts. v1 asserts ``n % 64 == 0 and k % 128 == 0`` as its Python code
+does. Errors: 2.x raises ``RuntimeError("Assertion error (file:line): condition")`` (a
+``DGException`` through pybind11; the fake writes ``(deep_gemm fake)`` for the location); v1 raises
+``AssertionError`` as its Python ``assert`` does.
 """
 
 from __future__ import annotations
@@ -39,14 +51,14 @@ import torch
 from . import Call, ceil_div, make_vendor_module, recorded, round_up, unpack_ue8m0
 
 ARCH_MAJORS = {"sm90": 9, "sm100": 10}
-API_VARIANTS = ("v1", "v2", "v2.8")
+API_VARIANTS = ("v1", "v2", "v2.6", "v2.8")
 LAYOUT_CHECKS = ("strict", "transform")
 _TMA_ALIGNMENT_BYTES = 16
 
 
 def _fail(condition: str, detail: str = "") -> RuntimeError:
     """DeepGEMM-style host assertion failure."""
-    return RuntimeError(f"Assertion error: {condition}" + (f" ({detail})" if detail else ""))
+    return RuntimeError(f"Assertion error (deep_gemm fake): {condition}" + (f" ({detail})" if detail else ""))
 
 
 def _check(ok: bool, condition: str, detail: str = "") -> None:
@@ -87,7 +99,7 @@ def _truncate_to_pow2(sf: torch.Tensor) -> torch.Tensor:
 class FakeDeepGEMM:
     """State and behaviour of one installed fake ``deep_gemm``."""
 
-    def __init__(self, *, arch: str = "sm90", api: str = "v2", layout_check: str = "strict", num_sms: int = 132) -> None:
+    def __init__(self, *, arch: str = "sm90", api: str = "v2.6", layout_check: str = "strict", num_sms: int = 132) -> None:
         if api not in API_VARIANTS:
             raise ValueError(f"api must be one of {API_VARIANTS}, got {api!r}")
         self.api = api
@@ -143,12 +155,14 @@ class FakeDeepGEMM:
         out.copy_(sf.reshape(batches, mn, groups))
         return out.squeeze(0) if sf.dim() == 2 else out
 
-    def get_mn_major_tma_aligned_packed_ue8m0_tensor(self, sf: torch.Tensor) -> torch.Tensor:
+    def get_mn_major_tma_aligned_packed_ue8m0_tensor(self, sf: torch.Tensor, psum_layout: torch.Tensor | None = None) -> torch.Tensor:
         """Pack FP32 scales [.., MN, G] into UE8M0 int32 [.., MN, ceil(G/4)], MN-major, TMA-aligned.
 
         Keeps only each scale's exponent byte (``bits >> 23``): non-power-of-two scales are
-        silently rounded down, exactly like the library.
+        silently rounded down, exactly like the library. ``psum_layout`` (grouped GEMMs) is
+        not emulated.
         """
+        _check(psum_layout is None, "psum_layout is None", "grouped layouts are not emulated")
         _check(sf.dim() in (2, 3), "dim == 2 or dim == 3")
         _check(sf.dtype == torch.float32, "sf.scalar_type() == torch::kFloat")
         return _pack_ue8m0_mn_major(sf)
@@ -162,9 +176,10 @@ class FakeDeepGEMM:
         num_groups: int | None = None,
         is_sfa: bool | None = None,
         disable_ue8m0_cast: bool = False,
+        psum_layout: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The library's own scale transform for one operand (what ``fp8_gemm_nt`` applies)."""
-        _check(num_groups is None, "num_groups is None", "grouped layouts are not emulated")
+        _check(num_groups is None and psum_layout is None, "num_groups is None", "grouped layouts are not emulated")
         if len(recipe) == 3:
             _check(is_sfa is not None, "is_sfa.has_value()")
             gran_mn, gran_k = (recipe[0] if is_sfa else recipe[1]), recipe[2]
@@ -196,6 +211,21 @@ class FakeDeepGEMM:
     ) -> None:
         """D = C + A @ B.T with 1x128 LHS and 128x128 (or 1x128) RHS scales; writes ``d`` in place."""
         self._gemm_nt(a, b, d, c, recipe, None, None, compiled_dims, disable_ue8m0_cast, None)
+
+    def fp8_fp4_gemm_nt(
+        self,
+        a: tuple[torch.Tensor, torch.Tensor],
+        b: tuple[torch.Tensor, torch.Tensor],
+        d: torch.Tensor,
+        c: torch.Tensor | None = None,
+        recipe: tuple[int, int, int] | None = None,
+        recipe_a: tuple[int, int] | None = None,
+        recipe_b: tuple[int, int] | None = None,
+        compiled_dims: str = "nk",
+        disable_ue8m0_cast: bool = False,
+    ) -> None:
+        """DeepGEMM 2.6.1: ``fp8_gemm_nt`` is this function (FP4 operands are not emulated)."""
+        self._gemm_nt(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, None)
 
     def fp8_gemm_nt_v28(
         self,
@@ -264,7 +294,9 @@ class FakeDeepGEMM:
 
     @staticmethod
     def _is_mn_major_tma(sf: torch.Tensor, mn: int) -> bool:
-        return sf.dim() == 2 and (sf.stride(0) == 1 or mn == 1) and sf.stride(1) == _tma_aligned(mn, sf.element_size())
+        """The layout ``get_mn_major_tma_aligned_tensor`` returns as is (2.6.1 smxx_layout.hpp:
+        ``stride(1) == 1 and stride(2) == tma_aligned_mn`` of the batched view), else copies."""
+        return sf.dim() == 2 and sf.stride(0) == 1 and sf.stride(1) == _tma_aligned(mn, sf.element_size())
 
     @staticmethod
     def _major(t: torch.Tensor, name: str) -> str:
@@ -326,7 +358,7 @@ class FakeDeepGEMM:
         if not is_fp32 and gran_mn == 1 and gran_k == 128 and arch == 10:
             _check(sf.stride(-2) == 1 or mn == 1, f"{role}.stride(-2) == 1 or mn == 1", "packed UE8M0 must be MN-major")
             aligned = _tma_aligned(mn, 4)
-            if strict:
+            if strict or self.api != "v2.8":  # 2.6.1 check_sf_layout asserts equality; 2.8.0 read as >=
                 _check(sf.stride(-1) == aligned, f"{role}.stride(-1) == {aligned} (TMA-aligned MN)", f"got {sf.stride(-1)}")
             else:
                 _check(sf.stride(-1) >= aligned and sf.stride(-1) % 4 == 0, f"{role}.stride(-1) >= {aligned}")
@@ -373,12 +405,13 @@ class FakeDeepGEMM:
         if c is not None:
             _check(c.stride(-1) == 1 and c.shape == d.shape, "c is row-major with d's shape")
             _check(c.dtype == d.dtype, "d.scalar_type() == c.value().scalar_type()")
-        _check(
-            n % 64 == 0 and k % 128 == 0,
-            "n % 64 == 0 and k % 128 == 0",
-            f"got n={n}, k={k}; asserted by v1 and gated by engines for v2 (fake is conservative)",
-        )
-        if m == 0 or n == 0:
+        if m == 0 or n == 0:  # early_return
+            return
+        if k == 0:  # no accumulation: d = c, or zeros
+            if c is None:
+                d.zero_()
+            else:
+                d.copy_(c)
             return
 
         gran_a: tuple[int, int]
@@ -446,7 +479,9 @@ def build(log: list[Call], **options: Any) -> tuple[FakeDeepGEMM, dict[str, Any]
         }
         return impl, {"deep_gemm": make_vendor_module("deep_gemm", {**top, **knobs}, __doc__ or "")}
 
-    gemm = impl.fp8_gemm_nt if impl.api == "v2" else impl.fp8_gemm_nt_v28
+    gemms = {"v2": impl.fp8_gemm_nt, "v2.6": impl.fp8_fp4_gemm_nt, "v2.8": impl.fp8_gemm_nt_v28}
+    versions = {"v2": "2.1.0", "v2.6": "2.6.1", "v2.8": "2.8.0"}
+    gemm = rec("fp8_gemm_nt", gemms[impl.api])  # one object under both names, as in 2.6.1 (calls recorded as fp8_gemm_nt)
     layout = {
         name: rec(name, getattr(impl, name))
         for name in (
@@ -458,12 +493,13 @@ def build(log: list[Call], **options: Any) -> tuple[FakeDeepGEMM, dict[str, Any]
     layout_module = make_vendor_module("deep_gemm.utils.layout", layout)
     utils_module = make_vendor_module("deep_gemm.utils", {**layout, "layout": layout_module, "ceil_div": ceil_div, "align": round_up})
     top = {
-        "fp8_gemm_nt": rec("fp8_gemm_nt", gemm),
+        "fp8_gemm_nt": gemm,
+        **({"fp8_fp4_gemm_nt": gemm} if impl.api != "v2" else {}),
         "transform_sf_into_required_layout": rec("transform_sf_into_required_layout", impl.transform_sf_into_required_layout),
         "get_num_sms": rec("get_num_sms", impl.get_num_sms),
         "set_num_sms": rec("set_num_sms", impl.set_num_sms),
         "utils": utils_module,
-        "__version__": "2.8.0" if impl.api == "v2.8" else "2.1.0",
+        "__version__": versions[impl.api],
         **layout,
         **knobs,
     }

@@ -3,19 +3,47 @@
 Emulates ``flashinfer.gemm.gemm_fp8_nt_groupwise`` (CUTLASS and TRT-LLM backends) and
 ``flashinfer.gemm.fp8_blockscale_gemm_sm90``, with ``flashinfer.utils.BackendSupportedError``.
 
+Read against the real flashinfer-python 0.7.2.post1: ``flashinfer/gemm/gemm_base.py``
+(``gemm_fp8_nt_groupwise``, its ``backend_requirement`` checks, ``fp8_blockscale_gemm_sm90``),
+``data/csrc/fp8_blockscale_gemm_sm90_binding.cu`` (``runGemm``: the C++ side of the sm90 call),
+``data/csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/
+fp8_blockscale_gemm.cu`` and ``fp8_blockscale_gemm_kernel.cuh`` (``scale_1x128_kernel``, the
+activation quantizer; ``gemm_dispatch``: swapAB below M = 32) and
+``data/csrc/nv_internal/tensorrt_llm/deep_gemm/fp8_gemm.cuh`` (the activation-scale layout).
+What ``fp8_blockscale_gemm_sm90`` does there, and the fake with it:
+
+* bf16 ``input``: quantized inside, per token and 128-column group, exactly as
+  ``scale_1x128_kernel`` does: ``amax`` of ``|x|`` with ``__hmax`` (which returns the other
+  operand when one is NaN: NaN never enters ``amax``), ``scale = 448 / amax`` (1 when amax is
+  0), ``q = fp8_satfinite(x * scale)``, stored dequantization scale ``1 / scale``. So a NaN
+  quantizes to an fp8 NaN, and an inf makes ``amax = inf``, ``scale = 0``, ``1 / scale = inf``
+  and ``q = NaN`` where x is inf (0 elsewhere): either way the output row is NaN, as a float
+  reference gives NaN/inf there.
+* the output is bf16 whatever ``out_dtype`` says: the binding writes ``__nv_bfloat16`` into
+  the output's memory, so ``out_dtype=torch.float16`` (which the Python checks accept) yields
+  bf16 bit patterns read as fp16. The fake writes the same bits.
+* an fp8 ``input_scale`` is read through its pointer as an MN-major, TMA-aligned ``[K/128,
+  round_up(M, 4)]`` buffer (DeepGEMM's sm90 layout), not a row-major ``[M, K/128]``; the Python
+  code checks only its dtype and device. The fake requires strides ``(1, round_up(M, 4))``.
+* ``input``, ``weight`` and ``weight_scale`` are read through their pointers with leading
+  dimension K (resp. K/128): a non-contiguous view is silently misread; the fake rejects it.
+* M = 0: the C++ check ``input_ptr != nullptr`` fails (tvm-ffi raises its ``InternalError``
+  kind as ``RuntimeError``).
+
 Knobs (on ``fake.impl``; ``set_compute_capability`` / ``reset`` are also module functions):
 
 * ``compute_capability``: ``(major, minor)`` of the emulated GPU, default ``(10, 0)``.
-* ``version``: the emulated ``flashinfer.__version__`` (fixed at install), default ``"0.6.2"``:
-  below ``0.2.9`` ``gemm_fp8_nt_groupwise`` has no ``backend`` parameter (and
+* ``version``: the emulated ``flashinfer.__version__`` (fixed at install), default
+  ``"0.7.2.post1"``: below ``0.2.9`` ``gemm_fp8_nt_groupwise`` has no ``backend`` parameter (and
   ``scale_major_mode`` defaults to ``"MN"``); below ``0.6.0`` ``fp8_blockscale_gemm_sm90`` does
   not exist; below ``0.2.6`` neither exists (the two lower bounds are unverified).
 
 The CUTLASS and TRT-LLM kernels read the scale tensors through their data pointers only, so a
 non-contiguous view is silently misread by the real library; the fake rejects it instead.
-Capability rejections raise ``BackendSupportedError`` (a plain ``Exception`` subclass, not a
-``ValueError``); argument errors raise ``ValueError`` like FlashInfer's checks, kernel-side
-``TORCH_CHECK`` failures ``RuntimeError``.
+0.7.2.post1 also accepts ``backend="cutile"`` (K-major scales only), which the fake does not
+emulate (``BackendSupportedError``). Capability rejections raise ``BackendSupportedError`` (a
+plain ``Exception`` subclass, not a ``ValueError``); argument errors raise ``ValueError`` like
+FlashInfer's checks, kernel-side ``TORCH_CHECK`` failures ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -58,6 +86,23 @@ def _transposed_rowmajor(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
     return t.dim() == 2 and tuple(t.t().shape) == shape and t.t().is_contiguous()
 
 
+def quantize_1x128_like_flashinfer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale_1x128_kernel`` of FlashInfer 0.7.2.post1 on a bf16 ``x`` [M, K] (K % 128 == 0).
+
+    Returns the fp8 values and the fp32 dequantization scales [M, K/128]: amax ignores NaN
+    (``__hmax``), ``scale = 448 / amax`` (1 for amax 0), values ``satfinite(x * scale)``, stored
+    scale ``1 / scale`` (inf where amax is inf).
+    """
+    m, k = x.shape
+    groups = x.float().reshape(m, k // 128, 128)
+    magnitude = groups.abs()
+    amax = torch.where(torch.isnan(magnitude), torch.zeros_like(magnitude), magnitude).amax(dim=-1)
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    scale = torch.where(amax != 0, fmax / amax, torch.ones_like(amax))
+    q = (groups * scale.unsqueeze(-1)).clamp(-fmax, fmax).to(torch.float8_e4m3fn).reshape(m, k)
+    return q, 1.0 / scale
+
+
 def _quantize_rows(x: torch.Tensor, block_rows: int) -> torch.Tensor:
     """Float64 values of ``x`` after FP8 (e4m3fn) quantisation per ``block_rows`` x 128 block."""
     rows, cols = x.shape
@@ -73,7 +118,7 @@ def _quantize_rows(x: torch.Tensor, block_rows: int) -> torch.Tensor:
 class FakeFlashInfer:
     """State and behaviour of one installed fake ``flashinfer``."""
 
-    def __init__(self, *, compute_capability: tuple[int, int] = (10, 0), version: str = "0.6.2") -> None:
+    def __init__(self, *, compute_capability: tuple[int, int] = (10, 0), version: str = "0.7.2.post1") -> None:
         self.version = Version(version)
         self._initial: tuple[int, int] = (int(compute_capability[0]), int(compute_capability[1]))
         self.compute_capability: tuple[int, int] = self._initial
@@ -258,8 +303,12 @@ class FakeFlashInfer:
                 raise ValueError("input_scale is required when input is FP8. ")
             if input_scale.dtype != torch.float32:
                 raise ValueError(f"input_scale must be float32, got {input_scale.dtype}")
-            if not _rowmajor(input_scale, (m, k // 128)):
-                raise ValueError(f"input_scale must be a contiguous (M, K//128) = {(m, k // 128)} tensor (fake; layout unverified)")
+            rows = ceil_div(m, 4) * 4
+            if tuple(input_scale.shape) != (m, k // 128) or (m > 0 and input_scale.stride() != (1, rows)):
+                raise ValueError(
+                    f"input_scale must be (M, K//128) = {(m, k // 128)} with strides (1, {rows}) (fake: the kernel reads "
+                    f"an MN-major TMA-aligned buffer through the pointer and would misread any other layout), got "
+                    f"shape {tuple(input_scale.shape)} strides {tuple(input_scale.stride())}")
         else:
             if input.dtype != torch.bfloat16:
                 raise ValueError(f"Input must be either FP8 (torch.float8_e4m3fn) or BF16 (torch.bfloat16), got {input.dtype}")
@@ -300,20 +349,21 @@ class FakeFlashInfer:
                 raise ValueError(f"Output dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
             out = torch.empty(m, n, dtype=out_dtype)
         if m == 0:
-            raise RuntimeError("Check failed: (input_ptr != nullptr) is false")
+            raise RuntimeError("Check failed: (input_ptr != nullptr) is false: input is null")
         if not (input.is_contiguous() and weight.is_contiguous()):
             raise RuntimeError("input and weight must be contiguous row-major (M, K) and (N, K) tensors")
         if input_scale is not None:
             x = dequantize_blockwise(input, input_scale, 1, 128)
         else:
-            x = _quantize_rows(input, 1)
+            x = dequantize_blockwise(*quantize_1x128_like_flashinfer(input), 1, 128)
         if weight_fp8:
             assert weight_scale is not None
             rows = 1 if tuple(weight_scale.shape) == per_token_shape else 128
             w = dequantize_blockwise(weight, weight_scale, rows, 128)
         else:
             w = _quantize_rows(weight, 128)
-        out.copy_((x @ w.T).to(out.dtype))
+        result = (x @ w.T).to(torch.bfloat16)
+        out.view(torch.bfloat16).copy_(result)  # the binding writes bf16 whatever out's dtype
         return out
 
 

@@ -5,12 +5,31 @@ the CUTLASS block-wise FP8 GEMM (``torch.ops.sgl_kernel.fp8_blockwise_scaled_mm`
 ``TORCH_CHECK``s of ``sgl-kernel/csrc/gemm/fp8_blockwise_gemm_kernel.cu`` are reproduced
 with their messages, then the product is computed in float64 and returned as a new tensor.
 
+Checked against the real ``sglang-kernel`` 0.4.4 (distribution ``sglang-kernel``, import name
+``sgl_kernel``; ``sgl_kernel/version.py`` says ``0.4.4``): ``sgl_kernel/gemm.py`` defines
+``fp8_blockwise_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype)`` (positional, no
+defaults), forwarding to ``torch.ops.sgl_kernel.fp8_blockwise_scaled_mm.default``, whose schema
+in ``sm90/common_ops.abi3.so`` is ``fp8_blockwise_scaled_mm(Tensor mat_a, Tensor mat_b, Tensor
+scales_a, Tensor scales_b, ScalarType out_dtype) -> Tensor``; every check message reproduced here
+is a string of that binary ("mat_b must be a column major tensor", "scales_a must be M major",
+"scales_b must be K major", "size of scales_a is not matched", "out_dtype must be Half or
+BFloat16", ...), and the binary holds SM100 and SM120 launchers
+(``launch_sm100_fp8_blockwise_scaled_mm``, ``launch_sm120_fp8_blockwise_scaled_mm``). The C++
+source of 0.4.4 is not part of the package; the checks' order and the padding of M to 4 rows
+(``pad_tensor``) and the per-call ``scales_b.contiguous()`` on SM90 are from the sgl-kernel
+sources of the same function.
+
 Knobs (on ``fake.impl``; ``set_sm_version`` / ``reset`` are also module functions):
 
 * ``sm_version``: emulated SM (``90``, ``100``, ``120``...), default 90.
-* ``supported_sms``: SMs this sgl-kernel build dispatches, default ``(90, 100)`` (CUDA >= 12.0
-  for 90, >= 12.8 for 100). Later builds add 120; pass ``supported_sms=(90, 100, 120)`` to
-  emulate them. Others raise ``NotImplementedError`` (``TORCH_CHECK_NOT_IMPLEMENTED``).
+* ``supported_sms``: SMs this build dispatches, default ``(90, 100, 120)`` (0.4.4's launchers;
+  SM103 unverified). 0.3.x builds dispatched ``(90, 100)`` only; pass that to emulate them.
+  Others raise ``NotImplementedError`` (``TORCH_CHECK_NOT_IMPLEMENTED``).
+
+Deliberately stricter than the library: K and N must be multiples of 128 (the library checks
+``K // 128`` and ``N // 128`` scale groups, so tail blocks are undefined), and ``mat_a`` must
+be packed (``stride(0) == K``): the library checks only ``stride(1) == 1``, and whether its SM90
+CUTLASS call honours another row stride is not known here.
 """
 
 from __future__ import annotations
@@ -34,7 +53,7 @@ def _is_contiguous_vector(t: torch.Tensor) -> bool:
 class FakeSglKernel:
     """State and behaviour of one installed fake ``sgl_kernel``."""
 
-    def __init__(self, *, sm_version: int = 90, supported_sms: tuple[int, ...] = (90, 100), version: str = "0.3.9") -> None:
+    def __init__(self, *, sm_version: int = 90, supported_sms: tuple[int, ...] = (90, 100, 120), version: str = "0.4.4") -> None:
         self.version = version
         self._initial = (int(sm_version), tuple(supported_sms))
         self.sm_version, self.supported_sms = self._initial
@@ -77,6 +96,11 @@ class FakeSglKernel:
         _torch_check(scales_b.stride(0) == 1 or _is_contiguous_vector(scales_b), "scales_b must be K major")
         _torch_check(scales_a.dtype == torch.float32, "scales_a must be Float32")
         _torch_check(scales_b.dtype == torch.float32, "scales_b must be Float32")
+        _torch_check(
+            mat_a.stride(0) == k or m == 1,
+            f"mat_a must be packed, stride(0) == K (fake: the library checks only stride(1) == 1), got strides "
+            f"{tuple(mat_a.stride())}",
+        )
         element = torch.empty((), dtype=out_dtype).element_size()
         _torch_check(n * element % 16 == 0, "out must be multiple of 16 bytes for memory alignment")
         _torch_check(
