@@ -68,6 +68,8 @@ def test_versions_of_a_backend_are_its_own() -> None:
     assert backend_versions(caps) == VERSIONS  # cuBLAS and Triton: installing FlashInfer changes nothing
     assert backend_versions(caps, ("flashinfer",)) == {**VERSIONS, "flashinfer": "0.7.2.post1"}
     assert backend_versions(caps, ("sgl_kernel",)) == VERSIONS  # not installed: not a key
+    local = caps.with_overrides({"packages.deep_gemm": "2.6.1+54e2261"})
+    assert backend_versions(local, ("deep_gemm",)) == {**VERSIONS, "deep_gemm": "2.6.1"}  # a local build, same release
 
 
 def test_merge_keeps_both_and_newer_wins() -> None:

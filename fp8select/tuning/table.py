@@ -77,7 +77,9 @@ def backend_versions(caps: Capabilities, packages: Iterable[str] = ()) -> dict[s
     (fp8select's activation quantizer and kernels) and the backend's own ``packages``."""
     versions = {"torch": caps.torch_version, "cuda": caps.cuda_version, "hip": caps.hip_version,
                 "triton": caps.packages.get("triton")}
-    versions.update({name: caps.packages.get(name) for name in packages})
+    # A vendor package's local label ("2.6.1+local", "+54e2261") names a build of the same release:
+    # its rows stay valid (torch's, "+cu130", names another build of its kernels and is kept).
+    versions.update({name: v.split("+", 1)[0] if (v := caps.packages.get(name)) else None for name in packages})
     return {k: v for k, v in versions.items() if v is not None}
 
 
