@@ -70,8 +70,8 @@ RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 
 # ---------------------------------------------------------------------------------------------
 # Pure helpers (no CUDA): parsing. Candidate configs and the search live in
-# fp8select.kernels.triton_search (shared with the tune command), the shape set, roofline
-# figures and CUDA-graph timing in fp8select.bench.
+# fp8select.kernels.triton_search (shared with the tune command), the shape set and CUDA-graph
+# timing in fp8select.bench, roofline figures in fp8select.roofline.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -155,7 +155,7 @@ class Sweeper:
         import torch
         import torch.nn.functional as F
 
-        from fp8select import bench
+        from fp8select import bench, roofline
         from fp8select.backends.reference import dequantize_activation, dequantize_weight
         from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
@@ -171,6 +171,7 @@ class Sweeper:
         self.l2_bytes = l2_bytes
         self.budget = Budget(args.budget_s)
         self.bench = bench
+        self.roofline = roofline
         self.dequantize_weight = dequantize_weight
         self.dequantize_activation = dequantize_activation
         self.tg = triton_gemm
@@ -322,9 +323,9 @@ class Sweeper:
         """Throughput of the best whole-op config against the H200 ceilings."""
         us = res["best"]["median_us"]
         res["tflops"] = round(2 * m * n * k / us / 1e6, 1)
-        hbm_bytes_per_s = self.bench.HBM_BYTES_PER_S
+        hbm_bytes_per_s = self.roofline.HBM_BYTES_PER_S
         res["weight_hbm_frac"] = round(n * k / (us * 1e-6) / hbm_bytes_per_s, 3)
-        res["min_bytes_hbm_frac"] = round(self.bench.min_bytes(n, k, m) / (us * 1e-6) / hbm_bytes_per_s, 3)
+        res["min_bytes_hbm_frac"] = round(self.roofline.min_bytes(n, k, m) / (us * 1e-6) / hbm_bytes_per_s, 3)
 
     def time_gemm_alone(self, ctx: _Unit, cfg: Any) -> dict[str, Any]:
         """The gemm path's GEMM on the pre-quantized activation (no quantization launch)."""

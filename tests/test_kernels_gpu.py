@@ -115,8 +115,8 @@ def test_every_path_gives_nan_rows_and_leaves_the_others(kernels: tuple, path: s
 
 def test_every_accepted_backend_gives_nan_rows() -> None:
     """Each backend of the chain, pinned: a NaN/inf activation row gives a non-finite output row.
-    (A vendor kernel that quantizes inside, FlashInfer's sm90 path, needs its adapter to call
-    ``propagate_nonfinite_rows``.)"""
+    (An adapter whose vendor kernel quantizes inside and drops NaN would call
+    ``propagate_nonfinite_rows`` on its output.)"""
     fp8select.detect_capabilities.cache_clear()
     selection = fp8select.resolve(plugins=False)
     n = 2112
