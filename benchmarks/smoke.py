@@ -29,20 +29,23 @@ for name in [b.name for b in sel.chain]:
 
 # Every Triton linear path compiles and computes the same product: fp64 check, and for the
 # in-kernel quantizing paths bit-equality with the same kernel on the torch quantizer's output.
+from dataclasses import replace  # noqa: E402
+
 from fp8select.kernels import triton_gemm  # noqa: E402
 from fp8select.kernels.quant import quantize_per_token_group  # noqa: E402
+from fp8select.kernels.triton_search import heuristic_config  # noqa: E402
 
 w, s = random_problem(576, 7200, device="cuda")  # ragged N and K
 for path in triton_gemm.PATHS:
     for m in (1, 3, 200):
         x = torch.randn(m, 7200, device="cuda", dtype=torch.bfloat16)
         for extra in ({}, {"SPLIT_K": 4, "FIXUP": 1, "TMA": 1}):
-            cfg = {"path": path, **extra}
+            cfg = replace(heuristic_config(576, 7200, m, path), **extra)
             try:
                 out = triton_gemm.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg)
                 err = rel_err(out, expected(x, w, s, (128, 128)))
                 xq, xs = quantize_per_token_group(x)
                 pre = triton_gemm.w8a8_block_gemm(xq, xs, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg)
-                print(f"smoke triton {cfg} M={m} rel_err={err:.2e} bitwise_vs_prequant={torch.equal(out, pre)}", flush=True)
+                print(f"smoke triton {cfg.describe()} M={m} rel_err={err:.2e} bitwise_vs_prequant={torch.equal(out, pre)}", flush=True)
             except Exception as exc:  # noqa: BLE001
-                print(f"smoke triton {cfg} M={m} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                print(f"smoke triton {cfg.describe()} M={m} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)

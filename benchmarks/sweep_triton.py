@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sweep launch configs and paths of the Triton block-FP8 linear on a GPU and write a config table.
+"""Sweep launch configurations and paths of the Triton block-FP8 linear on a GPU; write the results as JSON.
 
 Run on the target GPU (H200) from the repository root::
 
@@ -7,8 +7,12 @@ Run on the target GPU (H200) from the repository root::
         [--m 1,8,16,64,128,512,2048,8192] [--budget-s 400] [--max-candidates 12]
         [--paths gemm,fused,decode,swap] [--quick]
 
+A kernel engineer's tool: ``python -m fp8select tune`` measures the configurations the library
+uses (into the tuning table); this sweep shows, per (N, K, M), the best configuration of every
+path next to cuBLAS and bf16, with on-device bitwise checks, and writes nothing the library reads.
+
 For each (N, K) and M bucket it runs :func:`fp8select.kernels.triton_search.search` (the same
-search the ``tune`` command uses): every config names its path (``gemm``: quantization kernel +
+search the ``tune`` command uses): every configuration names its path (``gemm``: quantization kernel +
 GEMM; ``fused``: GEMM quantizing in its K loop; ``decode``: swap-AB GEMM quantizing in its K
 loop, one launch; ``swap``: quantization kernel + swap-AB GEMM), its split-K summation
 (``FIXUP``: in-kernel by the last split, or a second kernel) and optionally ``TMA`` tile loads
@@ -30,12 +34,10 @@ quantization) and bf16 ``torch.matmul`` on the dequantized weight.
 ``--device cpu`` runs the same driver on tiny shapes under ``TRITON_INTERPRET=1`` (wall-clock
 timing, no graphs) to smoke-test it without a GPU; its numbers mean nothing.
 
-The JSON holds the device, versions, per-(N, K, M) results and a ``table`` section in the
-format of ``fp8select/kernels/triton_configs.json`` (per-path bests under ``gemm``, ``fused``,
-``decode``, ``swap``; the fastest whole-op config with its path under ``linear``, which is what
-``triton_gemm.linear`` uses by default); the table alone is also written beside it as
-``<out stem>.triton_configs.json``, ready to copy over the packaged file. Both are rewritten
-after every (shape, M) so a run cut short still leaves its results. The run stops within
+The JSON holds the device, versions and per-(N, K, M) results: every configuration tried
+(``TritonConfig.to_dict()`` form) with its time or error, the fastest per path, the best
+overall, the competitors. It is rewritten after every (shape, M) so a run cut short still
+leaves its results. The run stops within
 ``--budget-s`` (measured from process start), sharing the time fairly between the remaining
 units.
 """
@@ -67,9 +69,9 @@ RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure helpers (no CUDA): parsing, table building. Candidate configs and the search live in
-# fp8select.kernels.triton_search (shared with the tune command), the shape set, roofline
-# figures and CUDA-graph timing in fp8select.bench.
+# Pure helpers (no CUDA): parsing. Candidate configs and the search live in
+# fp8select.kernels.triton_search (shared with the tune command), the shape set and CUDA-graph
+# timing in fp8select.bench, roofline figures in fp8select.roofline.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -104,7 +106,7 @@ def parse_m_list(text: str) -> list[int]:
 
 def parse_paths(text: str) -> list[str]:
     """Comma-separated subset of the linear paths (``all`` for every path)."""
-    paths = _search_module().PATHS
+    paths = _fp8select("kernels.triton_config").PATHS
     if text.strip().lower() == "all":
         return list(paths)
     chosen = [tok.strip() for tok in text.split(",") if tok.strip()]
@@ -114,31 +116,8 @@ def parse_paths(text: str) -> list[str]:
     return chosen
 
 
-def build_table(results: Sequence[dict[str, Any]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Collect the results' best configs into the ``triton_configs.json`` format.
-
-    Per-path sections hold each path's fastest config; ``linear`` the fastest over all paths.
-    """
-    search = _search_module()
-    table: dict[str, Any] = {"format": 2, "source": dict(meta or {}), "linear": {}}
-    for path in search.PATHS:
-        table[path] = {}
-    for res in results:
-        shape, bucket = f"{res['n']},{res['k']}", str(search.m_bucket(res["m"]))
-        for path, rec in (res.get("paths") or {}).items():
-            table[path].setdefault(shape, {})[bucket] = rec["config"]
-        if res.get("best"):
-            table["linear"].setdefault(shape, {})[bucket] = res["best"]["config"]
-    return table
-
-
-def _fmt_cfg(cfg: dict[str, Any]) -> str:
-    fixup = "f" if cfg.get("FIXUP") and cfg["SPLIT_K"] > 1 else ""
-    return (
-        f"{cfg.get('path', 'gemm')} {cfg['BLOCK_M']}x{cfg['BLOCK_N']} sk{cfg['SPLIT_K']}{fixup} "
-        f"w{cfg['num_warps']} s{cfg['num_stages']}" + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else "")
-        + (" tma" if cfg.get("TMA") else "")
-    )
+def _describe(config: dict[str, Any]) -> str:
+    return str(_fp8select("kernels.triton_config").TritonConfig.from_dict(config).describe())
 
 
 def _log(msg: str) -> None:
@@ -176,10 +155,11 @@ class Sweeper:
         import torch
         import torch.nn.functional as F
 
-        from fp8select import bench
+        from fp8select import bench, roofline
         from fp8select.backends.reference import dequantize_activation, dequantize_weight
         from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
+        from fp8select.kernels.triton_config import TritonConfig
         from fp8select.kernels.triton_quant import quantize_per_token_group_triton
 
         self.torch = torch
@@ -191,10 +171,12 @@ class Sweeper:
         self.l2_bytes = l2_bytes
         self.budget = Budget(args.budget_s)
         self.bench = bench
+        self.roofline = roofline
         self.dequantize_weight = dequantize_weight
         self.dequantize_activation = dequantize_activation
         self.tg = triton_gemm
         self.search_mod = triton_search
+        self.config_type = TritonConfig
         self.paths = parse_paths(args.paths)
         self.quant = quantize_per_token_group
         self.quant_triton = quantize_per_token_group_triton
@@ -275,11 +257,11 @@ class Sweeper:
 
         records: list[dict[str, Any]] = []
 
-        def time_config(cfg: dict[str, Any]) -> float | None:
+        def time_config(cfg: Any) -> float | None:
             rec = self.try_config(ctx, cfg)
             records.append(rec)
             status = f"{rec['median_us']:.1f} us" if "median_us" in rec else rec.get("error", "?")
-            _log(f"  {_fmt_cfg(cfg)}: {status}")
+            _log(f"  {cfg.describe()}: {status}")
             return rec.get("median_us")
 
         deadline = min(unit_end, self.budget.deadline)
@@ -291,7 +273,7 @@ class Sweeper:
         paths: dict[str, Any] = {}
         for rec in sorted(timed, key=lambda r: r["median_us"]):
             paths.setdefault(rec["config"]["path"], rec)
-        best = next((r for r in timed if r["config"] == best_cfg), None)
+        best = next((r for r in timed if best_cfg is not None and r["config"] == best_cfg.to_dict()), None)
         res: dict[str, Any] = {
             "n": n, "k": k, "m": m, "best": best, "paths": paths, "candidates": records, "weight_copies": len(w_list),
         }
@@ -299,29 +281,29 @@ class Sweeper:
             self.annotate(res, n, k, m)
         gemm_best = paths.get("gemm")
         if gemm_best and self.budget.left() > 0:
-            res["gemm_alone"] = self.time_gemm_alone(ctx, gemm_best["config"])
+            res["gemm_alone"] = self.time_gemm_alone(ctx, self.config_type.from_dict(gemm_best["config"]))
         if not self.args.no_competitors and self.budget.left() > 0:
             res["cublas"] = self.time_cublas(ctx)
             res["bf16"] = self.time_bf16(ctx, base_w, base_ws)
         return res
 
-    def try_config(self, ctx: _Unit, cfg: dict[str, Any]) -> dict[str, Any]:
-        """Check one whole-op config against the reference, then time it; errors become data."""
+    def try_config(self, ctx: _Unit, cfg: Any) -> dict[str, Any]:
+        """Check one whole-op configuration against the reference, then time it; errors become data."""
         torch = self.torch
         tg = self.tg
-        record: dict[str, Any] = {"config": cfg}
+        record: dict[str, Any] = {"config": cfg.to_dict()}
         t0 = time.monotonic()
 
         def run(i: int) -> Any:
             return tg.linear(ctx.x, ctx.w_list[i], ctx.ws_list[i], (128, 128), out_dtype=torch.bfloat16, config=cfg)
 
         try:
-            out = self.poisoned(lambda: run(0), ctx.m, ctx.n, cfg["SPLIT_K"])
+            out = self.poisoned(lambda: run(0), ctx.m, ctx.n, cfg.SPLIT_K)
             self.sync()
             record["first_call_s"] = round(time.monotonic() - t0, 2)
             err = self.rel_err(out, ctx.ref)
             record["rel_err"] = err
-            if cfg["path"] in self.search_mod.QUANT_FUSED_PATHS:
+            if cfg.quantizes_in_kernel:
                 # Same kernel and config on the quantization kernel's output: equal bits prove
                 # the in-kernel quantization matches it on this device.
                 pre = tg.w8a8_block_gemm(
@@ -341,11 +323,11 @@ class Sweeper:
         """Throughput of the best whole-op config against the H200 ceilings."""
         us = res["best"]["median_us"]
         res["tflops"] = round(2 * m * n * k / us / 1e6, 1)
-        hbm_bytes_per_s = self.bench.HBM_BYTES_PER_S
+        hbm_bytes_per_s = self.roofline.HBM_BYTES_PER_S
         res["weight_hbm_frac"] = round(n * k / (us * 1e-6) / hbm_bytes_per_s, 3)
-        res["min_bytes_hbm_frac"] = round(self.bench.min_bytes(n, k, m) / (us * 1e-6) / hbm_bytes_per_s, 3)
+        res["min_bytes_hbm_frac"] = round(self.roofline.min_bytes(n, k, m) / (us * 1e-6) / hbm_bytes_per_s, 3)
 
-    def time_gemm_alone(self, ctx: _Unit, cfg: dict[str, Any]) -> dict[str, Any]:
+    def time_gemm_alone(self, ctx: _Unit, cfg: Any) -> dict[str, Any]:
         """The gemm path's GEMM on the pre-quantized activation (no quantization launch)."""
         torch = self.torch
 
@@ -486,8 +468,6 @@ def _run(args: argparse.Namespace) -> int:
     ms = list(QUICK_M) if args.quick else parse_m_list(args.m)
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    # The table alone, formatted like the packaged file: copy it over triton_configs.json.
-    table_path = out_path.with_name(out_path.stem + ".triton_configs.json")
     report: dict[str, Any] = {
         **meta,
         "budget_s": args.budget_s,
@@ -500,14 +480,9 @@ def _run(args: argparse.Namespace) -> int:
 
     def write() -> None:
         report["elapsed_s"] = round(time.monotonic() - _T0, 1)
-        report["table"] = build_table(report["results"], {**meta, "measured": dev.type == "cuda"})
-        for path, text in (
-            (out_path, json.dumps(report, indent=1) + "\n"),
-            (table_path, sweeper.tg.format_config_table(report["table"])),
-        ):
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        os.replace(tmp, out_path)
 
     report["quant_bitwise"] = _check_quant_bitwise(sweeper)
     _log(f"quant torch vs triton mismatches: {report['quant_bitwise']}")
@@ -546,7 +521,7 @@ def _print_summary(report: dict[str, Any]) -> None:
         f"elapsed {report['elapsed_s']}s  complete={report['complete']}  skipped={len(report['skipped'])}"
     )
     print(f"quant torch vs triton mismatches: {report.get('quant_bitwise')}")
-    paths = _search_module().PATHS
+    paths = _fp8select("kernels.triton_config").PATHS
     head = (
         f"{'N':>6} {'K':>6} {'M':>5} {'best config':34} {'us':>8} {'%HBM(W)':>7} {'TFLOPS':>7} "
         + " ".join(f"{p:>8}" for p in paths)
@@ -556,7 +531,7 @@ def _print_summary(report: dict[str, Any]) -> None:
     print("-" * len(head))
     for res in report["results"]:
         best = res.get("best")
-        cfg = _fmt_cfg(best["config"]) if best else str(res.get("error", "no valid config"))[:34]
+        cfg = _describe(best["config"]) if best else str(res.get("error", "no valid config"))[:34]
         frac = res.get("weight_hbm_frac")
         cublas = res.get("cublas", {})
         cub_us = cublas.get("exact", {}).get("median_us")

@@ -3,6 +3,10 @@
 It quantizes activations per token per 1x128 group (scale = amax / fp8_max, the same recipe
 every backend uses), then dequantizes both operands in float64 and multiplies. Backends are
 compared to it by the relative Frobenius error.
+
+A NaN or +-inf in an activation makes that token's output row NaN here (a NaN or infinite
+group amax makes every dequantized value of the group NaN), the semantics every backend must
+have (tests/test_nonfinite.py).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from fp64_reference import expected, random_problem, rel_err
@@ -89,12 +91,13 @@ def test_triton_quant_matches_torch_bitwise_with_the_hardware_cast() -> None:
 def test_triton_linear_paths(path: str, m: int, fixup: int) -> None:
     tg, _ = _compiled_triton_kernels()
     from fp8select.kernels.quant import quantize_per_token_group
+    from fp8select.kernels.triton_search import heuristic_config
 
     n, k = 576, 7200  # N not a multiple of 128 tiles of 256; K/128 = 56.25
     w, s = random_problem(n, k, seed=m, device="cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    cfg = {"path": path, "SPLIT_K": 4, "FIXUP": fixup}
+    cfg = replace(heuristic_config(n, k, m, path), SPLIT_K=4, FIXUP=fixup)
     out = tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=cfg)
     assert rel_err(out, expected(x, w, s, (128, 128), bias)) < 1e-2
     xq, xs = quantize_per_token_group(x)

@@ -1,4 +1,4 @@
-"""Tests for fp8select.kernels.triton_gemm, run on CPU under the Triton interpreter.
+"""Tests for fp8select.kernels.triton_gemm (and its kernels), run on CPU under the Triton interpreter.
 
 Triton decides interpreter or compiled mode when each ``@triton.jit`` function is decorated,
 its own ``triton.language`` helpers included, so ``TRITON_INTERPRET=1`` is set here before
@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -32,8 +33,10 @@ import triton
 import triton.language as tl
 
 from fp8select.kernels import triton_gemm as tg
+from fp8select.kernels import triton_gemm_kernels as tgk
 from fp8select.kernels import triton_quant, triton_search
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout, quantize_per_token_group
+from fp8select.kernels.triton_config import TritonConfig
 
 if type(triton.language.max).__name__ != "InterpretedFunction":
     pytest.skip(
@@ -43,16 +46,24 @@ if type(triton.language.max).__name__ != "InterpretedFunction":
 if type(tg._w8a8_block_kernel).__name__ != "InterpretedFunction":
     # Decorated before the variable was set (triton itself already interpreted): rebuild.
     importlib.reload(triton_quant)
+    importlib.reload(tgk)
     importlib.reload(tg)
 
 E4M3 = torch.float8_e4m3fn
-SMALL = {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1}
 # e4m3 keeps 3 mantissa bits: rounding each activation costs ~2.5% RMS of its value, and the
 # product inherits that (measured 2.4% on these data), so 1e-2 against the UNQUANTIZED
 # activation is out of reach for any fp8 kernel; the tight check is against the dequantized one.
 UNQUANTIZED_TOL = 4e-2
-REPO = Path(__file__).resolve().parent.parent
 
+
+def _cfg(path: str = "gemm", block_m: int = 16, block_n: int = 64, split_k: int = 1, **more: int) -> TritonConfig:
+    """A small configuration (the interpreter ignores warps and stages); FIXUP/TMA as given or defaulted."""
+    return TritonConfig.from_dict({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 128, "GROUP_M": 8,
+                                   "SPLIT_K": split_k, "num_warps": 4, "num_stages": 2, "path": path, **more})
+
+
+SMALL = _cfg()
+SWAP_SMALL = _cfg("swap")
 
 def _weight(n: int, k: int, bn: int, dtype: torch.dtype = E4M3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random fp8 weight ``[n, k]`` and positive fp32 block scales ``[ceil(n/bn), ceil(k/128)]``."""
@@ -125,7 +136,7 @@ def test_gemm_blocks_bias_dtypes_split(out_dtype: torch.dtype, block: tuple[int,
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, block[0])
     bias = torch.randn(n, dtype=torch.bfloat16)
-    cfg = {**SMALL, "SPLIT_K": split_k}
+    cfg = _cfg(split_k=split_k)
     out = tg.w8a8_block_gemm(xq, xs, w, ws, block, out_dtype=out_dtype, bias=bias, config=cfg)
     _check(out, x, xq, xs, w, ws, block[0], bias, out_dtype)
 
@@ -162,7 +173,7 @@ def test_split_k_matches_single_pass(split_k: int) -> None:
     w, ws = _weight(n, k, 128)
     one = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config=SMALL)
     split = tg.w8a8_block_gemm(
-        xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config={**SMALL, "SPLIT_K": split_k}
+        xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg(split_k=split_k)
     )
     torch.testing.assert_close(split, one, rtol=1e-5, atol=1e-5)
 
@@ -174,9 +185,9 @@ def test_fused_matches_quantize_then_gemm(m: int, block: tuple[int, int], split_
     x = _activation(m, k)
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, block[0])
-    cfg = {**SMALL, "SPLIT_K": split_k}
+    cfg = _cfg("fused", split_k=split_k)
     fused = tg.w8a8_block_linear_fused(x, w, ws, block, out_dtype=torch.float32, config=cfg)
-    separate = tg.w8a8_block_gemm(xq, xs, w, ws, block, out_dtype=torch.float32, config=cfg)
+    separate = tg.w8a8_block_gemm(xq, xs, w, ws, block, out_dtype=torch.float32, config=cfg)  # runs as gemm
     # Same quantization, same dot order: the fused path reproduces the separate one exactly.
     assert torch.equal(fused, separate)
     _check(fused, x, xq, xs, w, ws, block[0], None, torch.float32)
@@ -191,7 +202,7 @@ def test_fused_bias_strided_input_fp16(out_dtype: torch.dtype) -> None:
     w, ws = _weight(n, k, 128)
     bias = torch.randn(n)
     out = tg.w8a8_block_linear_fused(
-        x, w, ws, (128, 128), out_dtype=out_dtype, bias=bias, config={**SMALL, "SPLIT_K": 2}
+        x, w, ws, (128, 128), out_dtype=out_dtype, bias=bias, config=_cfg("fused", split_k=2)
     )
     _check(out, x, xq, xs, w, ws, 128, bias, out_dtype)
 
@@ -209,7 +220,7 @@ def test_gemm_fnuz() -> None:
     w, ws = _weight(n, k, 128, dtype=torch.float8_e4m3fnuz)
     out = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config=SMALL)
     _check(out, x, xq, xs, w, ws, 128, None, torch.float32)
-    fused = tg.w8a8_block_linear_fused(x, w, ws, (128, 128), out_dtype=torch.float32, config=SMALL)
+    fused = tg.w8a8_block_linear_fused(x, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg("fused"))
     assert torch.equal(fused, out)
 
 
@@ -226,9 +237,6 @@ def test_gemm_default_config() -> None:
 # linear(): every path (gemm, fused, decode = swap-AB with in-kernel quantization, swap)
 # ---------------------------------------------------------------------------------------------
 
-SWAP_SMALL = {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1}
-
-
 @pytest.mark.parametrize("path", tg.PATHS)
 @pytest.mark.parametrize("m", [1, 3, 17])
 @pytest.mark.parametrize(
@@ -239,7 +247,7 @@ def test_linear_paths_match_fp64(path: str, m: int, block: tuple[int, int], spli
     x = _activation(m, k)
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, block[0])
-    cfg = {**SMALL, "path": path, "SPLIT_K": split_k, "FIXUP": fixup}
+    cfg = _cfg(path, split_k=split_k, FIXUP=fixup)
     out = tg.linear(x, w, ws, block, out_dtype=torch.float32, config=cfg)
     _check(out, x, xq, xs, w, ws, block[0], None, torch.float32)
 
@@ -253,7 +261,7 @@ def test_linear_bias_dtypes_strided_fp16_input(path: str, out_dtype: torch.dtype
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, 128)
     bias = torch.randn(n, dtype=torch.bfloat16)
-    out = tg.linear(x, w, ws, (128, 128), out_dtype=out_dtype, bias=bias, config={**SMALL, "path": path, "SPLIT_K": 2})
+    out = tg.linear(x, w, ws, (128, 128), out_dtype=out_dtype, bias=bias, config=_cfg(path, split_k=2))
     _check(out, x, xq, xs, w, ws, 128, bias, out_dtype)
 
 
@@ -271,11 +279,10 @@ def test_decode_quantizes_like_the_quant_kernel(m: int) -> None:
     x = (torch.randn(m, k, generator=gen) * torch.exp(torch.randn(m, 1, generator=gen) * 3)).to(torch.bfloat16)
     w, ws = _weight(n, k, 128)
     bias = torch.randn(n)
-    cfg = {**SWAP_SMALL, "SPLIT_K": 2}
-    fused = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, bias=bias, config={**cfg, "path": "decode"})
+    fused = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, bias=bias, config=_cfg("decode", split_k=2))
     xq, xs = quantize_per_token_group(x)
     separate = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, bias=bias,
-                                  config={**cfg, "path": "swap"})
+                                  config=_cfg("swap", split_k=2))
     assert torch.equal(fused, separate)
     _check(fused, x, xq, xs, w, ws, 128, bias, torch.float32)
 
@@ -288,13 +295,12 @@ def test_fused_paths_equal_separate_quantization(dtype: torch.dtype, x_dtype: to
     xq, xs = quantize_per_token_group(x, dtype=dtype)
     w, ws = _weight(n, k, 128, dtype=dtype)
     for fused_path, separate_path in (("decode", "swap"), ("fused", "gemm")):
-        fused = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config={**SMALL, "path": fused_path})
-        separate = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32,
-                                      config={**SMALL, "path": separate_path})
+        fused = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg(fused_path))
+        separate = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg(separate_path))
         assert torch.equal(fused, separate), fused_path
         # and the path through the quantization kernel gives the same bits as well
         assert torch.equal(tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32,
-                                     config={**SMALL, "path": separate_path}), separate)
+                                     config=_cfg(separate_path)), separate)
 
 
 @pytest.mark.parametrize("path", ["gemm", "decode"])
@@ -304,9 +310,9 @@ def test_fixup_equals_two_pass_reduction_and_resets_counters(path: str, split_k:
     x = _activation(m, k)
     w, ws = _weight(n, k, 128)
     bias = torch.randn(n)
-    cfg = {**SMALL, "path": path, "SPLIT_K": split_k}
-    one_launch = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config={**cfg, "FIXUP": 1})
-    two_pass = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config={**cfg, "FIXUP": 0})
+    cfg = _cfg(path, split_k=split_k)
+    one_launch = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=replace(cfg, FIXUP=1))
+    two_pass = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=replace(cfg, FIXUP=0))
     # Both sum the partials in split order: bitwise equal (and run-to-run reproducible).
     assert torch.equal(one_launch, two_pass)
     assert tg._COUNTERS and all(int(buf.abs().sum()) == 0 for buf in tg._COUNTERS.values())
@@ -320,14 +326,14 @@ def test_swap_prequantized_scale_layouts_and_weight_scale_strides(layout: ScaleL
     _, xs = quantize_per_token_group(x, layout=layout)
     w, ws = _weight(n, k, 128)
     ws_t = ws.t().contiguous().t()  # same values, column-major strides
-    cfg = {**SWAP_SMALL, "path": "swap"}
+    cfg = SWAP_SMALL
     out = tg.w8a8_block_gemm(xq, xs, w, ws_t, (128, 128), out_dtype=torch.float32, config=cfg)
     out_row = tg.w8a8_block_gemm(xq, xs_row, w, ws, (128, 128), out_dtype=torch.float32, config=cfg)
     assert torch.equal(out, out_row)
     _check(out, x, xq, xs_row, w, ws, 128, None, torch.float32)
 
 
-_ORIGINAL_REPEAT_ROWS = tg._repeat_rows
+_ORIGINAL_REPEAT_ROWS = tgk._repeat_rows
 
 
 @triton.jit
@@ -341,10 +347,10 @@ def test_decode_falls_back_to_whole_tile_when_row_repeat_fails(monkeypatch: pyte
     x = _activation(m, k)
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, 128)
-    want = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config={**SWAP_SMALL, "path": "decode"})
-    monkeypatch.setattr(tg, "_repeat_rows", _repeat_rows_without_reshape)
+    want = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg("decode"))
+    monkeypatch.setattr(tgk, "_repeat_rows", _repeat_rows_without_reshape)
     monkeypatch.setattr(tg, "_REPEAT_RESHAPE_OK", [True])
-    got = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config={**SWAP_SMALL, "path": "decode"})
+    got = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg("decode"))
     assert tg._REPEAT_RESHAPE_OK == [False]
     assert torch.equal(got, want)  # whole wrapped tile quantized: same rows, same results
     _check(got, x, xq, xs, w, ws, 128, None, torch.float32)
@@ -357,14 +363,14 @@ def test_tma_loads_equal_pointer_loads(path: str, m: int, block: tuple[int, int]
     n, k = 200, 320
     x = _activation(m, k)
     w, ws = _weight(n, k, block[0])
-    cfg = {**SMALL, "path": path, "SPLIT_K": 2, "FIXUP": 1}
+    cfg = _cfg(path, split_k=2, FIXUP=1)
     ptr = tg.linear(x, w, ws, block, out_dtype=torch.float32, config=cfg)
-    tma = tg.linear(x, w, ws, block, out_dtype=torch.float32, config={**cfg, "TMA": 1})
+    tma = tg.linear(x, w, ws, block, out_dtype=torch.float32, config=replace(cfg, TMA=1))
     assert torch.equal(tma, ptr)
     # A weight whose rows are not 16-byte aligned cannot back a descriptor: pointer loads then.
     wide = torch.zeros(n, k + 8, dtype=E4M3)
     wide[:, :k] = w
-    odd = tg.linear(x, wide[:, :k], ws, block, out_dtype=torch.float32, config={**cfg, "TMA": 1})
+    odd = tg.linear(x, wide[:, :k], ws, block, out_dtype=torch.float32, config=replace(cfg, TMA=1))
     assert torch.equal(odd, ptr)
 
 
@@ -373,7 +379,7 @@ def test_swap_1x128_weight_scales_and_wide_tile() -> None:
     x = _activation(m, k)
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, 1)
-    for cfg in ({**SWAP_SMALL, "path": "decode"}, {"BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 2, "path": "decode"}):
+    for cfg in (_cfg("decode"), _cfg("decode", block_m=32, block_n=128, split_k=2)):
         out = tg.linear(x, w, ws, (1, 128), out_dtype=torch.float32, config=cfg)
         _check(out, x, xq, xs, w, ws, 1, None, torch.float32)
 
@@ -382,76 +388,110 @@ def test_linear_empty_and_zero_k() -> None:
     w, ws = _weight(128, 256, 128)
     for path in tg.PATHS:
         out = tg.linear(torch.empty(0, 256, dtype=torch.bfloat16), w, ws, (128, 128), out_dtype=torch.bfloat16,
-                        config={"path": path})
+                        config=_cfg(path))
         assert out.shape == (0, 128)
     bias = torch.randn(128)
     w0 = torch.empty(128, 0, dtype=E4M3)
     out = tg.linear(torch.empty(2, 0), w0, torch.empty(1, 0), (128, 128), out_dtype=torch.float32, bias=bias,
-                    config={"path": "decode"})
+                    config=_cfg("decode"))
     assert torch.equal(out, bias.expand(2, 128))
 
 
-def test_linear_default_path_is_the_table_choice() -> None:
-    # The packaged table's measured "linear" entry is the default for a shape it lists.
-    packaged = tg.load_config_table()["linear"]["2112,7168"]["1"]
-    cfg = tg.linear_config(2112, 7168, 1)
-    assert {key: cfg[key] for key in packaged} == packaged
-    # A shape it does not list runs the gemm path with its gemm config.
-    cfg = tg.linear_config(1000, 1000, 1)
-    assert cfg["path"] == "gemm" and cfg["FIXUP"] == 0
-    assert {key: cfg[key] for key in tg.CONFIG_KEYS} == tg.get_config(1000, 1000, 1, fused=False)
-    decode = _cfg(16, 4) | {"path": "decode", "FIXUP": 1}
-    table = {"linear": {"256,512": {"1": decode, "1024": _cfg(128) | {"path": "gemm"}}}, "decode": {}}
-    assert tg.linear_config(256, 512, 2, table=table) == decode
-    assert tg.linear_config(256, 512, 4096, table=table) == _cfg(128) | {"path": "gemm", "FIXUP": 0}
-    assert tg.linear_config(256, 640, 1, table=table)["path"] == "gemm"  # shape not in the table
-    # A partial config names a path: the rest comes from that path's defaults (a shape the
-    # packaged table does not list, so the heuristic).
-    heuristic = tg.path_config(7000, 16384, 1, "decode")
-    assert heuristic == triton_search.heuristic_config(7000, 16384, 1, "decode")
-    assert heuristic["SPLIT_K"] > 1 and heuristic["BLOCK_N"] >= 64
-    assert tg._resolve({"path": "decode", "SPLIT_K": 2}, 7000, 16384, 1, None) == {**heuristic, "SPLIT_K": 2}
+def _launched(monkeypatch: pytest.MonkeyPatch) -> list[TritonConfig]:
+    """Record the configuration of every kernel launch from now on."""
+    seen: list[TritonConfig] = []
+    launch = tg._launch
+    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
+    return seen
 
 
-def test_linear_runs_through_the_table_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    m, n, k = 2, 128, 256
+def test_no_config_runs_the_heuristic_of_the_shape_and_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, n, k = 3, 200, 384
     x = _activation(m, k)
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, 128)
-    table = {"linear": {f"{n},{k}": {"2": {**_cfg(16), "path": "decode"}}}}
-    monkeypatch.setattr(tg, "_cached_table", lambda path: table)
-    seen: list[dict] = []
-    launch = tg._launch
-    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
+    seen = _launched(monkeypatch)
     out = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32)
-    assert [c["path"] for c in seen] == ["decode"]
     _check(out, x, xq, xs, w, ws, 128, None, torch.float32)
+    tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32)
+    tg.w8a8_block_linear_fused(x, w, ws, (128, 128), out_dtype=torch.float32)
+    assert seen == [triton_search.heuristic_config(n, k, m, "gemm"), triton_search.heuristic_config(n, k, m, "gemm"),
+                    triton_search.heuristic_config(n, k, m, "fused")]
 
 
-def test_backend_run_uses_tuned_config(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("given", "runs"), [("fused", "gemm"), ("decode", "swap"), ("gemm", "gemm"), ("swap", "swap")])
+def test_prequantized_input_runs_the_prequantized_sibling(monkeypatch: pytest.MonkeyPatch, given: str, runs: str) -> None:
+    m, n, k = 3, 200, 320
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 128)
+    cfg = _cfg(given, split_k=2, FIXUP=1, TMA=1)
+    seen = _launched(monkeypatch)
+    pre = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config=cfg)
+    assert seen == [replace(cfg, path=runs)]  # same tiles, split, FIXUP and TMA
+    assert cfg.prequantized() == replace(cfg, path=runs)
+    # and the same product as the unquantized activation through the configuration's own path
+    assert torch.equal(pre, tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=cfg))
+
+
+def test_fused_entry_takes_only_in_kernel_quantizing_paths() -> None:
+    w, ws = _weight(128, 256, 128)
+    with pytest.raises(ValueError, match="fused or decode path, got 'swap'"):
+        tg.w8a8_block_linear_fused(_activation(2, 256), w, ws, (128, 128), out_dtype=torch.float32, config=SWAP_SMALL)
+
+
+def test_backend_runs_the_given_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from fp8select import Capabilities
-    from fp8select.backends.base import PreparedWeight
     from fp8select.backends.triton import TritonBackend
 
     m, n, k = 3, 128, 256
     x = _activation(m, k)
     xq, xs = quantize_per_token_group(x)
     w, ws = _weight(n, k, 128)
-    tuned = {**_cfg(16, 2), "path": "decode", "FIXUP": 1}
-    prepared = PreparedWeight("triton", w, ws, (128, 128), n, k, w, extra={"tuned": {4: {"config": tuned}}})
-    seen: list[dict] = []
-    launch = tg._launch
-    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
     backend = TritonBackend()
-    caps = Capabilities(torch_version="2.13.0")  # not the GPU the packaged configurations were measured on
-    out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps)
-    assert seen[-1] == tuned
+    caps = Capabilities(torch_version="2.13.0")
+    prepared = backend.prepare(w, ws, (128, 128), caps)
+    assert prepared.extra == {}  # no side channel: the configuration comes with each call
+    seen = _launched(monkeypatch)
+    decode = _cfg("decode", split_k=2)
+    out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps, config=decode)
     _check(out, x, xq, xs, w, ws, 128, None, torch.float32)
-    pre = backend.run(prepared, xq, input_scale=xs, bias=None, out_dtype=torch.float32, caps=caps)
-    assert seen[-1]["path"] == "swap" and torch.equal(pre, out)  # same kernel on the pre-quantized input
-    untuned = PreparedWeight("triton", w, ws, (128, 128), n, k, w)
-    backend.run(untuned, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps)
-    assert seen[-1]["path"] == "gemm"
+    pre = backend.run(prepared, xq, input_scale=xs, bias=None, out_dtype=torch.float32, caps=caps, config=decode)
+    assert torch.equal(pre, out)  # the same kernel on the pre-quantized input
+    backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps)
+    assert seen == [decode, replace(decode, path="swap"), triton_search.heuristic_config(n, k, m)]
+    # a tuning-table row becomes the configuration run() takes; a malformed one names its key
+    assert backend.launch_config(decode.to_dict()) == decode
+    with pytest.raises(ValueError, match="'SPLIT_K' must be a positive int"):
+        backend.launch_config({**decode.to_dict(), "SPLIT_K": 0})
+
+
+def test_backend_gate_rejects_a_prequantized_input_of_another_fp8_dtype() -> None:
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from matrix import MATRIX
+
+    from fp8select.backends.triton import TritonBackend
+    from fp8select.problem import Problem
+
+    fn, fnuz = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+    backend = TritonBackend()
+    h200, mi300x = MATRIX["h200-torch2.11"][0], MATRIX["mi300x"][0]
+
+    def verdict(caps: object, weight: torch.dtype, act: torch.dtype) -> tuple[bool, str]:
+        v = backend.supports(Problem(256, 512, (128, 128), 16, weight, act, torch.bfloat16), caps)  # type: ignore[arg-type]
+        return v.ok, v.reason
+
+    ok, reason = verdict(h200, fn, fnuz)
+    assert not ok and "float8_e4m3fn" in reason and "found input float8_e4m3fnuz" in reason
+    ok, reason = verdict(h200, fnuz, fn)
+    assert not ok and "found input float8_e4m3fn with weight float8_e4m3fnuz" in reason
+    assert verdict(h200, fn, fn)[0] and verdict(h200, fn, torch.bfloat16)[0]
+    # gfx942 multiplies an e4m3fn checkpoint as e4m3fnuz (converted at prepare): the input must be fnuz
+    assert verdict(mi300x, fn, fnuz)[0] and verdict(mi300x, fnuz, fnuz)[0]
+    ok, reason = verdict(mi300x, fn, fn)
+    assert not ok and "float8_e4m3fnuz" in reason and "gfx942" in reason
 
 
 def test_hardware_rounding_only_for_compiled_nvidia_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -475,15 +515,6 @@ def test_hardware_rounding_only_for_compiled_nvidia_kernels(monkeypatch: pytest.
     assert not triton_quant.hw_rne(tg._w8a8_swap_kernel, torch.device("cpu"), E4M3)
 
 
-def test_validate_config_optional_keys() -> None:
-    full = {**_cfg(16), "path": "decode", "FIXUP": 1}
-    assert tg.validate_config(full) == full
-    assert list(tg.validate_config({"FIXUP": 0, "path": "gemm", **_cfg(16)})) == [*tg.CONFIG_KEYS, "path", "FIXUP"]
-    for bad, match in [({"path": "decode2"}, "path"), ({"FIXUP": True}, "FIXUP"), ({"FIXUP": 2}, "FIXUP")]:
-        with pytest.raises(ValueError, match=match):
-            tg.validate_config({**_cfg(16), **bad})
-
-
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -492,13 +523,7 @@ def test_validate_config_optional_keys() -> None:
         ({"b_scale": torch.ones(2, 2)}, "b_scale"),
         ({"out_dtype": torch.int32}, "out_dtype"),
         ({"bias": torch.ones(7)}, "bias"),
-        ({"config": {"BLOCK_K": 64}}, "BLOCK_K"),
-        ({"config": {"BLOCK_M": 8}}, "BLOCK_M"),
-        ({"config": {"BLOCK_N": 48}}, "power of two"),
-        ({"config": {"SPLIT_K": 0}}, "SPLIT_K"),
-        ({"config": {"TILE": 1}}, "unknown"),
-        ({"config": {"path": "nope"}}, "path"),
-        ({"config": {"FIXUP": 2}}, "FIXUP"),
+        ({"config": {"BLOCK_M": 16}}, "TritonConfig or None"),
         ({"b": torch.zeros(128, 256, dtype=torch.float8_e5m2)}, "same fp8 dtype"),
     ],
 )
@@ -514,86 +539,13 @@ def test_gemm_rejects_bad_args(change: dict, match: str) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# Config table
-# ---------------------------------------------------------------------------------------------
-
-
-def _cfg(block_m: int, split_k: int = 1) -> dict[str, int]:
-    return {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": split_k,
-            "num_warps": 4, "num_stages": 3}
-
-
-def test_m_bucket() -> None:
-    assert [tg.m_bucket(m) for m in (0, 1, 2, 3, 16, 17, 8192, 8193, 10**6)] == [1, 1, 2, 4, 16, 32, 8192, 8192, 8192]
-
-
-def test_get_config_lookup_nearest_bucket_and_fallbacks() -> None:
-    table = {"gemm": {"256,512": {"1": _cfg(16, 4), "64": _cfg(64), "1024": _cfg(128)}},
-             "fused": {"256,512": {"16": _cfg(32, 2)}}}
-    assert tg.get_config(256, 512, 1, fused=False, table=table) == _cfg(16, 4)
-    assert tg.get_config(256, 512, 8, fused=False, table=table) == _cfg(16, 4)  # tie -> smaller
-    assert tg.get_config(256, 512, 9, fused=False, table=table) == _cfg(64)
-    assert tg.get_config(256, 512, 100, fused=False, table=table) == _cfg(64)
-    assert tg.get_config(256, 512, 300, fused=False, table=table) == _cfg(128)
-    assert tg.get_config(256, 512, 5000, fused=False, table=table) == _cfg(128)
-    assert tg.get_config(256, 512, 1, fused=True, table=table) == _cfg(32, 2)
-    assert tg.get_config(256, 640, 1, fused=False, table=table) == tg._heuristic_config(256, 640, 1)
-    only_gemm = {"gemm": table["gemm"]}
-    assert tg.get_config(256, 512, 1, fused=True, table=only_gemm) == _cfg(16, 4)
-
-
-def test_heuristic_uses_split_k_for_small_m_large_weights() -> None:
-    small_m = tg.get_config(7168, 16384, 1, fused=False, table={})
-    assert small_m["SPLIT_K"] > 1 and small_m["BLOCK_M"] == 16
-    assert tg.get_config(7168, 16384, 8192, fused=False, table={})["SPLIT_K"] == 1
-    for m in (1, 2, 16, 17, 64, 100, 512, 4096, 8192):
-        tg.validate_config(tg.get_config(2112, 7168, m, fused=m <= 64, table={}))
-
-
-def test_packaged_table_is_valid_and_copied() -> None:
-    table = tg.load_config_table()
-    assert table["gemm"] and table["fused"]
-    table["gemm"].clear()
-    assert tg.load_config_table()["gemm"], "load_config_table must return a private copy"
-    for shape, buckets in tg.load_config_table()["gemm"].items():
-        n, k = (int(v) for v in shape.split(","))
-        for bucket in buckets:
-            assert tg.get_config(n, k, int(bucket), fused=False) == buckets[bucket]
-
-
-def test_load_config_table_from_path_and_rejects_bad_tables(tmp_path: Path) -> None:
-    good = {"gemm": {"128,256": {"4": _cfg(16)}}}
-    path = tmp_path / "t.json"
-    path.write_text(tg.format_config_table(good))
-    assert tg.load_config_table(path)["gemm"] == good["gemm"]
-    for bad, match in [
-        ({"gemm": {"128x256": {"4": _cfg(16)}}}, "N,K"),
-        ({"gemm": {"128,256": {"3": _cfg(16)}}}, "power of two"),
-        ({"gemm": {"128,256": {"4": {**_cfg(16), "BLOCK_K": 64}}}}, "BLOCK_K"),
-        ({"linear": {"128,256": {"4": _cfg(16)}}}, "must name its 'path'"),
-        ({"decode": {"128,256": {"4": {**_cfg(16), "path": "gemm"}}}}, "in section 'decode'"),
-    ]:
-        bad_path = tmp_path / f"bad{len(match)}.json"
-        bad_path.write_text(json.dumps(bad))
-        with pytest.raises(ValueError, match=match):
-            tg.load_config_table(bad_path)
-
-
-def test_config_table_is_loaded_lazily() -> None:
-    code = (
-        "import fp8select.kernels.triton_gemm as t; "
-        "assert t._cached_table.cache_info().currsize == 0, 'table read at import'"
-    )
-    root = str(REPO)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
-    assert proc.returncode == 0, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------
-# Sweep script helpers (CPU-only parts)
+# Sweep script (CPU-only parts)
 # ---------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _sweep_module() -> ModuleType:
@@ -606,7 +558,7 @@ def _sweep_module() -> ModuleType:
     return module
 
 
-def test_sweep_parsing_and_table_round_trip() -> None:
+def test_sweep_parsing() -> None:
     sweep = _sweep_module()
     shapes = sweep.parse_shapes("deepseek-v3")
     assert (7168, 16384) in shapes and len(shapes) == 8
@@ -616,20 +568,6 @@ def test_sweep_parsing_and_table_round_trip() -> None:
     assert sweep.parse_paths("gemm, decode") == ["gemm", "decode"]
     with pytest.raises(ValueError, match="subset"):
         sweep.parse_paths("gemm,bogus")
-    assert not hasattr(sweep, "stage1_candidates"), "candidate logic belongs in fp8select.kernels.triton_search"
-    results = []
-    for n, k in shapes:
-        for m in sweep.DEFAULT_M:
-            cands = triton_search.candidates(n, k, m)
-            by_path = {c["path"]: {"config": c, "median_us": 1.0} for c in reversed(cands)}
-            results.append({"n": n, "k": k, "m": m, "best": {"config": cands[0]}, "paths": by_path})
-    table = sweep.build_table(results)
-    assert set(table["linear"]) == {f"{n},{k}" for n, k in shapes}
-    assert set(table["gemm"]) == {f"{n},{k}" for n, k in shapes}
-    reparsed = json.loads(tg.format_config_table(table))
-    want = next(r for r in results if (r["n"], r["k"], r["m"]) == (7168, 16384, 1))["best"]["config"]
-    assert tg.linear_config(7168, 16384, 1, table=reparsed) == want
-    assert tg.path_config(7168, 16384, 1, "gemm", table=reparsed)["path"] == "gemm"
 
 
 def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
@@ -647,8 +585,7 @@ def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
     assert res["best"]["rel_err"] < 1e-2
     assert set(res["paths"]) == {"decode", "gemm"}  # the first two candidates at M = 1
     assert res["paths"]["decode"]["bitwise_vs_prequant"] is True
+    assert TritonConfig.from_dict(res["best"]["config"]).to_dict() == res["best"]["config"]  # every key written
     assert "median_us" in res["gemm_alone"]
     assert "error" in res["cublas"]["exact"]  # block-wise scaled_mm is CUDA-only
-    table = tg.load_config_table(tmp_path / "sweep.triton_configs.json")
-    assert table["linear"]["128,256"]["1"] == res["best"]["config"]
-    assert "1" in table["gemm"]["128,256"] and "1" in table["decode"]["128,256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]  # results only, no table

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8select import Capabilities, Selection, resolve
+from fp8select.kernels.triton_config import TritonConfig
 
 E4M3 = torch.float8_e4m3fn
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -187,6 +188,7 @@ def _triton() -> tuple[Any, Any]:
         if type(tl.max).__name__ != "InterpretedFunction":
             pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; run this file on its own")
         quant = importlib.reload(quant)
+        importlib.reload(importlib.import_module("fp8select.kernels.triton_gemm_kernels"))
         gemm = importlib.reload(gemm)
     return quant, gemm
 
@@ -224,7 +226,8 @@ def test_triton_gemm_matches_fp64(m: int, n: int, k: int, block: tuple[int, int]
         wide[:, 16:] = a
         a = wide[:, 16:]
     b = torch.randn(n).to(torch.float32) if bias else None
-    config = {"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": split_k}
+    config = TritonConfig.from_dict({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": split_k,
+                                     "num_warps": 4, "num_stages": 2})
     y = gemm.w8a8_block_gemm(a, a_scale, w, s, block, out_dtype=out, bias=b, config=config)
     ref = expected(q, w, s, block, b, input_scale=xs.to(torch.float32))
     _assert_close(y, ref, ref, out)

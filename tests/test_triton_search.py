@@ -1,4 +1,4 @@
-"""Tests for fp8select.kernels.triton_search: config schema, candidates, neighbours, search.
+"""Tests for fp8select.kernels.triton_search: heuristic defaults, candidates, neighbours, search.
 
 Pure Python: nothing here needs triton or a GPU.
 """
@@ -10,11 +10,13 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from fp8select.kernels import triton_search as ts
+from fp8select.kernels.triton_config import SWAP_PATHS, TritonConfig
 
 DEEPSEEK_V3 = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
                (36864, 7168), (7168, 18432)]
@@ -22,57 +24,52 @@ BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _full(cfg: dict) -> bool:
-    """Launch keys, path and FIXUP; TMA only when on (its default, off, has one spelling)."""
-    return set(cfg) - {"TMA"} == {*ts.CONFIG_KEYS, "path", "FIXUP"} and cfg.get("TMA", 1) == 1
-
-
 def test_import_pulls_in_neither_torch_nor_triton() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    # fp8select/__init__ imports torch; load the module file on its own, as a tool would.
+    # fp8select/__init__ imports torch: stand in for the package, as a tool without torch would.
     code = (
-        "import importlib.util, sys; "
-        f"spec = importlib.util.spec_from_file_location('ts', {str(REPO / 'fp8select/kernels/triton_search.py')!r}); "
-        "s = importlib.util.module_from_spec(spec); spec.loader.exec_module(s); s.candidates(7168, 2048, 1); "
+        "import sys, types; "
+        f"pkg = types.ModuleType('fp8select'); pkg.__path__ = [{str(REPO / 'fp8select')!r}]; "
+        "sys.modules['fp8select'] = pkg; "
+        "from fp8select.kernels import triton_search as s; s.candidates(7168, 2048, 1); "
         "s.search(7168, 2048, 1, lambda c: 1.0, max_configs=3); "
         "bad = [m for m in ('triton', 'torch') if m in sys.modules]; assert not bad, bad"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize(("n", "k"), DEEPSEEK_V3)
-def test_candidates_are_full_valid_and_fit(n: int, k: int) -> None:
+def test_candidates_are_valid_distinct_and_fit(n: int, k: int) -> None:
     for m in BUCKETS:
         cands = ts.candidates(n, k, m)
         assert 1 <= len(cands) <= 8
-        assert len({tuple(sorted(c.items())) for c in cands}) == len(cands), "duplicates"
+        assert len(set(cands)) == len(cands), "duplicates"
         for cfg in cands:
-            assert _full(cfg) and ts.validate_config(cfg) == cfg
+            assert isinstance(cfg, TritonConfig) and TritonConfig.from_dict(cfg.to_dict()) == cfg
             assert ts.smem_bytes(cfg) <= ts.SMEM_LIMIT_BYTES
-            assert cfg["FIXUP"] == (1 if cfg["path"] in ts.SWAP_PATHS else 0)
+            assert cfg.FIXUP == (1 if cfg.path in SWAP_PATHS else 0)
             if m > 512:
-                assert cfg["SPLIT_K"] == 1
-        paths = [c["path"] for c in cands]
+                assert cfg.SPLIT_K == 1
+        paths = [c.path for c in cands]
         if m <= 16:
             assert paths[0] == "decode" and {"gemm", "decode", "swap", "fused"} <= set(paths)
         if m >= 1024:
-            assert set(paths) == {"gemm"} and any(c.get("TMA") for c in cands)
-            tiles = {(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) for c in ts.candidates(n, k, m, limit=20)}
+            assert set(paths) == {"gemm"} and any(c.TMA for c in cands)
+            tiles = {(c.BLOCK_M, c.BLOCK_N, c.num_warps) for c in ts.candidates(n, k, m, limit=20)}
             assert {(128, 128, 8), (128, 256, 8), (256, 128, 8), (64, 256, 8)} <= tiles
 
 
 def test_candidates_split_fills_the_sms_at_small_m() -> None:
     (first,) = ts.candidates(7168, 16384, 1, limit=1)
-    tiles = math.ceil(7168 / first["BLOCK_N"])
-    assert first["path"] == "decode" and tiles * first["SPLIT_K"] >= 2 * 132
-    assert ts.candidates(7168, 16384, 1, sms=1, limit=1)[0]["SPLIT_K"] == 1
+    tiles = math.ceil(7168 / first.BLOCK_N)
+    assert first.path == "decode" and tiles * first.SPLIT_K >= 2 * 132
+    assert ts.candidates(7168, 16384, 1, sms=1, limit=1)[0].SPLIT_K == 1
     # K too short to split: at least 4 K blocks per split.
-    assert all(c["SPLIT_K"] == 1 for c in ts.candidates(32768, 512, 1))
+    assert all(c.SPLIT_K == 1 for c in ts.candidates(32768, 512, 1))
 
 
 def test_candidates_paths_filter_and_fallback() -> None:
-    assert {c["path"] for c in ts.candidates(2112, 7168, 1, paths=["gemm", "fused"])} == {"gemm", "fused"}
+    assert {c.path for c in ts.candidates(2112, 7168, 1, paths=["gemm", "fused"])} == {"gemm", "fused"}
     # No decode entry is ranked at M = 4096: the filter still yields the path's default config.
     (only,) = ts.candidates(2112, 7168, 4096, paths=["decode"])
     assert only == ts.heuristic_config(2112, 7168, 4096, "decode")
@@ -84,96 +81,89 @@ def test_candidates_paths_filter_and_fallback() -> None:
 def test_neighbours_are_valid_distinct_and_filtered(m: int) -> None:
     for base in ts.candidates(7168, 16384, m):
         near = ts.neighbours(base, 7168, 16384, m)
-        assert near and base not in near
+        assert near and base not in near and len(set(near)) == len(near)
         for cfg in near:
-            assert _full(cfg) and ts.validate_config(cfg) == cfg and ts.smem_bytes(cfg) <= ts.SMEM_LIMIT_BYTES
-            if cfg["SPLIT_K"] == 1:
-                assert cfg["FIXUP"] == (1 if cfg["path"] in ts.SWAP_PATHS else 0)
-        only_same = ts.neighbours(base, 7168, 16384, m, paths=[base["path"]])
-        assert {c["path"] for c in only_same} <= {base["path"]}
+            assert ts.smem_bytes(cfg) <= ts.SMEM_LIMIT_BYTES
+            if cfg.SPLIT_K == 1:
+                assert cfg.FIXUP == (1 if cfg.path in SWAP_PATHS else 0)
+            assert not (cfg.path == "fused" and cfg.TMA)
+        only_same = ts.neighbours(base, 7168, 16384, m, paths=[base.path])
+        assert {c.path for c in only_same} <= {base.path}
 
 
 def test_neighbours_steps() -> None:
     base = ts.heuristic_config(7168, 16384, 1, "decode")
     near = ts.neighbours(base, 7168, 16384, 1)
-    changed = [{k for k in base if cfg[k] != base[k]} for cfg in near]
+    fields = base.to_dict()
+    changed = [{k for k, v in cfg.to_dict().items() if v != fields[k]} for cfg in near]
     assert {"SPLIT_K"} in changed and {"num_stages"} in changed and {"num_warps"} in changed
     assert {"FIXUP"} in changed and {"path"} in changed  # two-pass variant, and the swap sibling
-    assert any(c.get("TMA") == 1 and set(c) - {"TMA"} == set(base) for c in near)
-    assert any(c["path"] == "swap" and c["BLOCK_N"] == base["BLOCK_N"] for c in near)
+    assert replace(base, TMA=1) in near
+    assert any(c.path == "swap" and c.BLOCK_N == base.BLOCK_N for c in near)
     large = ts.neighbours(ts.candidates(36864, 7168, 8192)[0], 36864, 7168, 8192)
-    assert any(c["GROUP_M"] == 16 for c in large) and all(c["SPLIT_K"] == 1 for c in large)
+    assert any(c.GROUP_M == 16 for c in large) and all(c.SPLIT_K == 1 for c in large)
+    # a configuration at the edges of the ranges steps only inward
+    edge = replace(ts.heuristic_config(256, 512, 1, "swap"), num_stages=1, BLOCK_N=16)
+    assert all(c.num_stages >= 1 and c.BLOCK_N >= 16 for c in ts.neighbours(edge, 256, 512, 1))
 
 
 def test_heuristic_config_per_path() -> None:
-    for path in ts.PATHS:
+    for path in ("gemm", "fused", "decode", "swap"):
         for m in (1, 3, 16, 17, 64, 100, 4096):
             cfg = ts.heuristic_config(4096, 7168, m, path)
-            assert _full(cfg) and cfg["path"] == path
-    assert ts.heuristic_config(4096, 7168, 3, "decode")["BLOCK_M"] == 16
-    assert ts.heuristic_config(4096, 7168, 40, "swap")["BLOCK_M"] == 64
+            assert cfg.path == path and cfg.TMA == 0 and cfg.FIXUP == (1 if path in SWAP_PATHS else 0)
+    assert ts.heuristic_config(4096, 7168, 3, "decode").BLOCK_M == 16
+    assert ts.heuristic_config(4096, 7168, 40, "swap").BLOCK_M == 64
     with pytest.raises(ValueError, match="path"):
         ts.heuristic_config(1, 1, 1, "cublas")
 
 
+def test_heuristic_splits_k_for_small_m_and_large_weights() -> None:
+    small_m = ts.heuristic_config(7168, 16384, 1)
+    assert small_m.SPLIT_K > 1 and small_m.BLOCK_M == 16
+    assert ts.heuristic_config(7168, 16384, 8192).SPLIT_K == 1
+    # M buckets: every M of a bucket gets its bucket's tiles
+    assert ts.heuristic_config(2112, 7168, 9) == ts.heuristic_config(2112, 7168, 16)
+    assert ts.heuristic_config(2112, 7168, 9000) == ts.heuristic_config(2112, 7168, 8192)
+
+
 def test_search_finds_the_fastest_and_climbs() -> None:
     first = ts.candidates(7168, 16384, 1, limit=1)[0]
-    target = {**first, "num_stages": first["num_stages"] + 1}  # one step away, not in the first round
+    target = replace(first, num_stages=first.num_stages + 1)  # one step away, not in the first round
     assert target not in ts.candidates(7168, 16384, 1, limit=20)
 
-    def cost(cfg: dict) -> float:  # a made-up landscape with its minimum at ``target``
-        us = 10.0 + sum(cfg[key] != target[key] for key in target)
-        return us if cfg["path"] == "decode" else us + 5
+    def cost(cfg: TritonConfig) -> float:  # a made-up landscape with its minimum at ``target``
+        us = 10.0 + sum(v != target.to_dict()[k] for k, v in cfg.to_dict().items())
+        return us if cfg.path == "decode" else us + 5
 
-    calls: list[dict] = []
+    calls: list[TritonConfig] = []
     best, us, tried = ts.search(7168, 16384, 1, lambda c: calls.append(c) or cost(c), max_configs=12)
     assert len(tried) == len(calls) == 12
-    assert us == min(t["us"] for t in tried) == cost(best) == 10.0
+    assert us == min(t.us for t in tried if t.us is not None) == cost(target) == 10.0
     assert best == target
-    keys = [tuple(sorted(t["config"].items())) for t in tried]
-    assert len(set(keys)) == len(keys), "a config was timed twice"
+    assert len({t.config for t in tried}) == len(tried), "a config was timed twice"
 
 
 def test_search_failures_errors_and_nothing_working() -> None:
-    def flaky(cfg: dict) -> float | None:
-        if cfg["path"] == "decode":
+    def flaky(cfg: TritonConfig) -> float | None:
+        if cfg.path == "decode":
             raise RuntimeError("compile failed")
-        return None if cfg["path"] == "fused" else 20.0 - cfg["num_stages"]
+        return None if cfg.path == "fused" else 20.0 - cfg.num_stages
 
     best, us, tried = ts.search(2112, 7168, 8, flaky, max_configs=9)
-    assert best is not None and best["path"] in ("gemm", "swap") and us == min(t["us"] for t in tried if t["us"])
-    assert any("compile failed" in t.get("error", "") for t in tried)
-    assert all(t["us"] is None for t in tried if t["config"]["path"] in ("decode", "fused"))
+    assert best is not None and best.path in ("gemm", "swap") and us == min(t.us for t in tried if t.us)
+    assert any("compile failed" in (t.error or "") for t in tried)
+    assert all(t.us is None for t in tried if t.config.path in ("decode", "fused"))
     none_best, none_us, none_tried = ts.search(2112, 7168, 8, lambda c: None, max_configs=4)
     assert none_best is None and none_us == math.inf and len(none_tried) == 4
+    _, _, bad = ts.search(2112, 7168, 8, lambda c: math.nan, max_configs=2)
+    assert all(t.us is None and t.error is None for t in bad)
 
 
 def test_search_deadline_and_paths() -> None:
     best, _, tried = ts.search(2112, 7168, 1, lambda c: 1.0, max_configs=12, deadline=time.monotonic() - 1)
-    assert len(tried) == 1 and best == tried[0]["config"]  # at least one config, then the deadline stops it
-    _, _, tried = ts.search(2112, 7168, 1, lambda c: float(c["num_stages"]), max_configs=6, paths=["gemm"])
-    assert {t["config"]["path"] for t in tried} == {"gemm"}
+    assert len(tried) == 1 and best == tried[0].config  # at least one config, then the deadline stops it
+    _, _, tried = ts.search(2112, 7168, 1, lambda c: float(c.num_stages), max_configs=6, paths=["gemm"])
+    assert {t.config.path for t in tried} == {"gemm"}
     _, _, tried = ts.search(2112, 7168, 1, lambda c: 1.0, max_configs=0)
     assert len(tried) == 1
-
-
-def test_validate_config_messages() -> None:
-    base = ts.heuristic_config(128, 256, 1)
-    assert ts.validate_config(base) == base
-    for change, match in [
-        ({"BLOCK_K": 64}, "BLOCK_K"),
-        ({"BLOCK_M": 8}, ">= 16"),
-        ({"BLOCK_N": 48}, "power of two"),
-        ({"SPLIT_K": 0}, "positive"),
-        ({"path": "cublas"}, "path"),
-        ({"FIXUP": 3}, "FIXUP"),
-        ({"extra": 1}, "unknown"),
-    ]:
-        with pytest.raises(ValueError, match=match):
-            ts.validate_config({**base, **change})
-    assert "TMA" not in ts.validate_config({**base, "TMA": 0}) and ts.validate_config({**base, "TMA": 1})["TMA"] == 1
-    with pytest.raises(ValueError, match="TMA"):
-        ts.validate_config({**base, "TMA": 2})
-    with pytest.raises(ValueError, match="missing"):
-        ts.validate_config({"BLOCK_M": 16})
-    assert ts.m_bucket(0) == 1 and ts.m_bucket(17) == 32 and ts.m_bucket(10**6) == 8192

@@ -287,6 +287,7 @@ def _interpreted_triton() -> None:
     gemm = importlib.import_module("fp8select.kernels.triton_gemm")
     if type(gemm._w8a8_block_kernel).__name__ != "InterpretedFunction":
         importlib.reload(quant)
+        importlib.reload(importlib.import_module("fp8select.kernels.triton_gemm_kernels"))
         importlib.reload(gemm)
 
 

@@ -9,10 +9,19 @@ bit, so either producer can feed any consumer.
 Consumers want the scales in different layouts (row-major for Triton, M-major with TMA
 padding for DeepGEMM, M-major for cuBLAS block-wise ``scaled_mm``, power-of-two for UE8M0
 recipes); :class:`ScaleLayout` describes which.
+
+Non-finite input: a NaN or +-inf anywhere in a group makes that group's scale NaN and every one
+of its fp8 values NaN (e4m3fn 0x7F or 0xFF, e4m3fnuz 0x80), so any GEMM that consumes
+``(x_q, scale)`` (cuBLAS, DeepGEMM, CUTLASS, the Triton kernels, the reference) gives that
+token a NaN output row, as the fp64 reference and a bf16 matmul give a non-finite one. (An inf
+alone would give an infinite scale, its finite neighbours 0 and itself NaN, which some
+consumers could turn back into finite numbers.) Groups without NaN/inf are unaffected, bit for
+bit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -85,11 +94,14 @@ class Fp8Format:
         mantissa_bits: explicit mantissa bits (3 for e4m3, 2 for e5m2).
         min_normal_exp: unbiased exponent of the smallest normal number; below it the
             format is subnormal with a fixed quantum of ``2**(min_normal_exp - mantissa_bits)``.
+        nan_bits: the bit pattern of its (positive) NaN: 0x7F, or 0x80 for the fnuz formats
+            (which have no negative zero and one NaN). None of them has an infinity.
     """
 
     max: float
     mantissa_bits: int
     min_normal_exp: int
+    nan_bits: int
 
 
 def _known_fp8_formats() -> Mapping[torch.dtype, Fp8Format]:
@@ -98,10 +110,10 @@ def _known_fp8_formats() -> Mapping[torch.dtype, Fp8Format]:
     A table, not ``torch.finfo``: finfo of ``float8_e5m2fnuz`` reports a wrong ``eps``.
     """
     known = {
-        "float8_e4m3fn": Fp8Format(448.0, 3, -6),
-        "float8_e4m3fnuz": Fp8Format(240.0, 3, -7),
-        "float8_e5m2": Fp8Format(57344.0, 2, -14),
-        "float8_e5m2fnuz": Fp8Format(57344.0, 2, -15),
+        "float8_e4m3fn": Fp8Format(448.0, 3, -6, 0x7F),
+        "float8_e4m3fnuz": Fp8Format(240.0, 3, -7, 0x80),
+        "float8_e5m2": Fp8Format(57344.0, 2, -14, 0x7F),
+        "float8_e5m2fnuz": Fp8Format(57344.0, 2, -15, 0x80),
     }
     return MappingProxyType({getattr(torch, name): fmt for name, fmt in known.items() if hasattr(torch, name)})
 
@@ -123,14 +135,16 @@ def fp8_max(dtype: torch.dtype) -> float:
 
 
 def ceil_pow2(scale: torch.Tensor) -> torch.Tensor:
-    """Round positive normal fp32 values up to the next power of two, exactly.
+    """Round positive normal fp32 values up to the next power of two, exactly; NaN and inf are
+    kept as they are.
 
     Integer arithmetic on the bit pattern (carry the mantissa into the exponent), so it is
     exact where ``exp2(ceil(log2(s)))`` may be off by one at the boundaries, and the Triton
     kernels can do the same operation bit for bit.
     """
     bits = scale.contiguous().view(torch.int32)
-    return ((bits + 0x7FFFFF) & 0x7F800000).view(torch.float32)
+    rounded = (bits + 0x7FFFFF) & 0x7F800000
+    return torch.where((bits & 0x7F800000) == 0x7F800000, bits, rounded).view(torch.float32)
 
 
 def empty_scale(m: int, groups: int, layout: ScaleLayout, device: torch.device | str) -> torch.Tensor:
@@ -179,7 +193,8 @@ def quantize_per_token_group(
 
     Returns:
         ``(x_q, scale)``: ``x_q`` ``[M, K]`` contiguous in ``dtype`` and ``scale`` ``[M, G]``
-        fp32 in ``layout``, with ``x ≈ x_q * scale`` per group.
+        fp32 in ``layout``, with ``x ≈ x_q * scale`` per group. A group holding a NaN or
+        +-inf has a NaN scale and NaN values (see the module docstring).
     """
     check_quant_args(x, group_size, dtype, eps)
     fmax = fp8_max(dtype)
@@ -191,6 +206,7 @@ def quantize_per_token_group(
         # Zeros do not change a group's amax and are sliced off again below.
         xf = torch.nn.functional.pad(xf, (0, pad))
     xg = xf.reshape(m, groups, group_size)
+    # torch's max reductions and clamp propagate NaN.
     amax = xg.abs().amax(dim=-1) if groups else xg.new_zeros((m, 0))
     # Divide by a tensor, not a Python float: torch's CUDA kernels turn division by a scalar
     # into multiplication by its reciprocal, which is not IEEE division and made the torch and
@@ -198,6 +214,8 @@ def quantize_per_token_group(
     scale = amax.clamp(min=eps) / torch.full_like(amax, fmax)
     if layout.ue8m0:
         scale = ceil_pow2(scale)
+    # A group with an inf (or NaN) gets a NaN scale: its values then all become NaN.
+    scale = torch.where(amax < math.inf, scale, math.nan)
     q = (xg / scale.unsqueeze(-1)).clamp(-fmax, fmax).reshape(m, groups * group_size)
     x_q = q.to(dtype)[:, :k].contiguous()
     if not layout.mn_major:

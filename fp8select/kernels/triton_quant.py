@@ -1,16 +1,28 @@
 """Triton per-token-group FP8 activation quantization (numerics of :mod:`.quant`, bit for bit).
 
-The ``@triton.jit`` helpers :func:`fp8_group_scale` and :func:`fp8_quantize` are shared with
-the fused GEMM in :mod:`.triton_gemm`, so the separate and the fused paths quantize alike.
+The ``@triton.jit`` helper :func:`fp8_group_quantize` (with :func:`fp8_group_scale` and
+:func:`fp8_quantize`) is shared with the GEMM kernels that quantize in their K loop
+(:mod:`.triton_gemm_kernels`), so the separate and the fused paths quantize alike.
 
 Bitwise equality with torch needs: IEEE division (``tl.math.div_rn``; ``/`` on fp32 is
 approximate on NVIDIA GPUs), the UE8M0 power-of-two rounding done on the bit pattern
 (``log2``/``exp2`` are approximate), and a round-to-nearest-even fp32->fp8 conversion. On
-NVIDIA GPUs Triton's cast is the hardware ``cvt.rn.satfinite`` (RNE), used as is
+NVIDIA GPUs Triton's cast is the hardware ``cvt.rn.satfinite`` (RNE, NaN kept), used as is
 (``HW_RNE=True``). The Triton CPU interpreter's cast does not carry a rounded-up mantissa
-into the exponent, so there (and on ROCm/XPU, whose casts were not checked) the value is
-first rounded onto the fp8 grid in fp32 (:func:`_round_to_fp8_grid`, ~10 integer/float ops
-per element), after which every cast is exact. :func:`hw_rne` picks the mode per launch.
+into the exponent and turns NaN into a finite value, so there (and on ROCm/XPU, whose casts
+were not checked) the value is first rounded onto the fp8 grid in fp32
+(:func:`_round_to_fp8_grid`, ~10 integer/float ops per element), after which the cast is
+exact, and NaN lanes get the format's NaN bits explicitly. :func:`hw_rne` picks the mode per
+launch.
+
+Non-finite input (the semantics of :mod:`.quant`): a NaN or +-inf anywhere in a group makes the
+group's scale NaN and all its fp8 values NaN (e4m3fn 0x7F, e4m3fnuz 0x80), so any GEMM
+consuming them gives that token a NaN output row. NaN counts as inf in the amax (one ``min``
+per element), an infinite amax gives a NaN scale (one select per group), and NaN values stay
+NaN through the saturation: on NVIDIA ``cvt.rn.satfinite`` saturates and keeps NaN by itself,
+so the explicit clamp is gone there and the kernels run as many instructions per element as
+before; elsewhere NaN lanes are patched after the cast. Nothing is read twice, and groups
+without NaN/inf are bit for bit what they were.
 """
 
 from __future__ import annotations
@@ -28,7 +40,14 @@ from .quant import (
     fp8_format,
 )
 
-__all__ = ["fp8_constexprs", "fp8_group_scale", "fp8_quantize", "hw_rne", "quantize_per_token_group_triton"]
+__all__ = [
+    "fp8_constexprs",
+    "fp8_group_quantize",
+    "fp8_group_scale",
+    "fp8_quantize",
+    "hw_rne",
+    "quantize_per_token_group_triton",
+]
 
 
 def hw_rne(kernel: object, device: torch.device, dtype: torch.dtype) -> bool:
@@ -43,23 +62,25 @@ def hw_rne(kernel: object, device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def fp8_constexprs(dtype: torch.dtype) -> dict[str, float | int]:
-    """Kernel constexprs describing ``dtype``'s grid (see :func:`fp8_quantize`)."""
+    """Kernel constexprs describing ``dtype``'s grid and NaN (see :func:`fp8_quantize`)."""
     fmt = fp8_format(dtype)
     return {
         "FP8_MAX": fmt.max,
         "FP8_MANT_BITS": fmt.mantissa_bits,
         "FP8_MIN_EXP_BIASED": fmt.min_normal_exp + 127,
+        "FP8_NAN_BITS": fmt.nan_bits,
     }
 
 
 @triton.jit
 def fp8_group_scale(amax, eps, FP8_MAX: tl.constexpr, UE8M0: tl.constexpr):
-    """``max(amax, eps) / FP8_MAX`` with IEEE division; optionally rounded up to 2**n."""
+    """``max(amax, eps) / FP8_MAX`` with IEEE division, optionally rounded up to 2**n; NaN where
+    ``amax`` is inf or NaN (a group with a non-finite value)."""
     scale = tl.math.div_rn(tl.maximum(amax, eps), FP8_MAX)
     if UE8M0:
         bits = scale.to(tl.int32, bitcast=True)
         scale = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
-    return scale
+    return tl.where(amax < float("inf"), scale, float("nan"))
 
 
 @triton.jit
@@ -68,7 +89,7 @@ def _round_to_fp8_grid(y, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.co
 
     Adding ``2**(e + 23 - mantissa_bits)`` (``e`` = the exponent of ``|y|``, floored at the
     format's smallest normal exponent, which covers subnormals) makes the fp32 adder round
-    ``|y|`` to exactly the fp8 quantum; subtracting it back is exact.
+    ``|y|`` to exactly the fp8 quantum; subtracting it back is exact. NaN stays NaN.
     """
     bits = y.to(tl.int32, bitcast=True)
     mag_bits = bits & 0x7FFFFFFF
@@ -83,21 +104,56 @@ def _round_to_fp8_grid(y, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.co
 def fp8_quantize(
     x,
     scale,
+    FP8_DTYPE: tl.constexpr,
     FP8_MAX: tl.constexpr,
     FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr,
     HW_RNE: tl.constexpr,
 ):
-    """fp32 ``x / scale`` saturated to +-FP8_MAX, ready for the cast to the fp8 element type.
+    """``x / scale`` saturated to +-FP8_MAX and rounded to nearest even, as ``FP8_DTYPE``; NaN
+    (from a NaN ``x`` or ``scale``) becomes the format's NaN.
 
-    With ``HW_RNE`` the cast itself rounds to nearest even; otherwise the value is rounded
-    onto the fp8 grid here (still fp32) and the caller's cast is exact.
+    With ``HW_RNE`` the cast is ``cvt.rn.satfinite``: it rounds to nearest even, saturates to
+    +-FP8_MAX and keeps NaN, all in the one instruction. Otherwise the value is clamped and
+    rounded onto the fp8 grid here in fp32, so the cast is exact, and NaN lanes get the
+    format's NaN bits explicitly (the interpreter's cast maps NaN to a finite value, and no
+    other cast was checked).
     """
     y = tl.math.div_rn(x, scale)
-    y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
-    if not HW_RNE:
-        y = _round_to_fp8_grid(y, FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
-    return y
+    if HW_RNE:
+        q = y.to(FP8_DTYPE)
+    else:
+        rounded = _round_to_fp8_grid(tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX), FP8_MANT_BITS, FP8_MIN_EXP_BIASED)
+        bits = rounded.to(FP8_DTYPE).to(tl.uint8, bitcast=True)
+        q = tl.where(y != y, FP8_NAN_BITS, bits).to(tl.uint8).to(FP8_DTYPE, bitcast=True)
+    return q
+
+
+@triton.jit
+def fp8_group_quantize(
+    x,
+    eps,
+    FP8_DTYPE: tl.constexpr,
+    UE8M0: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8_MANT_BITS: tl.constexpr,
+    FP8_MIN_EXP_BIASED: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr,
+    HW_RNE: tl.constexpr,
+):
+    """Quantize a ``[rows, group]`` tile, one scale group per row: ``(q, scale)``, ``q`` in
+    ``FP8_DTYPE`` and ``scale`` the ``[rows]`` fp32 scales. The quantization kernel and the
+    GEMMs that quantize in their K loop all call this, so they quantize alike. Padding lanes
+    must be loaded as 0."""
+    xf = x.to(tl.float32)
+    # NaN counts as inf in the amax (min(NaN, inf) is inf: min.f32 returns the non-NaN operand),
+    # so a group with either gets a NaN scale. A NaN-propagating reduction (max.NaN.f32) would
+    # do it too, but runs element by element under the interpreter.
+    amax = tl.max(tl.minimum(tl.abs(xf), float("inf")), axis=1)
+    scale = fp8_group_scale(amax, eps, FP8_MAX, UE8M0)
+    q = fp8_quantize(xf, scale[:, None], FP8_DTYPE, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
+    return q, scale
 
 
 @triton.jit(do_not_specialize=["M", "stride_sm", "stride_sg", "eps"])
@@ -120,6 +176,7 @@ def _quant_kernel(
     FP8_MAX: tl.constexpr,
     FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr,
     HW_RNE: tl.constexpr,
 ):
     """One program quantizes a ``[BLOCK_M, GROUP]`` tile: BLOCK_M tokens, one K group."""
@@ -133,10 +190,10 @@ def _quant_kernel(
     rows64 = rows.to(tl.int64)
     x = tl.load(
         x_ptr + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0
-    ).to(tl.float32)
-    scale = fp8_group_scale(tl.max(tl.abs(x), axis=1), eps, FP8_MAX, UE8M0)
-    q = fp8_quantize(x, scale[:, None], FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED, HW_RNE)
-    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    )
+    q, scale = fp8_group_quantize(x, eps, q_ptr.dtype.element_ty, UE8M0, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
+                                  FP8_NAN_BITS, HW_RNE)
+    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q, mask=mask)
     tl.store(s_ptr + rows64 * stride_sm + group * stride_sg, scale, mask=row_ok)
 
 

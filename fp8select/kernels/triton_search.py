@@ -1,89 +1,34 @@
-"""Launch configs of the Triton block-FP8 kernels: schema, defaults and the tuning search.
+"""Heuristic defaults and the tuning search for the Triton block-FP8 linear's :class:`TritonConfig`.
 
-Pure Python (no torch, no triton), so a tuning driver can plan its work, and tools can read
-configs, without a GPU stack. :mod:`.triton_gemm` takes its config schema from here.
-
-A config is a dict with the launch keys :data:`CONFIG_KEYS` (ints), and optionally
-``"path"`` (one of :data:`PATHS`, which kernel runs an unquantized linear) and ``"FIXUP"``
-(0/1, how split-K partials are summed). The paths:
-
-``gemm``
-    Triton activation quantization kernel, then the ``[BLOCK_M, BLOCK_N]`` GEMM kernel
-    (two launches; three with a two-pass split-K). The reference path.
-``fused``
-    The same GEMM kernel quantizing each ``[BLOCK_M, 128]`` activation tile in its K loop.
-``decode``
-    Swap-AB GEMM for small M: each program computes a ``[BLOCK_N, BLOCK_M]`` tile of the
-    transposed output as ``W_tile @ Xq_tile^T``, so the weight rows fill the MMA's 64-row
-    side (wgmma on Hopper) and the few tokens its narrow side, and it quantizes the
-    activation inside its K loop (only ``next_pow2(M)`` rows, broadcast to the tile); with
-    ``FIXUP`` (default here) split-K finishes in the same launch. One launch in all.
-``swap``
-    Triton quantization kernel, then the swap-AB GEMM on the fp8 activation.
-
-``FIXUP=1``: with ``SPLIT_K > 1`` each program stores its fp32 partial, and the last program
-of a tile to arrive (an atomic counter) sums all partials in split order and writes the
-output, so no reduction launch follows; results are bitwise equal to ``FIXUP=0`` (a second
-kernel sums in the same order).
-
-:func:`candidates`, :func:`neighbours` and :func:`search` drive the GPU tuning (the
-``tune`` command and ``benchmarks/sweep_triton.py``): a ranked first round over paths and
-tiles, then hill-climbing around the fastest.
+Pure Python (no torch, no triton), so a tuning driver can plan its work without a GPU stack.
+:func:`heuristic_config` is the configuration a kernel entry point runs when it is given none
+(a rule of thumb per path and M bucket, sized for the H100/H200's 132 SMs);
+:func:`candidates`, :func:`neighbours` and :func:`search` drive the GPU tuning: a ranked first
+round over paths and tiles, then hill-climbing around the fastest. What the paths are, and
+the configuration type itself: :mod:`.triton_config`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from fp8select.buckets import M_BUCKET_MAX, m_bucket
+from fp8select.kernels.triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, SWAP_PATHS, TritonConfig
 
 __all__ = [
-    "CONFIG_KEYS",
-    "M_BUCKET_MAX",
     "NOMINAL_SMS",
-    "OPTIONAL_KEYS",
-    "PATHS",
-    "PREQUANT_PATHS",
-    "QUANT_FUSED_PATHS",
-    "SCALE_GROUP_K",
     "SMEM_LIMIT_BYTES",
-    "SWAP_PATHS",
+    "Trial",
     "candidates",
     "fill_split",
     "heuristic_config",
-    "m_bucket",
     "neighbours",
     "search",
     "smem_bytes",
-    "validate_config",
 ]
-
-SCALE_GROUP_K = 128
-"""K elements per activation and weight scale; also every kernel's BLOCK_K."""
-
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
-"""Launch keys every config has (positive ints)."""
-
-OPTIONAL_KEYS = ("path", "FIXUP", "TMA")
-"""Keys a config may add: the linear path, the split-K summation mode, and ``TMA: 1`` (weight and,
-in the tile kernel, fp8 activation tiles loaded through Hopper TMA descriptors; ignored where a
-descriptor cannot be built, and by the fused path's activation)."""
-
-PATHS = ("gemm", "fused", "decode", "swap")
-"""Ways to run a linear on an unquantized activation (see the module docstring)."""
-
-SWAP_PATHS = ("decode", "swap")
-"""Paths that run the swap-AB kernel."""
-
-QUANT_FUSED_PATHS = ("fused", "decode")
-"""Paths that quantize the activation inside the GEMM (one kernel, no fp8 activation in memory)."""
-
-PREQUANT_PATHS = ("gemm", "swap")
-"""Paths that run on an already-quantized activation (after the quantization kernel)."""
-
-M_BUCKET_MAX = 8192
-"""Largest M bucket; larger M shares its config."""
 
 NOMINAL_SMS = 132
 """SM count defaults are sized for (H100/H200 SXM)."""
@@ -104,54 +49,6 @@ _HEURISTIC_TILES = (
 )
 
 
-def m_bucket(m: int) -> int:
-    """M bucket used as the table key: next power of two >= ``m``, at least 1, at most 8192."""
-    if m <= 1:
-        return 1
-    return min(1 << (m - 1).bit_length(), M_BUCKET_MAX)
-
-
-def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a launch config and return it as a plain dict (launch keys first, in order).
-
-    ``"path"`` and ``"FIXUP"`` are kept when present. Raises ``ValueError`` naming the
-    offending key, what was required and what was found.
-    """
-    if not isinstance(config, Mapping):
-        raise ValueError(f"config must be a dict, got {type(config).__name__}")
-    missing = [key for key in CONFIG_KEYS if key not in config]
-    extra = [key for key in config if key not in CONFIG_KEYS and key not in OPTIONAL_KEYS]
-    if missing or extra:
-        raise ValueError(
-            f"config keys must be {CONFIG_KEYS} (optionally {OPTIONAL_KEYS}); missing {missing}, unknown {extra}"
-        )
-    cfg: dict[str, Any] = {key: config[key] for key in CONFIG_KEYS}
-    for key, value in cfg.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"config[{key!r}] must be a positive int, got {value!r}")
-    if cfg["BLOCK_K"] != SCALE_GROUP_K:
-        raise ValueError(f"config['BLOCK_K'] must be {SCALE_GROUP_K} (the scale group), got {cfg['BLOCK_K']}")
-    for key in ("BLOCK_M", "BLOCK_N", "num_warps"):
-        if cfg[key] & (cfg[key] - 1):
-            raise ValueError(f"config[{key!r}] must be a power of two, got {cfg[key]}")
-    for key in ("BLOCK_M", "BLOCK_N"):
-        if cfg[key] < 16:
-            raise ValueError(f"config[{key!r}] must be >= 16 (tl.dot minimum), got {cfg[key]}")
-    if "path" in config:
-        if config["path"] not in PATHS:
-            raise ValueError(f"config['path'] must be one of {PATHS}, got {config['path']!r}")
-        cfg["path"] = config["path"]
-    for key in ("FIXUP", "TMA"):
-        if key in config:
-            value = config[key]
-            if isinstance(value, bool) or value not in (0, 1):
-                raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
-            cfg[key] = int(value)
-    if cfg.get("TMA") == 0:
-        del cfg["TMA"]  # the default: one spelling per config
-    return cfg
-
-
 def _next_pow2(value: int) -> int:
     return 1 if value <= 1 else 1 << (value - 1).bit_length()
 
@@ -169,22 +66,10 @@ def fill_split(n: int, k: int, m: int, block_m: int, block_n: int, sms: int = NO
 
 
 def _make(path: str, block_m: int, block_n: int, warps: int, stages: int, split: int = 1, *,
-          group_m: int = 8, fixup: int | None = None, tma: int = 0) -> dict[str, Any]:
-    """A full config in the canonical key order (``TMA`` only when set)."""
-    cfg = {
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "BLOCK_K": SCALE_GROUP_K,
-        "GROUP_M": group_m,
-        "SPLIT_K": split,
-        "num_warps": warps,
-        "num_stages": stages,
-        "path": path,
-        "FIXUP": (1 if path in SWAP_PATHS else 0) if fixup is None else fixup,
-    }
-    if tma:
-        cfg["TMA"] = 1
-    return cfg
+          group_m: int = 8, tma: int = 0) -> TritonConfig:
+    """A configuration with the path's default split-K summation (FIXUP 1 on the swap-AB paths)."""
+    return TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SCALE_GROUP_K, GROUP_M=group_m, SPLIT_K=split,
+                        num_warps=warps, num_stages=stages, path=path, FIXUP=1 if path in SWAP_PATHS else 0, TMA=tma)
 
 
 def _swap_block_m(m: int) -> int:
@@ -192,12 +77,13 @@ def _swap_block_m(m: int) -> int:
     return min(64, max(16, _next_pow2(m)))
 
 
-def heuristic_config(n: int, k: int, m: int, path: str = "gemm", *, sms: int = NOMINAL_SMS) -> dict[str, Any]:
-    """Default config of ``path`` for shapes no table covers (full, with ``path`` and ``FIXUP``).
+def heuristic_config(n: int, k: int, m: int, path: str = "gemm", *, sms: int = NOMINAL_SMS) -> TritonConfig:
+    """The configuration of ``path`` a kernel entry point runs when it is given none.
 
     gemm/fused: small M is bound by weight bytes (narrow tiles, split-K to ~2 programs per
     SM); large M by tensor-core throughput (128-wide tiles, 8 warps). decode/swap: 128 weight
-    rows by ``next_pow2(M)`` (16..64) tokens, split-K to ~2 programs per SM.
+    rows by ``next_pow2(M)`` (16..64) tokens, split-K to ~2 programs per SM. Pointer loads
+    (TMA 0); FIXUP as :meth:`TritonConfig.from_dict` defaults it.
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -210,21 +96,18 @@ def heuristic_config(n: int, k: int, m: int, path: str = "gemm", *, sms: int = N
     return _make(path, block_m, block_n, warps, stages, split)
 
 
-def smem_bytes(cfg: Mapping[str, Any]) -> int:
-    """Shared memory a config's pipelined tiles need (estimate; bf16 activations when fused).
-
-    The fused paths also stage the quantized tile for the MMA once per iteration.
-    """
-    path = cfg.get("path", "gemm")
-    bm, bn, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]
+def smem_bytes(cfg: TritonConfig) -> int:
+    """Shared memory a configuration's pipelined tiles need (estimate; bf16 activations when
+    the path quantizes in the kernel, which also stages the quantized tile once per step)."""
+    bm, bn, stages = cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_stages
     k = SCALE_GROUP_K
-    if path in QUANT_FUSED_PATHS:
+    if cfg.path in QUANT_FUSED_PATHS:
         return stages * (bm * k * 2 + bn * k) + bm * k
     return stages * (bm * k + bn * k)
 
 
-def _fits(cfg: Mapping[str, Any]) -> bool:
-    return smem_bytes(cfg) <= SMEM_LIMIT_BYTES and STAGES_MIN <= cfg["num_stages"] <= STAGES_MAX
+def _fits(cfg: TritonConfig) -> bool:
+    return smem_bytes(cfg) <= SMEM_LIMIT_BYTES and STAGES_MIN <= cfg.num_stages <= STAGES_MAX
 
 
 _Plan = tuple[str, int, int, int, int, int, int]
@@ -308,13 +191,12 @@ def _large_m_plan(bucket: int) -> list[_Plan]:
 
 
 def candidates(n: int, k: int, m: int, *, sms: int = NOMINAL_SMS, limit: int = 8,
-               paths: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """First-round configs for an ``[m, k] x [n, k]^T`` linear, best guess first.
+               paths: Sequence[str] | None = None) -> list[TritonConfig]:
+    """First-round configurations for an ``[m, k] x [n, k]^T`` linear, best guess first.
 
-    Every config is full (launch keys, ``path`` and ``FIXUP``), valid, fits in shared memory,
-    and has the split-K that fills ``sms`` SMs (M <= 512). Paths are interleaved so that a
-    short list still compares them: decode first for M <= 16, the gemm path for large M.
-    ``paths`` keeps only those paths (default: all).
+    Every one fits in shared memory and has the split-K that fills ``sms`` SMs (M <= 512).
+    Paths are interleaved so that a short list still compares them: decode first for
+    M <= 16, the gemm path for large M. ``paths`` keeps only those paths (default: all).
     """
     allowed = _allowed(paths)
     bucket = m_bucket(m)
@@ -324,69 +206,70 @@ def candidates(n: int, k: int, m: int, *, sms: int = NOMINAL_SMS, limit: int = 8
         plan = _mid_m_plan(m)
     else:
         plan = _large_m_plan(bucket)
-    out: list[dict[str, Any]] = []
+    out: list[TritonConfig] = []
     for path, bm, bn, warps, stages, group, tma in plan:
         split = fill_split(n, k, m, bm, bn, sms) if bucket <= 512 else 1
         cfg = _make(path, bm, bn, warps, stages, split, group_m=group, tma=tma)
         if path in allowed and _fits(cfg) and cfg not in out:
-            out.append(validate_config(cfg))
+            out.append(cfg)
     if not out:  # e.g. only paths the plan does not rank for this M: their default config
         out.append(heuristic_config(n, k, m, allowed[0], sms=sms))
     return out[: max(1, limit)]
 
 
-def neighbours(config: Mapping[str, Any], n: int, k: int, m: int, *, sms: int = NOMINAL_SMS,
-               paths: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Configs one step from ``config`` (same path first), most promising first.
+def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMINAL_SMS,
+               paths: Sequence[str] | None = None) -> list[TritonConfig]:
+    """Configurations one step from ``config`` (same path first), most promising first.
 
     Steps: split-K x2 and /2 (M <= 512), pipeline depth +-1, BLOCK_N x2 and /2 (with the
     split refitted), warps 4 <-> 8, GROUP_M 8 <-> 16 and BLOCK_M x2 / 2 for large M, the
     other split-K summation mode, TMA loads on/off, and the sibling path with the same tiles
     (decode <-> swap, gemm <-> fused for M <= 64), keeping only ``paths`` (default: all).
+    A step that leaves SPLIT_K at 1 takes the path's default FIXUP; the fused path never
+    uses TMA (it quantizes a bf16 tile).
     """
     allowed = _allowed(paths)
-    base = validate_config(config)
-    base.setdefault("path", "gemm")
-    base.setdefault("FIXUP", 1 if base["path"] in SWAP_PATHS else 0)
+    base = config
     k_blocks = math.ceil(max(k, 1) / SCALE_GROUP_K)
     bucket = m_bucket(m)
-    out: list[dict[str, Any]] = []
+    out: list[TritonConfig] = []
 
-    def add(**change: Any) -> None:
-        new = {**base, **change}
-        if new["SPLIT_K"] == 1:
-            new["FIXUP"] = 1 if new["path"] in SWAP_PATHS else 0
-        if new["path"] == "fused" or not new.get("TMA", 1):
-            new.pop("TMA", None)
-        if new["path"] in allowed and new != base and new not in out and _fits(new):
-            out.append(validate_config(new))
+    def add(**change: int | str) -> None:
+        new = replace(base, **change)  # type: ignore[arg-type]
+        if new.SPLIT_K == 1:
+            new = replace(new, FIXUP=1 if new.path in SWAP_PATHS else 0)
+        if new.path == "fused":
+            new = replace(new, TMA=0)
+        if new.path in allowed and new != base and new not in out and _fits(new):
+            out.append(new)
 
-    split = base["SPLIT_K"]
+    split = base.SPLIT_K
     if bucket <= 512:
         if split * 2 <= MAX_SPLIT_K and k_blocks // (split * 2) >= 2:
             add(SPLIT_K=split * 2)
         if split > 1:
             add(SPLIT_K=split // 2)
-    add(num_stages=base["num_stages"] + 1)
-    add(num_stages=base["num_stages"] - 1)
-    for bn in (base["BLOCK_N"] * 2, base["BLOCK_N"] // 2):
+    add(num_stages=base.num_stages + 1)
+    if base.num_stages > 1:
+        add(num_stages=base.num_stages - 1)
+    for bn in (base.BLOCK_N * 2, base.BLOCK_N // 2):
         if 16 <= bn <= 256:
-            new_split = fill_split(n, k, m, base["BLOCK_M"], bn, sms) if bucket <= 512 else 1
+            new_split = fill_split(n, k, m, base.BLOCK_M, bn, sms) if bucket <= 512 else 1
             add(BLOCK_N=bn, SPLIT_K=new_split)
-    if base["BLOCK_M"] * base["BLOCK_N"] >= 64 * 64 or base["path"] in SWAP_PATHS:
-        add(num_warps=8 if base["num_warps"] == 4 else 4)
+    if base.BLOCK_M * base.BLOCK_N >= 64 * 64 or base.swap:
+        add(num_warps=8 if base.num_warps == 4 else 4)
     if bucket > 512:
-        add(GROUP_M=16 if base["GROUP_M"] == 8 else 8)
-        for bm in (base["BLOCK_M"] * 2, base["BLOCK_M"] // 2):
+        add(GROUP_M=16 if base.GROUP_M == 8 else 8)
+        for bm in (base.BLOCK_M * 2, base.BLOCK_M // 2):
             if 16 <= bm <= 256:
                 add(BLOCK_M=bm)
     if split > 1:
-        add(FIXUP=1 - base["FIXUP"])
-    if base["path"] != "fused":  # the fused path quantizes a bf16 tile: no TMA for it
-        add(TMA=1 - base.get("TMA", 0))
-    sibling = {"decode": "swap", "swap": "decode", "gemm": "fused", "fused": "gemm"}[base["path"]]
+        add(FIXUP=1 - base.FIXUP)
+    if base.path != "fused":  # the fused path quantizes a bf16 tile: no TMA for it
+        add(TMA=1 - base.TMA)
+    sibling = {"decode": "swap", "swap": "decode", "gemm": "fused", "fused": "gemm"}[base.path]
     if sibling in SWAP_PATHS or bucket <= 64:
-        add(path=sibling, FIXUP=base["FIXUP"])
+        add(path=sibling, FIXUP=base.FIXUP)
     return out
 
 
@@ -399,52 +282,56 @@ def _allowed(paths: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(paths)
 
 
-def _key(cfg: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(cfg.items()))
+@dataclass(frozen=True)
+class Trial:
+    """One configuration timed by :func:`search`: its median microseconds, or None when it
+    failed or gave a wrong result (``error`` says why when ``time_config`` raised)."""
+
+    config: TritonConfig
+    us: float | None
+    error: str | None = None
 
 
 def search(
     n: int,
     k: int,
     m: int,
-    time_config: Callable[[dict[str, Any]], float | None],
+    time_config: Callable[[TritonConfig], float | None],
     *,
     sms: int = NOMINAL_SMS,
     max_configs: int = 12,
     deadline: float = math.inf,
     paths: Sequence[str] | None = None,
-) -> tuple[dict[str, Any] | None, float, list[dict[str, Any]]]:
-    """Find the fastest config of the whole linear for one ``(n, k, m)``.
+) -> tuple[TritonConfig | None, float, list[Trial]]:
+    """Find the fastest configuration of the whole linear for one ``(n, k, m)``.
 
-    ``time_config(cfg)`` runs one full config (with ``path``) and returns its median time in
-    microseconds, or ``None`` when it failed or gave a wrong result (an exception it raises
-    counts as a failure and is recorded). The first round times up to ~2/3 of
-    ``max_configs`` of :func:`candidates`; the rest climbs: the neighbours of the fastest
-    config not yet expanded (when none is left, the next untried candidate), until
-    ``max_configs`` configs were timed or ``deadline`` (a ``time.monotonic()`` value)
-    passed. At least one config is always timed.
+    ``time_config(cfg)`` runs one configuration and returns its median time in microseconds,
+    or ``None`` when it failed or gave a wrong result (an exception it raises counts as a
+    failure and is recorded). The first round times up to ~2/3 of ``max_configs`` of
+    :func:`candidates`; the rest climbs: the neighbours of the fastest configuration not yet
+    expanded (when none is left, the next untried candidate), until ``max_configs`` were
+    timed or ``deadline`` (a ``time.monotonic()`` value) passed. At least one is always
+    timed, and none twice.
 
-    Returns ``(best config or None, its microseconds or inf, tried)``, ``tried`` being every
-    timed config in order as ``{"config": cfg, "us": float | None}`` (plus ``"error"`` when
-    ``time_config`` raised). ``paths`` restricts the search to those paths (default: all).
+    Returns ``(best or None, its microseconds or inf, every trial in order)``. ``paths``
+    restricts the search to those paths (default: all).
     """
     max_configs = max(1, max_configs)
-    tried: list[dict[str, Any]] = []
-    seen: set[tuple[tuple[str, Any], ...]] = set()
+    tried: list[Trial] = []
+    seen: set[TritonConfig] = set()
 
     def budget_left() -> bool:
         return len(tried) < max_configs and (not tried or time.monotonic() < deadline)
 
-    def run(cfg: dict[str, Any]) -> None:
-        seen.add(_key(cfg))
-        record: dict[str, Any] = {"config": cfg, "us": None}
+    def run(cfg: TritonConfig) -> None:
+        seen.add(cfg)
         try:
-            us = time_config(dict(cfg))
-            if us is not None and math.isfinite(us) and us > 0:
-                record["us"] = float(us)
+            us = time_config(cfg)
         except Exception as exc:  # noqa: BLE001 - a failing config is data, not a crash
-            record["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        tried.append(record)
+            tried.append(Trial(cfg, None, f"{type(exc).__name__}: {exc}"[:300]))
+            return
+        ok = us is not None and math.isfinite(us) and us > 0
+        tried.append(Trial(cfg, float(us) if ok and us is not None else None))
 
     ranked_all = candidates(n, k, m, sms=sms, limit=64, paths=paths)
     for cfg in ranked_all[: max(1, math.ceil(max_configs * 2 / 3))]:
@@ -452,26 +339,26 @@ def search(
             break
         run(cfg)
 
-    expanded: set[tuple[tuple[str, Any], ...]] = set()
+    expanded: set[TritonConfig] = set()
     while budget_left():
-        ranked = sorted((r for r in tried if r["us"] is not None), key=lambda r: r["us"])
-        seed = next((r["config"] for r in ranked if _key(r["config"]) not in expanded), None)
+        ranked = sorted((t for t in tried if t.us is not None), key=lambda t: t.us or math.inf)
+        seed = next((t.config for t in ranked if t.config not in expanded), None)
         if seed is None:
             # Nothing (more) to climb from, e.g. a whole path failed: the next-ranked candidate.
-            spare = next((c for c in ranked_all if _key(c) not in seen), None)
+            spare = next((c for c in ranked_all if c not in seen), None)
             if spare is None:
                 break
             run(spare)
             continue
-        expanded.add(_key(seed))
+        expanded.add(seed)
         for cfg in neighbours(seed, n, k, m, sms=sms, paths=paths):
             if not budget_left():
                 break
-            if _key(cfg) not in seen:
+            if cfg not in seen:
                 run(cfg)
 
-    ok = [r for r in tried if r["us"] is not None]
-    if not ok:
+    timed = [t for t in tried if t.us is not None]
+    if not timed:
         return None, math.inf, tried
-    best = min(ok, key=lambda r: r["us"])
-    return dict(best["config"]), best["us"], tried
+    best = min(timed, key=lambda t: t.us or math.inf)
+    return best.config, best.us or math.inf, tried

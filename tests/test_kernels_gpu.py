@@ -1,0 +1,175 @@
+"""The kernels on a CUDA GPU, compiled (skipped without one, or under TRITON_INTERPRET=1).
+
+What the CPU interpreter cannot show: the hardware fp8 cast (``cvt.rn.satfinite``, which the
+kernels rely on for rounding, saturation and keeping NaN), CUDA-graph capture, and host
+synchronisation. Run this file on its own (other test modules set TRITON_INTERPRET=1):
+``python -m pytest tests/test_kernels_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import torch
+from fp64_reference import random_problem
+
+import fp8select
+from fp8select.kernels.nonfinite import propagate_nonfinite_rows
+from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout, quantize_per_token_group
+from fp8select.kernels.weight_quant import quantize_weight
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+K = 7200  # 57 scale groups, the last one partial
+NONFINITE = (math.nan, math.inf, -math.inf)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> tuple[object, object]:
+    """(triton_quant, triton_gemm), compiled for the GPU."""
+    pytest.importorskip("triton")
+    from fp8select.kernels import triton_gemm, triton_quant
+
+    if type(triton_gemm._w8a8_swap_kernel).__name__ == "InterpretedFunction":
+        pytest.skip("TRITON_INTERPRET=1 in this process: run tests/test_kernels_gpu.py on its own")
+    return triton_quant, triton_gemm
+
+
+@pytest.fixture
+def no_sync() -> Iterator[list[warnings.WarningMessage]]:
+    """Record the host synchronisations the body makes (torch's sync debug mode, warning level)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            yield seen
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _syncs(seen: list[warnings.WarningMessage]) -> int:
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+def _poison(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """NaN, +inf and -inf in different rows and groups (the partial last group too)."""
+    m = x.shape[0]
+    bad = x.clone()
+    spots = [(0, 5), (m // 2, 1000), (m - 1, K - 1)]
+    for i, (row, col) in enumerate(spots):
+        bad[row, col] = NONFINITE[i % 3]
+    return bad, sorted({row for row, _ in spots})
+
+
+def _with(x: torch.Tensor, col: int, value: float) -> torch.Tensor:
+    bad = x.clone()
+    bad[:, col] = value
+    return bad
+
+
+def _check_rows(out: torch.Tensor, clean: torch.Tensor, rows: list[int]) -> None:
+    bad = torch.zeros(out.shape[0], dtype=torch.bool, device=out.device)
+    bad[rows] = True
+    assert out[bad].isnan().all()
+    assert torch.equal(out[~bad], clean[~bad])  # finite rows: bit for bit
+
+
+@pytest.mark.parametrize("m", [1, 16, 256])
+@pytest.mark.parametrize("layout", [ROW_MAJOR, M_MAJOR, ScaleLayout(mn_major=True, m_align=4, ue8m0=True)])
+def test_quantizers_agree_on_non_finite_groups_with_the_hardware_cast(kernels: tuple, m: int, layout: ScaleLayout) -> None:
+    tq, _ = kernels
+    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+    for bad in [_poison(x)[0]] if m > 1 else [_with(x, 5, v) for v in NONFINITE]:
+        q_ref, s_ref = quantize_per_token_group(bad, layout=layout)  # torch, on the GPU
+        q, s = tq.quantize_per_token_group_triton(bad, layout=layout)
+        nan_groups = s_ref.isnan()
+        assert nan_groups.any() and torch.equal(s.isnan(), nan_groups)
+        assert torch.equal(s[~nan_groups], s_ref[~nan_groups])
+        cols = nan_groups.repeat_interleave(128, dim=1)[:, :K]
+        assert q.float().isnan()[cols].all() and q_ref.float().isnan()[cols].all()
+        assert set(q.view(torch.uint8)[cols].unique().tolist()) <= {0x7F, 0xFF}
+        assert torch.equal(q.view(torch.uint8)[~cols], q_ref.view(torch.uint8)[~cols])
+
+
+@pytest.mark.parametrize("path", ["gemm", "fused", "decode", "swap"])
+@pytest.mark.parametrize(("fixup", "tma"), [(0, 0), (1, 1)])
+def test_every_path_gives_nan_rows_and_leaves_the_others(kernels: tuple, path: str, fixup: int, tma: int) -> None:
+    from fp8select.kernels.triton_search import heuristic_config
+
+    _, tg = kernels
+    n = 576
+    w, s = random_problem(n, K, device="cuda")
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for m in (1, 16, 256):
+        cfg = replace(heuristic_config(n, K, m, path), SPLIT_K=4, FIXUP=fixup, TMA=0 if path == "fused" else tma)
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        clean = tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=cfg)
+        bad, rows = _poison(x)
+        _check_rows(tg.linear(bad, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=cfg), clean, rows)
+
+
+def test_every_accepted_backend_gives_nan_rows() -> None:
+    """Each backend of the chain, pinned: a NaN/inf activation row gives a non-finite output row.
+    (An adapter whose vendor kernel quantizes inside and drops NaN would call
+    ``propagate_nonfinite_rows`` on its output.)"""
+    fp8select.detect_capabilities.cache_clear()
+    selection = fp8select.resolve(plugins=False)
+    n = 2112
+    w, s = random_problem(n, K - 32, device="cuda")
+    x = torch.randn(16, K - 32, device="cuda", dtype=torch.bfloat16)
+    x[3, 7] = math.nan
+    x[9, 300] = math.inf
+    x[15, 4000] = -math.inf
+    failures = []
+    for backend in selection.chain:
+        if not backend.supports(fp8select.Problem(n, K - 32, (128, 128), 16), selection.capabilities).ok:
+            continue
+        layer = fp8select.resolve(selection.capabilities, backend=backend.name, plugins=False).prepare(w, s)
+        out = layer(x)
+        finite = torch.isfinite(out).all(dim=1).tolist()
+        want = [row not in (3, 9, 15) for row in range(16)]
+        if finite != want:
+            failures.append(f"{backend.name} ({layer.plan(16).name}): finite rows {finite}")
+    assert not failures, failures
+
+
+def test_propagate_nonfinite_rows_in_a_cuda_graph(no_sync: list[warnings.WarningMessage]) -> None:
+    x = torch.randn(64, K, device="cuda", dtype=torch.bfloat16)
+    out = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    base = out.clone()
+    propagate_nonfinite_rows(x, out)  # compiles the kernel
+    assert torch.equal(out, base) and _syncs(no_sync) == 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        propagate_nonfinite_rows(x, out)
+    bad, rows = _poison(x)
+    x.copy_(bad)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_rows(out, base, rows)
+
+
+def test_the_hot_path_does_not_synchronise(kernels: tuple, no_sync: list[warnings.WarningMessage]) -> None:
+    tq, tg = kernels
+    w, s = random_problem(576, K, device="cuda")
+    x = torch.randn(16, K, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):  # the second round runs compiled kernels only
+        tq.quantize_per_token_group_triton(x, layout=M_MAJOR)
+        for path in ("gemm", "decode"):
+            from fp8select.kernels.triton_search import heuristic_config
+
+            tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, config=heuristic_config(576, K, 16, path))
+    assert _syncs(no_sync) == 0
+
+
+def test_quantize_weight_on_the_gpu(no_sync: list[warnings.WarningMessage]) -> None:
+    w = torch.randn(1000, K, device="cuda", dtype=torch.bfloat16) * 0.02
+    q, s = quantize_weight(w)
+    assert _syncs(no_sync) == 1  # the finiteness check, nothing else
+    q_cpu, s_cpu = quantize_weight(w.cpu())
+    assert torch.equal(q.cpu().view(torch.uint8), q_cpu.view(torch.uint8)) and torch.equal(s.cpu(), s_cpu)
