@@ -17,6 +17,7 @@ from fp8select.errors import (
     UnknownBackendError,
     UnsupportedProblemError,
 )
+from fp8select.kernels.weight_quant import quantize_weight
 from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, Route
 from fp8select.plugins import Placement, hookimpl
@@ -54,6 +55,7 @@ __all__ = [
     "choose",
     "detect_capabilities",
     "hookimpl",
+    "quantize_weight",
     "resolve",
     "warmup",
 ]

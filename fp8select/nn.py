@@ -286,25 +286,6 @@ def _prepare_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None
 
 
 def _quantize_weight(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    import fp8select
+    from fp8select.kernels.weight_quant import quantize_weight
 
-    quantize = getattr(fp8select, "quantize_weight", None)
-    if quantize is None:  # TEMPORARY: until fp8select.quantize_weight lands (issue 10 item 2)
-        quantize = _temporary_quantize_weight
-    return quantize(weight, block)  # type: ignore[no-any-return]
-
-
-def _temporary_quantize_weight(weight: torch.Tensor, block_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """TEMPORARY stand-in for ``fp8select.quantize_weight`` (same signature and result), to be deleted when it lands."""
-    if weight.dtype not in ACTIVATION_DTYPES or weight.dim() != 2:
-        raise InvalidDtypeError(f"weight: expected a 2-D bf16/fp16/fp32 tensor, found {dtype_name(weight.dtype)} {list(weight.shape)}")
-    n, k = weight.shape
-    bn, bk = block_size
-    gn, gk = _ceil_div(n, bn), _ceil_div(k, bk)
-    fmax = torch.finfo(WEIGHT_DTYPE).max
-    padded = torch.zeros(gn * bn, gk * bk, dtype=torch.float32, device=weight.device)
-    padded[:n, :k] = weight
-    blocks = padded.view(gn, bn, gk, bk)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / fmax
-    q = (blocks / scale[:, None, :, None]).clamp(-fmax, fmax).view(gn * bn, gk * bk)[:n, :k]
-    return q.to(WEIGHT_DTYPE).contiguous(), scale
+    return quantize_weight(weight, block)

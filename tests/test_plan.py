@@ -413,3 +413,17 @@ def test_warmup_runs_every_route_of_each_distinct_layer_once() -> None:
     assert warmup(layers[0], ms=[3, 64]).calls == 2 and {(n, m) for n, m, _ in Fake.ran} == {("b", 3), ("a", 64)}
     with pytest.raises(InvalidInputError, match="ms"):
         warmup(layers, ms=[0])
+
+
+def test_triton_and_aiter_share_one_fnuz_copy_on_gfx942(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import install
+    from matrix import MATRIX
+
+    install(monkeypatch, "aiter", gfx="gfx942")
+    sel = resolve(MATRIX["mi300x-aiter"][0], plugins=False, order=["aiter", "triton", "reference"], tuning=False)
+    plan = sel.plan_for(256, 512)
+    assert {w.layout for w in plan.weights} <= {"e4m3fnuz"}
+    meas = measurements({"aiter": {(256, 512): {m: 1.0 if m > 8 else 5.0 for m in M_BUCKETS}},
+                         "triton": {(256, 512): {m: 1.0 if m <= 8 else 5.0 for m in M_BUCKETS}}})
+    both = build_plan(Problem(256, 512), list(sel.chain), sel.capabilities, estimator(meas, 256, 512))
+    assert both.backends == ("triton", "aiter") and both.weight_copies == 1

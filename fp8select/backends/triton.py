@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fp8select.backends.base import Backend, PreparedWeight, block_pair
+from fp8select.backends.base import CHECKPOINT_LAYOUT, FNUZ_LAYOUT, Backend, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.triton_config import TritonConfig
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, EnvFlag, GfxArch, Package, Probe, TritonTarget
@@ -57,6 +57,12 @@ class TritonBackend(Backend):
                                       f"found input {dtype_name(problem.act_dtype)} with weight "
                                       f"{dtype_name(problem.weight_dtype)}{how}")
         return verdict
+
+    def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
+        """An e4m3fnuz copy of an e4m3fn checkpoint on gfx942 (shared with AITER's), else the checkpoint."""
+        if self.weight_dtype(caps) == torch.float8_e4m3fnuz and problem.weight_dtype == torch.float8_e4m3fn:
+            return FNUZ_LAYOUT
+        return CHECKPOINT_LAYOUT
 
     def launch_config(self, config: Mapping[str, Any]) -> TritonConfig:
         """A measured configuration (a tuning-table row's ``config``, :meth:`TritonConfig.to_dict`
