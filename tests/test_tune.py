@@ -109,3 +109,32 @@ def test_bench_times_pinned_backends_and_auto_side_by_side(clocked: Any) -> None
     summary = regret.summarize(points)
     assert summary["auto_regret_geomean"] == 1.0 and summary["points_over_8pct"] == 0
     assert summary["ideal_vs_always"] == {"large": pytest.approx(3**0.5, rel=1e-3), "small": pytest.approx((5 / 3) ** 0.5, rel=1e-3)}
+
+
+def test_the_tune_command_saves_after_every_shape_and_merges_into_the_table(
+        clocked: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import json
+
+    from fp8select import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "resolve", lambda **kw: clocked)
+    from fp8select.tuning import tune as tune_module
+
+    real = tune_module.tune
+    saved: list[int] = []
+
+    def on_cpu(*args: Any, **kwargs: Any) -> Any:
+        inner = kwargs["on_shape"]
+        kwargs["on_shape"] = lambda table: (saved.append(1), inner(table))
+        return real(*args, **kwargs, device="cpu")
+
+    monkeypatch.setattr(tune_module, "tune", on_cpu)
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", "--shapes", "256,384,128,384", "--m", "1,64", "--out", str(out)]) == 0
+    first = json.loads(out.read_text())
+    assert len(saved) == 2 and {g["backend"] for g in first["groups"]} == {"small", "large"}
+    assert cli.main(["tune", "--shapes", "512,384", "--m", "1", "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    shapes = {s for g in merged["groups"] for s in g["shapes"]}
+    assert shapes == {"256,384", "128,384", "512,384"}, "a second run adds to the table"
