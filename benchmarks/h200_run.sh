@@ -47,12 +47,15 @@ lane1_checks() {
   log "gpu1: gpu tests"
   CUDA_VISIBLE_DEVICES=1 timeout 200 $py -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
       -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+  log "gpu1: kernel gpu tests"
+  CUDA_VISIBLE_DEVICES=1 timeout 90 $py -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+      >"$work/kernel_gpu_tests.log" 2>&1
   log "gpu1: checks"
   CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/h200_checks.py --label vendors --out "$work/checks_vendors.json" \
       >>"$work/lane1.log" 2>&1
   log "gpu1: numerics"
-  CUDA_VISIBLE_DEVICES=1 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
-      --budget-s 170 >>"$work/lane1.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 130 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+      --budget-s 100 >>"$work/lane1.log" 2>      --budget-s 170 >>"$work/lane1.log" 2>&11
   log "gpu1: done"
 }
 
