@@ -17,8 +17,10 @@ work=${WORK:-/tmp/h200work}
 mkdir -p "$work"
 TABLE=${TABLE:-$work/tuning.json}
 [ -e "$TABLE" ] || TABLE=fp8select/data/tuning-nvidia-h200.json
-export PYTHONUNBUFFERED=1 FP8SELECT_CACHE_DIR=/tmp/fp8cache
+export PYTHONUNBUFFERED=1 FP8SELECT_CACHE_DIR=/tmp/fp8cache PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OTHER="6144,4096,4096,4096,28672,4096,4096,14336,4608,3584,3584,18944"  # Llama-3-8B, Qwen2.5-7B projections
+GRID_A="1024,4096,12288,4096,5120,5120"  # measured besides DeepSeek-V3 so the model has near neighbours
+GRID_B="8192,8192,13824,5120"
 py=python3
 log() { echo "[$(date +%T)] $*" | tee -a "$work/run.log"; }
 
@@ -43,6 +45,23 @@ bench() {
   wait
 }
 
+grid() {
+  log "grid: jit warm-up (gpu0), kernel tests and checks (gpu1)"
+  CUDA_VISIBLE_DEVICES=0 timeout 120 $py benchmarks/jit_warm.py --shapes "$GRID_A,$GRID_B" \
+      --backends deepgemm,flashinfer --procs 14 --out "$work/jit_warm_grid.json" >>"$work/lane0.log" 2>&1 &
+  (CUDA_VISIBLE_DEVICES=1 timeout 60 $py -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+      >"$work/kernel_gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 110 $py benchmarks/h200_checks.py --label vendors --out "$work/checks_vendors.json" \
+      >>"$work/lane1.log" 2>&1) &
+  wait
+  log "grid: tune on both GPUs"
+  CUDA_VISIBLE_DEVICES=0 timeout 270 $py -m fp8select tune --shapes "$GRID_A" --max-configs 4 --replays 20 \
+      --budget-s 250 --out "$work/tuning_grid_a.json" >>"$work/lane0.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 270 $py -m fp8select tune --shapes "$GRID_B" --max-configs 4 --replays 20 \
+      --budget-s 250 --out "$work/tuning_grid_b.json" >>"$work/lane1.log" 2>&1 &
+  wait
+}
+
 lane1_checks() {
   log "gpu1: gpu tests"
   CUDA_VISIBLE_DEVICES=1 timeout 200 $py -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
@@ -62,7 +81,7 @@ lane1_checks() {
 no_vendors() {
   # structlog only: the vendors' site directory is left off the path
   $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
-  local pp=/tmp/projdeps
+  local pp=$PWD:/tmp/projdeps
   local table=$TABLE
   log "no vendors: regret on both GPUs"
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
@@ -78,6 +97,7 @@ no_vendors() {
 
 case $stage in
   tune) lane0_tune & lane1_checks & wait ;;
+  grid) grid ;;
   bench) bench ;;
   no-vendors) no_vendors ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -187,12 +187,18 @@ def test_cuda_graph_replay_equals_eager(backend: str, m: int) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = layer(static_x, bias=bias)
+    previous = static_out.clone()
     for seed in (11, 12):
         x = _randn(m, k, seed=seed)
         static_x.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_out, layer(x, bias=bias)), (backend, m, seed)
+        eager = layer(x, bias=bias)
+        # One kernel reading the same data; a vendor kernel may still sum its K splits in another order
+        # from run to run (sgl-kernel's CUTLASS at M=200 did on the H200), so compare to bf16 rounding.
+        assert rel_err(static_out, eager.double()) < 2e-3, (backend, m, seed)
+        assert not torch.equal(static_out, previous), "the replay must read the new input"
+        previous = static_out.clone()
 
 
 # =============================================================================== NaN and inf
