@@ -385,7 +385,7 @@ def test_model_choice_on_the_shipped_h200_table_is_sane() -> None:
                         float8_dtypes=("float8_e4m3fn",), triton_backends=("nvidia",))
     sel = resolve(caps, plugins=False, verify=False)
     assert sel.measurements is not None and set(sel.measurements.backends) >= {"triton", "cuda-scaled-mm"}
-    est = {b.name: [sel.measurements.estimate(b.name, 5120, 5120, m) for m in (1, 4096)] for b in sel.chain
+    est = {b.name: [sel.measurements.estimate(b.name, 3072, 6144, m) for m in (1, 4096)] for b in sel.chain
            if b.name in ("triton", "cuda-scaled-mm")}
     assert all(e is not None and e.source == MODEL for pair in est.values() for e in pair)
     assert est["triton"][0].us < est["cuda-scaled-mm"][0].us  # type: ignore[union-attr]

@@ -44,7 +44,7 @@ def _layer(row: str, backend: str, n: int, k: int, *, seed: int = 0, scale: torc
     """A layer under the snapshot ``row``, which must choose ``backend``, with ``reference`` as its fallback."""
     caps = MATRIX[row][0]
     assert resolve(caps, plugins=False).backend.name == backend
-    selection = resolve(caps, plugins=False, order=[backend, "reference"])
+    selection = resolve(caps, plugins=False, order=[backend, "reference"], tuning=False)  # the adapter alone, no table
     w, s = random_problem(n, k, seed=seed)
     if scale is not None:
         s = scale
