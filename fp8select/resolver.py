@@ -26,6 +26,7 @@ from fp8select.errors import (
     NoBackendError,
     UnknownBackendError,
 )
+from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place
 from fp8select.selection import Candidate, Selection
 
@@ -36,12 +37,6 @@ ENV_DISABLE = "FP8SELECT_DISABLE"
 def builtin_backends() -> dict[str, Backend]:
     """A fresh instance of every built-in backend, by name."""
     return {cls.name: cls() for cls in BUILTIN_BACKENDS}
-
-
-def parse_names(value: str | Iterable[str]) -> tuple[str, ...]:
-    """``"a, b"`` or ``["a", "b"]`` -> ``("a", "b")`` (blank entries dropped)."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(s.strip() for s in items if isinstance(s, str) and s.strip())
 
 
 def _check(backend: Backend, caps: Capabilities) -> tuple[bool, str]:
@@ -221,10 +216,11 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
         origins[pb.backend.name] = f"plugin:{pb.plugin}"
     names = names_arg if names_arg is not None else tuple(place(DEFAULT_ORDER, loaded.backends))
 
-    explicit, explicit_source = backend, "argument"
-    if explicit is None and caps.env.get(ENV_BACKEND, "").strip():
-        explicit, explicit_source = caps.env[ENV_BACKEND].strip(), "environment"
-    if not disabled and caps.env.get(ENV_DISABLE, "").strip():
+    # Names as typed: case, surrounding blanks and aliases (deep_gemm) do not matter; "auto" or blank is no choice.
+    explicit, explicit_source = explicit_choice(backend), "argument"
+    if explicit is None and explicit_choice(caps.env.get(ENV_BACKEND)) is not None:
+        explicit, explicit_source = explicit_choice(caps.env.get(ENV_BACKEND)), "environment"
+    if not disabled and parse_names(caps.env.get(ENV_DISABLE, "")):
         disabled, disabled_source = parse_names(caps.env[ENV_DISABLE]), "environment"
 
     log = get_logger()
