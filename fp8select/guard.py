@@ -27,7 +27,8 @@ _REPR_LIMIT = 200
 
 
 def describe(exc: BaseException) -> str:
-    """``"RuntimeError: boom"``; never raises, even when the exception's ``__str__`` does."""
+    """``"RuntimeError: boom"`` (the first line of its message); never raises, even when the
+    exception's ``__str__`` does."""
     name = type(exc).__name__
     try:
         text = str(exc)
@@ -37,6 +38,8 @@ def describe(exc: BaseException) -> str:
         text = f"<str() raised {type(inner).__name__}>"
     if isinstance(exc, SystemExit):
         text = f"exit status {exc.code!r}" if exc.code is not None else "no exit status"
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    text = lines[0] + (" ..." if len(lines) > 1 else "") if lines else ""  # one line: it goes into verdict tables
     return f"{name}: {_shorten(text)}" if text else name
 
 
