@@ -214,6 +214,8 @@ def check_writable(path: str | Path, what: str, *, directory: bool = False, hint
 
     if not directory and target.is_dir():
         fail("it is a directory")
+    if not directory and target.exists() and not target.is_file():  # /dev/null, a fifo: an atomic replace would clobber it
+        fail("it is not a regular file")
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
