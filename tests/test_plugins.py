@@ -208,3 +208,17 @@ def test_placements_take_names_in_any_spelling() -> None:
     selection = resolve(CPU, plugins=[_plugin_of(Placement(Early, after=" XPU_Scaled_MM "))])
     names = [c.name for c in selection.verdicts]
     assert names[names.index("xpu-scaled-mm") + 1] == "early-dg"
+
+
+def test_verification_survives_a_backend_that_exits() -> None:
+    from fp8select.verify import verify_backend
+
+    class Exits(Backend):
+        name = "exits-in-run"
+        requires = (DeviceKind(("cpu",)),)
+
+        def run(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            raise SystemExit("vendor library gave up")
+
+    verdict = verify_backend(Exits(), CPU, "cpu")
+    assert not verdict.ok and "raised SystemExit" in verdict.reason
