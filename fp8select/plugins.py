@@ -150,10 +150,9 @@ def load_plugins(extra: Iterable[Any] = (), *, entry_points: bool = True, taken:
             if problem is not None:
                 fail(plugin_name, problem)
                 continue
-            for item in items:
-                backend, before, after, problem = _unpack(item)
+            for backend, before, after, problem in items:
                 if backend is None:
-                    fail(plugin_name, problem or f"returned {safe_repr(item)}, which is not a Backend subclass or instance")
+                    fail(plugin_name, problem or "returned something that is not a Backend subclass or instance")
                     continue
                 problem = _name_problem(backend, names)
                 if problem is not None:
@@ -164,8 +163,12 @@ def load_plugins(extra: Iterable[Any] = (), *, entry_points: bool = True, taken:
     return LoadedPlugins(tuple(found), tuple(failures))
 
 
-def _collect(hook: Any) -> tuple[list[Any], str | None]:
-    """Call a plugin's hook; (its items, None) or ([], why the answer is not a list of backends)."""
+def _collect(hook: Any) -> tuple[list[tuple[Backend | None, str | None, str | None, str | None]], str | None]:
+    """Call a plugin's hook and construct its backends (in the time-limited call).
+
+    Returns (one :func:`_unpack` result per item, None), or ([], why the answer is not a list
+    of backends).
+    """
     returned = hook()
     if returned is None:
         return [], None
@@ -177,7 +180,7 @@ def _collect(hook: Any) -> tuple[list[Any], str | None]:
     items = list(itertools.islice(returned, MAX_BACKENDS + 1))
     if len(items) > MAX_BACKENDS:
         return [], f"returned more than {MAX_BACKENDS} backends (a runaway generator?)"
-    return items, None
+    return [_unpack(item) for item in items], None
 
 
 def _unpack(item: Any) -> tuple[Backend | None, str | None, str | None, str | None]:
@@ -197,7 +200,7 @@ def _unpack(item: Any) -> tuple[Backend | None, str | None, str | None, str | No
         item = made.value
     if isinstance(item, Backend):
         return item, before, after, None
-    return None, None, None, None
+    return None, None, None, f"returned {safe_repr(item)}, which is not a Backend subclass or instance"
 
 
 def _name_problem(backend: Backend, taken: set[str]) -> str | None:
