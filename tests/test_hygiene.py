@@ -91,5 +91,7 @@ def test_quick_start_is_two_cpu_only_commands_and_ci_runs_the_second() -> None:
         assert "--extra-index-url https://download.pytorch.org/whl/cpu" in command  # the CPU wheel, not CUDA's
     assert first.endswith("python -m fp8select explain") and "numpy" in first  # no "Failed to initialize NumPy"
     assert second.endswith("python -m pytest -q")
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert ci[-1] == second
+    ci = ROOT / ".ci" / "run"
+    if not ci.exists():
+        pytest.skip("no .ci/run here (a source distribution carries the README, not the CI script)")
+    assert ci.read_text(encoding="utf-8").splitlines()[-1] == second
