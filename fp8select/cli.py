@@ -1,40 +1,81 @@
-"""``python -m fp8select``: ``probe`` prints this machine's snapshot, ``explain`` the decision."""
+"""``fp8select`` / ``python -m fp8select``: ``probe`` prints this machine's snapshot, ``explain``
+the decision, ``bench`` and ``tune`` measure on a CUDA GPU.
+
+Every error the user can cause is one line on stderr (exit 2; exit 1 when an explicitly
+requested backend is rejected, with every verdict once), never a traceback. Output piped into
+a reader that stops early (``explain --json | head``) ends quietly. ``tune`` checks that it can
+write its table before it measures, and never loses what it measured.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import math
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 from fp8select.bench import DEFAULT_M
 from fp8select.capabilities import Capabilities, detect_capabilities
 from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
 from fp8select.resolver import parse_names, resolve
 
+DESCRIPTION = "Choose, explain and run the kernel for block-wise FP8 linear layers."
+EPILOG = ("Backend names ignore case and surrounding blanks, and take the spellings engines use "
+          "(deep_gemm, deep-gemm); 'auto' means no explicit choice. The environment (FP8SELECT_BACKEND, "
+          "FP8SELECT_DISABLE, ...) is read on every run.")
+
+
+def _prog() -> str:
+    """``fp8select`` when run as the installed script, ``python -m fp8select`` when run as a module."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    return "python -m fp8select" if os.path.basename(argv0) == "__main__.py" else "fp8select"
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fp8select", description="Choose and explain the block-FP8 linear backend.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("probe", help="print this machine's capability snapshot as JSON")
-    ex = sub.add_parser("explain", help="show every backend's verdict and the choice")
+    from fp8select import __version__
+
+    parser = argparse.ArgumentParser(prog=_prog(), description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{probe,explain,bench,tune}")
+    sub.add_parser("probe", help="print this machine's capability snapshot as JSON",
+                   description="Print this machine's capability snapshot (device, torch, packages, environment) as "
+                               "JSON: attach it to a bug report, or replay it with `explain --capabilities FILE`.")
+    ex = sub.add_parser("explain", help="show every backend's verdict and the choice",
+                        description="Show every backend's verdict (chosen, ok or rejected, and why) and the fallback "
+                                    "chain, for this machine or for a replayed or edited snapshot.",
+                        epilog=EPILOG)
     ex.add_argument("--json", action="store_true", help="machine-readable output")
-    ex.add_argument("--capabilities", metavar="FILE", help="replay a snapshot written by `probe` instead of detecting")
+    ex.add_argument("--capabilities", metavar="FILE", help="replay a snapshot written by `probe` ('-' reads standard input)")
     ex.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                     help="override a snapshot field (repeatable), e.g. --set device_kind=xpu --set torch_version=2.11.0")
-    ex.add_argument("--backend", metavar="NAME", help="explicit choice (as FP8SELECT_BACKEND)")
+    ex.add_argument("--backend", metavar="NAME", help="explicit choice (as FP8SELECT_BACKEND; 'auto' for none)")
     ex.add_argument("--disable", metavar="A,B", default="", help="backends to leave out (as FP8SELECT_DISABLE)")
     ex.add_argument("--no-plugins", action="store_true", help="do not load entry-point plugins")
-    be = sub.add_parser("bench", help="check and time every accepted backend on this GPU, per shape")
+    be = sub.add_parser("bench", help="check and time every accepted backend on this GPU, per shape",
+                        description="On a CUDA GPU: check every accepted backend against an fp64 reference, then time "
+                                    "it (CUDA-graph replay, weights rotated past the L2) per shape and M; prints a table "
+                                    "with the winner and the choice prepare() makes.")
     be.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) or N,K pairs, e.g. 2112,7168,4096,7168")
     be.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (rows)")
     be.add_argument("--backends", default="", help="comma list (default: every accepted backend but reference)")
     be.add_argument("--replays", type=int, default=50, help="CUDA-graph replays per timing (median reported)")
     be.add_argument("--json", metavar="FILE", help="write the raw rows with device name and versions")
     be.add_argument("--plot", metavar="FILE.png", help="plot time against M per shape (needs matplotlib)")
-    be.add_argument("--budget-s", type=float, default=float("inf"), help="start no new shape after this many seconds")
-    tu = sub.add_parser("tune", help="measure per (N, K, M bucket) and write a tuning table for prepare() to use")
+    be.add_argument("--budget-s", type=float, default=math.inf, help="start no new shape after this many seconds")
+    tu = sub.add_parser("tune", help="measure per (N, K, M bucket) and write a tuning table for prepare() to use",
+                        description="On a CUDA GPU: measure every accepted backend and search Triton launch "
+                                    "configurations per (N, K, M bucket), then write the tuning table that resolve() "
+                                    "finds for this device and software stack (into the cache directory: "
+                                    "FP8SELECT_CACHE_DIR, else $XDG_CACHE_HOME/fp8select or ~/.cache/fp8select). "
+                                    "The output locations are checked before measuring.")
     tu.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) and/or N,K pairs")
     tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
     tu.add_argument("--out", metavar="FILE", help="write the table here instead of the cache directory")
@@ -43,32 +84,91 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--json", metavar="FILE", help="also write every timing measured")
     tu.add_argument("--replays", type=int, default=30, help="CUDA-graph replays per timing")
     tu.add_argument("--max-configs", type=int, default=10, help="Triton configurations tried per (N, K, M)")
-    tu.add_argument("--budget-s", type=float, default=float("inf"), help="stop starting new points after this many seconds")
+    tu.add_argument("--budget-s", type=float, default=math.inf, help="stop starting new points after this many seconds")
     return parser
 
 
 def _snapshot(args: argparse.Namespace) -> Capabilities:
-    if args.capabilities:
-        try:
-            with open(args.capabilities, encoding="utf-8") as fh:
-                caps = Capabilities.from_json(fh.read())
-        except OSError as exc:
-            raise Fp8SelectError(f"--capabilities: cannot read {args.capabilities!r}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise Fp8SelectError(f"--capabilities: expected UTF-8 JSON text in {args.capabilities!r}, "
-                                 f"found byte {exc.object[exc.start]:#04x} at position {exc.start}") from None
+    if args.capabilities is not None:
+        caps = _read_snapshot(args.capabilities)
     else:
         caps = detect_capabilities()
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise Fp8SelectError(f"--set {item!r}: expected KEY=VALUE")
         overrides[key.strip()] = value.strip()
     return caps.with_overrides(overrides) if overrides else caps
 
 
+def _read_snapshot(name: str) -> Capabilities:
+    if not name:
+        raise Fp8SelectError("--capabilities: expected a file name (or - for standard input), found ''")
+    try:
+        if name == "-":
+            raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        else:
+            with open(name, "rb") as fh:
+                raw = fh.read()
+    except OSError as exc:
+        raise Fp8SelectError(f"--capabilities: cannot read {name!r}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Fp8SelectError(f"--capabilities: expected UTF-8 JSON text in {name!r}, "
+                             f"found byte {exc.object[exc.start]:#04x} at position {exc.start}") from None
+    return Capabilities.from_json(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 done, 1 rejected or failed, 2 bad input)."""
+    for stream in (sys.stdout, sys.stderr):  # a device name or env value this terminal cannot show is escaped
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    try:
+        with _library_events_silenced():
+            code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`explain --json | head`): what it wanted it has. Point stdout at
+        # devnull so that the interpreter's final flush does not fail again, and stop quietly.
+        _stdout_to_devnull()
+        return 1
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError, ValueError):
+            print("fp8select: interrupted", file=sys.stderr)
+        return 130
+
+
+@contextlib.contextmanager
+def _library_events_silenced() -> Iterator[None]:
+    """No fp8select log line printed by Python's last-resort handler while the CLI runs.
+
+    The CLI prints every decision itself (a rejection is one error message with every verdict);
+    the library's own events (``fp8select.resolved``) would repeat it as a log line when the
+    process has no logging configured. A host that configured logging still receives them.
+    """
+    logger = logging.getLogger("fp8select")
+    handler = logging.NullHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (captured, replaced)
+        pass
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "probe":
@@ -79,20 +179,102 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "tune":
             return _tune(args)
         caps = _snapshot(args)
-        selection = resolve(caps, backend=args.backend or None, disable=parse_names(args.disable),
-                            plugins=not args.no_plugins)
+        selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins)
     except (BackendRejectedError, NoBackendError) as exc:
-        if getattr(args, "json", False):
+        if args.command == "explain" and args.json:
             print(json.dumps({"backend": None, "error": str(exc).splitlines()[0],
                               "verdicts": [c.to_dict() for c in exc.candidates]}, indent=2))
         else:
-            print(f"fp8select: {exc}", file=sys.stderr)
+            print(f"fp8select: error: {exc}", file=sys.stderr)
         return 1
     except Fp8SelectError as exc:
         print(f"fp8select: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     print(json.dumps(selection.to_dict(), indent=2) if args.json else selection.explain())
     return 0
+
+
+def _check_budget(args: argparse.Namespace) -> None:
+    if math.isnan(args.budget_s) or args.budget_s < 0:
+        raise Fp8SelectError(f"--budget-s: expected a non-negative number of seconds, found {args.budget_s}")
+
+
+def check_writable(path: str | Path, what: str, *, directory: bool = False, hint: str = "") -> None:
+    """Fail now, with one line, if the file ``path`` (or, with ``directory``, a file in it) could
+    not be written later.
+
+    Writes and removes a temporary file in the directory (or, when the directory is still to be
+    created, checks its nearest existing parent); creates nothing else and leaves an existing
+    file untouched.
+    """
+    target = Path(path).expanduser()
+    folder = target if directory else target.parent
+    where = f"{what} {str(target)!r}"
+
+    def fail(reason: str) -> NoReturn:
+        raise Fp8SelectError(f"cannot write {where}: {reason}" + (f" ({hint})" if hint else ""))
+
+    if not directory and target.is_dir():
+        fail("it is a directory")
+    if not directory and target.exists() and not target.is_file():  # /dev/null, a fifo: an atomic replace would clobber it
+        fail("it is not a regular file")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        fail(f"{str(existing)!r} is not a directory")
+    if existing != folder:  # to be created when writing: its nearest existing parent must take a new directory
+        if not os.access(existing, os.W_OK | os.X_OK):
+            fail(f"cannot create a directory in {str(existing)!r} (permission denied)")
+    else:
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".fp8select-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            fail(str(exc.strerror or exc))
+    if not directory and target.exists() and not os.access(target, os.W_OK):
+        fail("permission denied")
+
+
+def save_or_rescue(path: str | Path, save: Callable[[Path], None], data: Any, what: str) -> bool:
+    """``save(path)``, or, when that fails, ``data`` as JSON in a fallback file, saying where.
+
+    Measurements can take long; a write that fails after them (a disk filled up, a directory
+    removed) must not lose them. The fallback is a new file in the current directory, else in
+    the temporary directory, else the JSON goes to standard output. Returns whether ``path`` was written.
+    """
+    target = Path(path).expanduser()
+    try:
+        save(target)
+        return True
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    text = json.dumps(data, indent=1, sort_keys=True, default=str) + "\n"
+    stem = f"fp8select-{what.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
+    for directory in (os.getcwd(), tempfile.gettempdir()):
+        try:
+            fd, rescue = tempfile.mkstemp(dir=directory, prefix=stem, suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError:
+            continue
+        print(f"fp8select: error: cannot write the {what} to {str(target)!r} ({reason}); it was saved to {rescue!r} "
+              "instead", file=sys.stderr)
+        return False
+    print(f"fp8select: error: cannot write the {what} to {str(target)!r} ({reason}), nor a fallback file; "
+          "here it is:", file=sys.stderr)
+    print(text)
+    return False
+
+
+def _write_json(data: Any) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1)
+
+    return write
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -103,28 +285,36 @@ def _bench(args: argparse.Namespace) -> int:
     shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
     if args.replays < 1:
         raise Fp8SelectError(f"--replays: expected a positive integer, found {args.replays}")
+    _check_budget(args)
+    for name, label in ((args.json, "the rows (--json)"), (args.plot, "the plot (--plot)")):
+        if name:
+            check_writable(name, label)
+    backends = parse_names(args.backends) or None
     if not torch.cuda.is_available():
         raise Fp8SelectError("bench: needs a CUDA GPU, found none")
     selection = resolve()
-    backends = parse_names(args.backends) or None
     print(f"fp8select bench on {torch.cuda.get_device_name(0)}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
     rows = bench.measure(selection, shapes, ms, backends=backends, replays=args.replays, budget_s=args.budget_s,
                          progress=lambda line: print(line, flush=True))
     print(bench.format_table(rows))
     figures = bench.summary(rows)
     print("summary: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
+    saved = True
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"environment": bench.environment(), "chain": [b.name for b in selection.chain],
-                       "tuning_sources": list(selection.tuning_sources), "summary": figures,
-                       "capabilities": selection.capabilities.to_dict(), "rows": rows}, fh, indent=1)
+        data = {"environment": bench.environment(), "chain": [b.name for b in selection.chain],
+                "tuning_sources": list(selection.tuning_sources), "summary": figures,
+                "capabilities": selection.capabilities.to_dict(), "rows": rows}
+        saved = save_or_rescue(args.json, _write_json(data), data, "bench rows")
     if args.plot:
         try:
             bench.plot(rows, args.plot)
         except ImportError:
             print("fp8select: --plot needs matplotlib (pip install 'fp8select[plot]')", file=sys.stderr)
+        except OSError as exc:
+            print(f"fp8select: error: cannot write the plot to {args.plot!r} ({exc.strerror or exc})", file=sys.stderr)
+            saved = False
     failed = [r for r in rows if r.get("correct") is False or "error" in r]
-    return 1 if failed else 0
+    return 1 if failed or not saved else 0
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -138,6 +328,15 @@ def _tune(args: argparse.Namespace) -> int:
     shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
     if args.replays < 1 or args.max_configs < 1:
         raise Fp8SelectError(f"--replays/--max-configs: expected positive integers, found {args.replays}/{args.max_configs}")
+    _check_budget(args)
+    # Where the results go is checked before anything is measured (a measurement can take long).
+    if args.out:
+        check_writable(args.out, "the tuning table (--out)")
+    else:
+        check_writable(cache_dir(detect_capabilities().env), "the tuning table into the cache directory", directory=True,
+                       hint="set FP8SELECT_CACHE_DIR to a writable directory, or pass --out FILE")
+    if args.json:
+        check_writable(args.json, "the timings (--json)")
     if not torch.cuda.is_available():
         raise Fp8SelectError("tune: needs a CUDA GPU, found none")
     selection = resolve()
@@ -150,16 +349,26 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
     existing = load_table(path, device)
 
-    def save(measured: dict[str, Any]) -> None:  # after every shape: an interrupted run keeps what it measured
-        save_table(path, merge_tables(existing, measured) if existing is not None else measured)
+    def merged(measured: dict[str, Any]) -> dict[str, Any]:
+        return merge_tables(existing, measured) if existing is not None else measured
+
+    def save_so_far(measured: dict[str, Any]) -> None:  # after every shape: an interrupted run keeps what it measured
+        with contextlib.suppress(OSError):
+            save_table(path, merged(measured))
 
     table, rows = tune(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
                        max_configs=args.max_configs, budget_s=args.budget_s, backends=parse_names(args.backends) or None,
-                       progress=lambda line: print(line, flush=True), on_shape=save)
-    save(table)
+                       progress=lambda line: print(line, flush=True), on_shape=save_so_far)
+    final = merged(table)
+    saved = save_or_rescue(path, lambda target: save_table(target, final), final, "tuning table")
     measured = sum(len(b) for g in table["groups"] for b in g["shapes"].values())
-    print(f"{measured} new measurements ({', '.join(g['backend'] for g in table['groups']) or 'none missing'}) written to {path}")
+    if saved:
+        print(f"{measured} new measurements ({', '.join(g['backend'] for g in table['groups']) or 'none missing'}) "
+              f"written to {path}")
+    else:
+        print("fp8select: a rescued table is used when FP8SELECT_TUNING_TABLE names it, or once copied to "
+              f"{path!r}", file=sys.stderr)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"environment": bench.environment(), "table": table, "rows": rows}, fh, indent=1)
-    return 0
+        data = {"environment": bench.environment(), "table": table, "rows": rows}
+        saved = save_or_rescue(args.json, _write_json(data), data, "tune rows") and saved
+    return 0 if saved else 1

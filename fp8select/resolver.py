@@ -25,7 +25,9 @@ from fp8select.errors import (
     NoBackendError,
     UnknownBackendError,
 )
-from fp8select.plugins import LoadedPlugins, load_plugins, place
+from fp8select.guard import safe_verdict
+from fp8select.names import explicit_choice, parse_names
+from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
 from fp8select.selection import Selection
 from fp8select.tuning.sources import find_tables, measurements_for
 from fp8select.tuning.table import check_table
@@ -40,22 +42,10 @@ def builtin_backends() -> dict[str, Backend]:
     return {cls.name: cls() for cls in BUILTIN_BACKENDS}
 
 
-def parse_names(value: str | Iterable[str]) -> tuple[str, ...]:
-    """``"a, b"`` or ``["a", "b"]`` -> ``("a", "b")`` (blank entries dropped)."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(s.strip() for s in items if isinstance(s, str) and s.strip())
-
-
 def _check(backend: Backend, caps: Capabilities) -> tuple[bool, str]:
-    """A backend's device-level verdict; a (plugin) gate that raises or answers nonsense is a rejection."""
-    try:
-        verdict = backend.check(caps)
-    except Exception as exc:  # noqa: BLE001 - third-party gates may raise anything; one must not sink resolve()
-        return False, f"its device-level check raised {type(exc).__name__}: {exc}"
-    ok, reason = getattr(verdict, "ok", None), getattr(verdict, "reason", None)
-    if not isinstance(ok, bool) or not isinstance(reason, str):
-        return False, f"its device-level check returned {verdict!r}, expected a Verdict"
-    return ok, reason
+    """A backend's device-level verdict; a (plugin) gate that raises (even SystemExit) or answers nonsense is a rejection."""
+    verdict = safe_verdict(backend.check, caps, what="device-level check")
+    return verdict.ok, verdict.reason
 
 
 def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[str], *,
@@ -220,6 +210,7 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
     """This process's decision: choose, then verify when asked; logs ``fp8select.resolved``."""
     if backend is not None and not isinstance(backend, str):
         raise InvalidDtypeError(f"backend: expected a backend name or None, found {backend!r}")
+    timeout_s = plugin_timeout(caps.env) if plugins is not False and plugins is not None else None
     disabled, disabled_source = _names(disable, "disable"), "argument"
     names_arg = _names(order, "order") if order is not None else None
     if names_arg == ():
@@ -229,17 +220,18 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
 
         caps = run_functional_probes(caps)
     backends = builtin_backends()
-    loaded = _load(plugins, backends)
+    loaded = _load(plugins, backends, timeout_s)
     origins: dict[str, str] = {}
     for pb in loaded.backends:
         backends[pb.backend.name] = pb.backend
         origins[pb.backend.name] = f"plugin:{pb.plugin}"
     names = names_arg if names_arg is not None else tuple(place(DEFAULT_ORDER, loaded.backends))
 
-    explicit, explicit_source = backend, "argument"
-    if explicit is None and caps.env.get(ENV_BACKEND, "").strip():
-        explicit, explicit_source = caps.env[ENV_BACKEND].strip(), "environment"
-    if not disabled and caps.env.get(ENV_DISABLE, "").strip():
+    # Names as typed: case, surrounding blanks and aliases (deep_gemm) do not matter; "auto" or blank is no choice.
+    explicit, explicit_source = explicit_choice(backend), "argument"
+    if explicit is None and explicit_choice(caps.env.get(ENV_BACKEND)) is not None:
+        explicit, explicit_source = explicit_choice(caps.env.get(ENV_BACKEND)), "environment"
+    if not disabled and parse_names(caps.env.get(ENV_DISABLE, "")):
         disabled, disabled_source = parse_names(caps.env[ENV_DISABLE]), "environment"
 
     log = get_logger()
@@ -315,9 +307,9 @@ def _verify_chain(selection: Selection, explicit: str | None, explicit_source: s
                    notes=(*selection.notes, *notes))
 
 
-def _load(plugins: bool | Iterable[Any], backends: Mapping[str, Backend]) -> LoadedPlugins:
+def _load(plugins: bool | Iterable[Any], backends: Mapping[str, Backend], timeout_s: float | None = None) -> LoadedPlugins:
     if plugins is True:
-        return load_plugins(taken=backends)
+        return load_plugins(taken=backends, timeout_s=timeout_s)
     if plugins is False or plugins is None:
         return LoadedPlugins()
-    return load_plugins(plugins, entry_points=False, taken=backends)
+    return load_plugins(plugins, entry_points=False, taken=backends, timeout_s=timeout_s)

@@ -140,7 +140,9 @@ def verify_backend(backend: Backend, caps: Capabilities, device: torch.device | 
             gate = backend.supports(problem, caps)
             if gate.ok:
                 break
-    except Exception as exc:  # noqa: BLE001 - a backend's (possibly third-party) gate may raise anything
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a backend's (possibly third-party) gate may raise anything, SystemExit too
         return Verdict.reject(f"verification failed: its gate raised {_describe(exc)}")
     if not gate.ok:
         return Verdict.accept(f"not verified: its gate declines the verification problem ({gate.reason})")
@@ -153,7 +155,9 @@ def verify_backend(backend: Backend, caps: Capabilities, device: torch.device | 
         y = backend.run(prepared, x.to(dev), input_scale=None, bias=None, out_dtype=out, caps=caps)
         if isinstance(y, torch.Tensor):
             y = y.detach().to("cpu")  # also waits for the device, so asynchronous faults surface here
-    except Exception as exc:  # noqa: BLE001 - any failure of the backend is the finding
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any failure of the backend is the finding, SystemExit too
         return Verdict.reject(f"verification failed: raised {_describe(exc)} ({where})")
     return _compare(y, refs, (m, n), out, tolerance, where)
 

@@ -8,8 +8,11 @@ holds inputs that look unusual but are valid and must simply work.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pytest
 import torch
 from fp64_reference import expected, quantize_groups, random_problem, rel_err
 from matrix import MATRIX
+from plugin_dist import install_distribution
 
 from fp8select import (
     BackendRejectedError,
@@ -30,12 +34,14 @@ from fp8select import (
     resolve,
 )
 from fp8select.cli import main
+from fp8select.plugins import PluginWarning
 from fp8select.resolver import choose
 
 CPU = MATRIX["cpu-only"][0]
 CPU_TRITON = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), packages={"triton": "3.9.0"},
                           env={"TRITON_INTERPRET": "1"})
 H200 = MATRIX["h200-torch2.11"][0]
+DEEPGEMM = MATRIX["h200-deepgemm"][0]
 N, K = 256, 384
 E4M3 = torch.float8_e4m3fn
 
@@ -111,6 +117,22 @@ CASES: tuple[Case, ...] = (
          ("on_mismatch:", "expected 'common' or 'raise'", "found 'vote'")),
     Case("choose-unknown-order", "resolve", lambda: choose(CPU, {}, ["reference"]), UnknownBackendError,
          ("order:", "'reference'")),
+    # names as typed: case, blanks and the engines' spellings are accepted, the rest named in canonical form
+    Case("resolve-alias-rejected", "resolve", lambda: _sel(backend=" Deep_GEMM "), BackendRejectedError,
+         ("'deepgemm' was requested (argument)", "requires device cuda, found cpu")),
+    Case("resolve-unknown-backend-any-case", "resolve", lambda: _sel(backend=" CUBLAS "), UnknownBackendError,
+         ("backend:", "unknown backend 'cublas'")),
+    Case("resolve-disable-auto", "resolve", lambda: _sel(disable="auto"), UnknownBackendError,
+         ("disable:", "unknown backend 'auto'")),
+    Case("resolve-env-alias-rejected", "resolve",
+         lambda: _sel(Capabilities(torch_version="2.13.0", env={"FP8SELECT_BACKEND": "DEEP-GEMM"})), BackendRejectedError,
+         ("'deepgemm' was requested (environment)",)),
+    Case("resolve-plugin-timeout-env", "resolve",
+         lambda: resolve(Capabilities(torch_version="2.13.0", env={"FP8SELECT_PLUGIN_TIMEOUT_S": "soon"})), InvalidInputError,
+         ("FP8SELECT_PLUGIN_TIMEOUT_S:", "expected a positive number of seconds", "found 'soon'")),
+    Case("resolve-plugin-timeout-negative", "resolve",
+         lambda: resolve(Capabilities(torch_version="2.13.0", env={"FP8SELECT_PLUGIN_TIMEOUT_S": "-1"})), InvalidInputError,
+         ("FP8SELECT_PLUGIN_TIMEOUT_S:", "found '-1'")),
     # --- snapshot JSON / overrides -----------------------------------------------------------------
     Case("snapshot-truncated", "snapshot", lambda: Capabilities.from_json(H200.to_json()[:60]), CapabilitiesError,
          ("snapshot:", "not valid JSON")),
@@ -138,11 +160,45 @@ CASES: tuple[Case, ...] = (
     Case("snapshot-list-field-type", "snapshot", lambda: Capabilities.from_dict({"scaling_types": "RowWise"}),
          CapabilitiesError, ("scaling_types:", "expected a list of strings", "found 'RowWise'")),
     Case("snapshot-npu-soc-type", "snapshot", lambda: Capabilities.from_dict({"npu_soc_version": True}),
-         CapabilitiesError, ("npu_soc_version:", "expected an integer or null", "found True")),
+         CapabilitiesError, ("npu_soc_version:", "expected a non-negative integer or null", "found True")),
+    # numbers too long to read or print: Python refuses more than 4300 digits (a bare ValueError before)
+    Case("snapshot-5000-digit-integer", "snapshot",
+         lambda: Capabilities.from_json('{"compute_capability": [%s, 0]}' % ("9" * 5000)), CapabilitiesError,
+         ("snapshot:", "not valid JSON", "a number longer than 4300 digits")),
+    Case("snapshot-huge-compute-capability", "snapshot", lambda: Capabilities.from_dict({"compute_capability": [10**5000, 0]}),
+         CapabilitiesError, ("compute_capability:", "integers 0 to 999", "found (<an integer of about 5001 digits>, 0)")),
+    Case("snapshot-negative-compute-capability", "snapshot", lambda: Capabilities.from_json('{"compute_capability": [-9, 0]}'),
+         CapabilitiesError, ("compute_capability:", "integers 0 to 999", "found (-9, 0)")),
+    Case("snapshot-huge-npu-soc", "snapshot", lambda: Capabilities.from_dict({"npu_soc_version": 10**5000}),
+         CapabilitiesError, ("npu_soc_version:", "a non-negative integer or null")),
+    Case("snapshot-nan", "snapshot", lambda: Capabilities.from_json('{"npu_soc_version": NaN}'), CapabilitiesError,
+         ("npu_soc_version:", "found nan")),
+    Case("snapshot-blank-torch-version", "snapshot", lambda: Capabilities.from_json('{"torch_version": "   "}'),
+         CapabilitiesError, ("torch_version:", "expected a version string", "found '   '")),
+    Case("snapshot-mapping-null", "snapshot", lambda: Capabilities.from_json('{"env": null}'), CapabilitiesError,
+         ("env:", "expected an object of strings", "found None")),
+    Case("snapshot-json-not-text", "snapshot", lambda: Capabilities.from_json(5), CapabilitiesError,  # type: ignore[arg-type]
+         ("snapshot:", "not valid JSON")),
+    Case("snapshot-constructor-env-value", "snapshot", lambda: Capabilities(env={"FP8SELECT_BACKEND": 1}),  # type: ignore[dict-item]
+         CapabilitiesError, ("env:", "expected an object of strings")),
     Case("override-unknown-key", "snapshot", lambda: CPU.with_overrides({"gpu": "h200"}), CapabilitiesError,
          ("--set gpu:", "unknown key", "valid keys")),
     Case("override-entry-of-scalar", "snapshot", lambda: CPU.with_overrides({"torch_version.x": "1"}), CapabilitiesError,
          ("--set torch_version.x:", "has no entries")),
+    # a version typed in a what-if must be a version (a typo would reject every version gate, silently)
+    Case("override-torch-version-not-pep440", "snapshot", lambda: CPU.with_overrides({"torch_version": "banana"}),
+         CapabilitiesError, ("--set torch_version:", "expected a PEP 440 version", "found 'banana'")),
+    Case("override-package-version-not-pep440", "snapshot", lambda: CPU.with_overrides({"packages.triton": "3.x"}),
+         CapabilitiesError, ("--set packages.triton:", "expected a PEP 440 version", "found '3.x'")),
+    Case("override-toolkit-version", "snapshot", lambda: CPU.with_overrides({"cuda_version": "cuda13"}),
+         CapabilitiesError, ("--set cuda_version:", "expected a version starting with its release number", "found 'cuda13'")),
+    Case("override-5000-digit-value", "snapshot",
+         lambda: CPU.with_overrides({"compute_capability": "[%s, 0]" % ("9" * 5000)}), CapabilitiesError,
+         ("compute_capability:", "expected [major, minor]", "...")),
+    Case("override-not-a-mapping", "snapshot", lambda: CPU.with_overrides("device_kind=cuda"), CapabilitiesError,  # type: ignore[arg-type]
+         ("overrides:", "expected a mapping of KEY to VALUE strings", "found 'device_kind=cuda'")),
+    Case("override-value-not-string", "snapshot", lambda: CPU.with_overrides({"device_kind": 5}), CapabilitiesError,  # type: ignore[dict-item]
+         ("overrides:", "expected a mapping of KEY to VALUE strings", "found {'device_kind': 5}")),
     # --- prepare(): the weight, its scale and the block size ---------------------------------------
     Case("weight-not-fp8", "prepare", lambda: _sel().prepare(torch.randn(N, K, dtype=torch.bfloat16), _s()),
          InvalidDtypeError, ("weight:", "expected dtype float8_e4m3fn", "found bfloat16")),
@@ -265,7 +321,7 @@ CLI_CASES: dict[str, tuple[list[str], int, str]] = {
     "cli-unknown-set-key": (["--set", "gpu=h200"], 2, "--set gpu: unknown key"),
     "cli-set-without-value": (["--set", "novalue"], 2, "expected KEY=VALUE"),
     "cli-set-bad-value": (["--set", "compute_capability=[9, 0, 1]"], 2, "compute_capability: expected [major, minor]"),
-    "cli-set-empty-version": (["--set", "torch_version="], 2, "torch_version: expected a version string, found ''"),
+    "cli-set-empty-version": (["--set", "torch_version="], 2, "--set torch_version: expected a PEP 440 version"),
     "cli-unknown-backend": (["--backend", "cublas"], 2, "unknown backend 'cublas'"),
     "cli-unknown-disable": (["--disable", "reference,cublas"], 2, "unknown backend 'cublas'"),
     "cli-missing-file": (["--capabilities", "/nonexistent/snapshot.json"], 2, "cannot read"),
@@ -275,7 +331,20 @@ CLI_CASES: dict[str, tuple[list[str], int, str]] = {
     "cli-deep-file": (["--capabilities", "{tmp}/deep.json"], 2, "not valid JSON"),
     "cli-list-file": (["--capabilities", "{tmp}/list.json"], 2, "expected a JSON object, found list"),
     "cli-rejected-backend": (["--backend", "deepgemm"], 1, "requires device cuda"),
+    "cli-rejected-alias": (["--backend", "Deep_GEMM"], 1, "backend 'deepgemm' was requested (argument)"),
+    "cli-set-torch-not-a-version": (["--set", "torch_version=banana"], 2, "--set torch_version: expected a PEP 440 version"),
+    "cli-set-5000-digits": (["--set", "npu_soc_version=" + "9" * 5000], 2, "npu_soc_version: expected a non-negative integer"),
+    "cli-5000-digit-file": (["--capabilities", "{tmp}/digits.json"], 2, "a number longer than 4300 digits"),
+    "cli-empty-capabilities-name": (["--capabilities", ""], 2, "--capabilities: expected a file name"),
+    "cli-bench-budget-nan": (["bench", "--budget-s", "nan"], 2, "--budget-s: expected a non-negative number of seconds"),
+    "cli-bench-json-under-a-file": (["bench", "--json", "{tmp}/list.json/rows.json"], 2, "list.json' is not a directory"),
+    "cli-tune-out-is-a-directory": (["tune", "--out", "{tmp}"], 2, "cannot write the tuning table (--out)"),
+    "cli-tune-out-not-a-regular-file": (["tune", "--out", os.devnull], 2, "it is not a regular file"),
+    "cli-tune-out-under-a-file": (["tune", "--out", "{tmp}/list.json/table.json"], 2, "list.json' is not a directory"),
+    "cli-tune-json-under-a-file": (["tune", "--out", "{tmp}/table.json", "--json", "{tmp}/list.json/rows.json"], 2,
+                                   "cannot write the timings (--json)"),
 }
+SUBCOMMANDS = ("probe", "explain", "bench", "tune")
 
 
 @pytest.fixture
@@ -284,6 +353,7 @@ def snapshot_files(tmp_path: Path) -> Path:
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00\x01")
     (tmp_path / "deep.json").write_text(_nested(100_000))
     (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "digits.json").write_text('{"compute_capability": [%s, 0]}' % ("9" * 5000))
     return tmp_path
 
 
@@ -291,11 +361,13 @@ def snapshot_files(tmp_path: Path) -> Path:
 def test_cli_bad_input_is_one_line(case: str, snapshot_files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv, code, fragment = CLI_CASES[case]
     argv = [a.replace("{tmp}", str(snapshot_files)) for a in argv]
-    assert main(["explain", "--no-plugins", *argv]) == code
+    assert main(argv if argv[0] in SUBCOMMANDS else ["explain", "--no-plugins", *argv]) == code
     _, err = capsys.readouterr()
     assert fragment in err and "Traceback" not in err
     if code == 2:
         assert len(err.strip().splitlines()) == 1, err
+    else:  # a rejected choice: the error once, then every verdict once
+        assert err.count("was requested") == 1 and err.count("reference:") == 1, err
 
 
 def test_cli_unknown_command_is_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -307,7 +379,7 @@ def test_cli_unknown_command_is_argparse_usage(capsys: pytest.CaptureFixture[str
 
 def test_docs_list_every_case() -> None:
     text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
-    missing = [c for c in [*(c.id for c in CASES), *CLI_CASES, *VALID] if f"`{c}`" not in text]
+    missing = [c for c in [*(c.id for c in CASES), *CLI_CASES, *PLUGIN_CASES, *VALID] if f"`{c}`" not in text]
     assert not missing, f"docs/errors.md does not list: {missing}"
 
 
@@ -386,6 +458,57 @@ def _order_as_string() -> None:
     assert _sel(order="triton, reference").backend.name == "reference"
 
 
+def _backend_blank_and_case() -> None:
+    selection = _sel(backend=" Reference ")
+    assert selection.backend.name == "reference" and selection.source == "argument"
+
+
+def _backend_alias() -> None:
+    for typed in ("deep_gemm", "deep-gemm", "DeepGEMM"):
+        assert _sel(DEEPGEMM, backend=typed).backend.name == "deepgemm"
+
+
+def _backend_auto() -> None:
+    assert _sel(backend="AUTO").source == "auto" and _sel(backend="").source == "auto"
+    from_env = _sel(replace(CPU, env={"FP8SELECT_BACKEND": "reference"}), backend="auto")
+    assert from_env.source == "environment"  # "auto" is no choice: the environment's applies
+
+
+def _env_backend_alias() -> None:
+    selection = _sel(replace(DEEPGEMM, env={"FP8SELECT_BACKEND": " Deep_GEMM "}))
+    assert selection.backend.name == "deepgemm" and selection.source == "environment"
+
+
+def _disable_any_spelling() -> None:
+    assert _sel(disable="TRITON, Deep_GEMM").disabled == ("triton", "deepgemm")
+    assert _sel(replace(CPU, env={"FP8SELECT_DISABLE": " Triton ,deep-gemm"})).disabled == ("triton", "deepgemm")
+
+
+def _order_duplicates() -> None:
+    assert [c.name for c in _sel(order=["reference", "Reference", " reference"]).verdicts] == ["reference"]
+    assert [c.name for c in _sel(DEEPGEMM, order="deep_gemm,deepgemm,reference").verdicts] == ["deepgemm", "reference"]
+
+
+def _env_read_on_each_call() -> None:
+    saved = os.environ.get("FP8SELECT_BACKEND")
+    resolve(plugins=False, tuning=False)  # a first resolution caches the device facts
+    os.environ["FP8SELECT_BACKEND"] = "reference"
+    try:
+        assert resolve(plugins=False, tuning=False).source == "environment"
+    finally:
+        if saved is None:
+            del os.environ["FP8SELECT_BACKEND"]
+        else:
+            os.environ["FP8SELECT_BACKEND"] = saved
+
+
+def _snapshot_hashable() -> None:
+    a, b = H200, Capabilities.from_json(H200.to_json())
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    with pytest.raises(TypeError):
+        a.packages["triton"] = "0"  # type: ignore[index]
+
+
 VALID: dict[str, Callable[[], None]] = {
     "valid-empty-batch": _empty_batch,
     "valid-empty-batch-3d-bias": _empty_batch_3d_bias,
@@ -398,9 +521,96 @@ VALID: dict[str, Callable[[], None]] = {
     "valid-partial-k-block": _partial_k_block,
     "valid-unparsable-torch-version": _unparsable_torch_version,
     "valid-order-as-string": _order_as_string,
+    "valid-backend-blank-and-case": _backend_blank_and_case,
+    "valid-backend-alias": _backend_alias,
+    "valid-backend-auto": _backend_auto,
+    "valid-env-backend-alias": _env_backend_alias,
+    "valid-disable-any-spelling": _disable_any_spelling,
+    "valid-order-duplicates": _order_duplicates,
+    "valid-env-read-on-each-call": _env_read_on_each_call,
+    "valid-snapshot-hashable": _snapshot_hashable,
 }
 
 
 @pytest.mark.parametrize("case", sorted(VALID))
 def test_unusual_but_valid_input_works(case: str) -> None:
     VALID[case]()
+
+
+# --- plugins that misbehave beyond raising: reported and ignored, never exiting, hanging or failing later ---
+# Each row is an entry-point plugin module; resolve() must answer, and the named verdict row must be
+# rejected with the fragment in its reason ("plugin:" rows also come with a PluginWarning).
+
+PLUGIN_TIMEOUT_S = 0.5
+
+
+def _hook(body: str, backend: str = "") -> str:
+    return ("import itertools, time\nfrom fp8select import Backend, Placement, hookimpl\n" + backend +
+            "\n@hookimpl\ndef fp8select_backends():\n    " + body + "\n")
+
+
+_EXITING_GATE = """
+class Gate(Backend):
+    name = "exiting-gate"
+    def check(self, caps):
+        raise SystemExit(1)
+"""
+_UNPRINTABLE_ERROR = """
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+class Gate(Backend):
+    name = "unprintable-gate"
+    def check(self, caps):
+        raise Unprintable()
+"""
+
+PLUGIN_CASES: dict[str, tuple[str, str, str]] = {
+    "plugin-import-exits": ("import argparse\nargparse.ArgumentParser(prog='x').parse_args(['--no-such-flag'])",
+                            "plugin:", "failed to load entry point"),
+    "plugin-import-raises-base-exception": ("raise GeneratorExit('odd')", "plugin:", "GeneratorExit: odd"),
+    "plugin-import-blocks": ("import time\ntime.sleep(2)", "plugin:", f"did not finish importing within {PLUGIN_TIMEOUT_S:g} s"),
+    "plugin-hook-exits": (_hook("raise SystemExit(3)"), "plugin:", "hook fp8select_backends raised SystemExit: exit status 3"),
+    "plugin-hook-blocks": (_hook("time.sleep(2)"), "plugin:", f"hook fp8select_backends did not finish within {PLUGIN_TIMEOUT_S:g} s"),
+    "plugin-hook-returns-text": (_hook("return 'mykernel'"), "plugin:", "returned 'mykernel', expected a list of backends"),
+    "plugin-hook-returns-one-backend": (_hook("return B", "class B(Backend):\n    name = 'one'\n"), "plugin:",
+                                        "expected a list of backends"),
+    "plugin-hook-runaway-generator": (_hook("yield from itertools.count()"), "plugin:", "returned more than 64 backends"),
+    "plugin-constructor-exits": (_hook("return [B]", "class B(Backend):\n    name = 'b'\n    def __init__(self):\n"
+                                                      "        raise SystemExit(4)\n"), "plugin:",
+                                 "constructing backend B raised SystemExit: exit status 4"),
+    "plugin-name-raises": (_hook("return [B]", "class B(Backend):\n    @property\n    def name(self):\n"
+                                                "        raise RuntimeError('nameless')\n"), "plugin:",
+                           "reading its name raised RuntimeError: nameless"),
+    "plugin-reserved-name": (_hook("return [B]", "class B(Backend):\n    name = 'auto'\n"), "plugin:",
+                             "backend name 'auto' is reserved"),
+    "plugin-alias-name": (_hook("return [B]", "class B(Backend):\n    name = 'deep_gemm'\n"), "plugin:",
+                          "backend name 'deep_gemm' is reserved (it means 'deepgemm' when typed)"),
+    "plugin-placement-not-a-name": (_hook("return [Placement(B, before=3)]", "class B(Backend):\n    name = 'b'\n"), "plugin:",
+                                    "Placement before=3: expected a backend name or None"),
+    "plugin-check-exits": (_hook("return [Gate]", _EXITING_GATE), "exiting-gate",
+                           "its device-level check raised SystemExit: exit status 1"),
+    "plugin-check-error-unprintable": (_hook("return [Gate]", _UNPRINTABLE_ERROR), "unprintable-gate",
+                                       "its device-level check raised Unprintable: <str() raised RuntimeError>"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLUGIN_CASES))
+def test_misbehaving_plugin_is_reported_and_ignored(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, row, fragment = PLUGIN_CASES[case]
+    module = "fp8select_test_" + case.replace("-", "_")
+    install_distribution(tmp_path, module, source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    caps = replace(CPU, env={"FP8SELECT_PLUGIN_TIMEOUT_S": str(PLUGIN_TIMEOUT_S)})
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            selection = resolve(caps)
+    finally:
+        sys.modules.pop(module, None)
+    assert selection.backend.name == "reference"
+    name = f"plugin:{module}" if row == "plugin:" else row
+    verdict = next(c for c in selection.verdicts if c.name == name)
+    assert not verdict.accepted and fragment in verdict.reason, verdict.reason
+    plugin_warnings = [w for w in caught if issubclass(w.category, PluginWarning)]
+    assert len(plugin_warnings) == (1 if row == "plugin:" else 0), [str(w.message) for w in plugin_warnings]

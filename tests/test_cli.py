@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,8 @@ from pathlib import Path
 import pytest
 from matrix import MATRIX
 
-from fp8select import Capabilities
+import fp8select
+from fp8select import Capabilities, cli
 from fp8select.cli import main
 
 
@@ -84,8 +88,111 @@ def test_truncated_snapshot_file(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 
 def test_module_entry_point_in_a_subprocess() -> None:
-    proc = subprocess.run([sys.executable, "-m", "fp8select", "explain", "--no-plugins", "--set", "device_kind=tpu"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "device_kind" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "fp8select", "explain", "--no-plugins"], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FP8SELECT_")}
+    proc = subprocess.run([sys.executable, "-m", "fp8select", "explain", "--no-plugins"], capture_output=True, text=True,
+                          timeout=120, env=env)
     assert proc.returncode == 0 and "reference" in proc.stdout
+    # A rejected explicit choice is one message: the error once and every verdict once, no log line repeating it
+    # (a real process, where Python's last-resort log handler would print the library's warning event).
+    proc = subprocess.run([sys.executable, "-m", "fp8select", "explain", "--no-plugins", "--backend", "deep_gemm"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "fp8select: error: backend 'deepgemm' was requested (argument) but is rejected: requires device cuda, found cpu"
+    assert lines[1] == "all verdicts:" and len(lines) == 2 + 9, proc.stderr
+    assert "fp8select.resolved" not in proc.stderr
+
+
+# --- first contact: version, descriptions, the program's name, names as typed ---------------------------
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip().endswith(f" {fp8select.__version__}")
+
+
+def test_every_subcommand_has_a_description() -> None:
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"probe", "explain", "bench", "tune"}
+    for name, command in sub.choices.items():
+        assert command.description and len(command.description) > 40, name
+
+
+@pytest.mark.parametrize("argv0, prog", [("/usr/local/bin/fp8select", "fp8select"),
+                                         ("/site-packages/fp8select/__main__.py", "python -m fp8select")])
+def test_usage_names_the_program_as_it_was_run(argv0: str, prog: str, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", [argv0])
+    with pytest.raises(SystemExit):
+        main(["frobnicate"])
+    assert capsys.readouterr().err.startswith(f"usage: {prog} [-h] [--version]")
+
+
+def test_names_as_engines_type_them(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--backend", " Reference ", "--disable", "TRITON, Deep_GEMM")
+    assert code == 0 and "chose 'reference' (argument)" in out and "disabled by disable=triton,deepgemm" in out
+    code, out, _ = run(capsys, "--backend", "auto")
+    assert code == 0 and "(auto)" in out
+
+
+def test_snapshot_from_standard_input(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(MATRIX["h200-torch2.11"][0].to_json().encode())))
+    code, out, _ = run(capsys, "--capabilities", "-")
+    assert code == 0 and "chose 'cuda-scaled-mm'" in out
+
+
+# --- output paths: a reader that stops early, one message for a rejected choice -------------------------
+
+def test_a_closed_pipe_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written (`| head` that already exited)
+    stdout = io.TextIOWrapper(os.fdopen(write_end, "wb"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["explain", "--json", "--no-plugins"]) == 1  # no BrokenPipeError
+    stdout.write("x" * 100_000)
+    stdout.flush()  # stdout now leads to devnull: the interpreter's final flush cannot fail either
+    stdout.close()
+
+
+# --- tune: an unusable output place fails before measuring; results are never lost -----------------------
+
+def test_tune_with_a_cache_directory_that_is_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("FP8SELECT_CACHE_DIR", str(blocker))
+    assert main(["tune", "--shapes", "256,384", "--m", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the tuning table into the cache directory" in err
+    assert "is not a directory" in err and "FP8SELECT_CACHE_DIR" in err  # before the CUDA check: nothing measured
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root may write into read-only directories")
+def test_tune_with_a_read_only_cache_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path.chmod(0o555)
+    try:
+        monkeypatch.setenv("FP8SELECT_CACHE_DIR", str(tmp_path))
+        assert main(["tune"]) == 2
+        assert "cannot write the tuning table into the cache directory" in capsys.readouterr().err
+    finally:
+        tmp_path.chmod(0o755)
+
+
+def test_results_are_rescued_when_saving_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    table = {"schema": 1, "entries": {"256,384": {"1": {"backend": "triton", "us": 3.5}}}}
+
+    def save(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)  # fails: the parent is a file
+        path.write_text("never")
+
+    assert not cli.save_or_rescue(tmp_path / "file" / "table.json", save, table, "tuning table")
+    err = capsys.readouterr().err
+    rescued = list(tmp_path.glob("fp8select-tuning-table-*.json"))
+    assert len(rescued) == 1 and json.loads(rescued[0].read_text()) == table
+    assert str(rescued[0]) in err and "cannot write the tuning table" in err
+    assert cli.save_or_rescue(tmp_path / "ok.json", save, table, "tuning table")
