@@ -23,6 +23,7 @@ import torch
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.errors import Fp8SelectError
+from fp8select.guard import PASS_THROUGH
 from fp8select.roofline import HBM_BYTES_PER_S, floors_us
 from fp8select.selection import Selection
 
@@ -230,7 +231,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     row["correct"] = row["rel_err"] < REL_ERR_MAX
                     if row["correct"]:
                         timed[name] = row
-                except Exception as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
+                except PASS_THROUGH:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             # Two rounds in opposite orders, each column keeping its faster round, so that drift
             # and heat hit every column alike (BENCHMARKING.md).
@@ -240,7 +243,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     row = timed[name]
                     try:
                         whole = time_graph([functools.partial(layer, x) for layer in layers[name]], replays)
-                    except Exception as exc:  # noqa: BLE001
+                    except PASS_THROUGH:
+                        raise
+                    except BaseException as exc:  # noqa: BLE001
                         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
                         continue
                     if "whole" not in row or whole.median_us < row["whole"]["median_us"]:
@@ -260,7 +265,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     xq, xs = _quantize_for(by_name[name], x)
                     gemm = time_graph([functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]], replays)
                     row["gemm"] = gemm.to_dict()
-                except Exception as exc:  # noqa: BLE001
+                except PASS_THROUGH:
+                    raise
+                except BaseException as exc:  # noqa: BLE001
                     row["gemm_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             if bf16:
                 bf = time_graph([functools.partial(torch.matmul, x, w.t()) for w in bf16_weights], replays)

@@ -25,6 +25,7 @@ from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
 from fp8select.buckets import bucket_index
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
+from fp8select.guard import call
 from fp8select.plan import GATE, Plan, Route, build_plan
 from fp8select.problem import Problem, dtype_name
 from fp8select.tuning.model import Estimate, Measurements
@@ -53,12 +54,19 @@ def check_block_size(block_size: object) -> tuple[int, int]:
     return values[0], values[1]
 
 
+def _check_dense(name: str, t: torch.Tensor) -> None:
+    if t.layout != torch.strided:
+        raise InvalidInputError(f"{name}: expected a dense (strided) tensor, found layout {t.layout}")
+
+
 def check_weight(weight: object, weight_scale: object, block: tuple[int, int]) -> None:
     """Validate the checkpoint weight and its block scales (at load time, never per call)."""
     if not isinstance(weight, torch.Tensor):
         raise InvalidDtypeError(f"weight: expected a torch.Tensor, found {type(weight).__name__}")
     if not isinstance(weight_scale, torch.Tensor):
         raise InvalidDtypeError(f"weight_scale: expected a torch.Tensor, found {type(weight_scale).__name__}")
+    _check_dense("weight", weight)
+    _check_dense("weight_scale", weight_scale)
     if weight.dtype not in FLOAT8_DTYPES:
         allowed = "/".join(dtype_name(d) for d in FLOAT8_DTYPES)
         raise InvalidDtypeError(f"weight: expected dtype {allowed}, found {dtype_name(weight.dtype)}")
@@ -184,13 +192,13 @@ class Fp8Linear:
                     "layout no other backend can read; prepare the layer again, or call it with the dtypes its plan "
                     "was made for")
             weight, scale = source
-            try:
-                prepared = backend.prepare(weight, scale, self.block_size, self.caps)
-            except Exception as exc:  # noqa: BLE001 - a backend that cannot prepare is left out, with its reason
-                self._failed[name] = f"{type(exc).__name__}: {exc}"
+            # A backend that cannot prepare (whatever it raises, SystemExit included) is left out, with its reason.
+            outcome = call(backend.prepare, weight, scale, self.block_size, self.caps)
+            if outcome.error is not None or not isinstance(outcome.value, PreparedWeight):
+                self._failed[name] = outcome.error or f"returned {type(outcome.value).__name__}, expected a PreparedWeight"
                 get_logger().warning("fp8select.prepare_failed", backend=name, n=self.n, k=self.k, error=self._failed[name])
                 return False
-            self.prepared[name] = prepared
+            prepared = self.prepared[name] = outcome.value
             if layout not in self._shared and prepared.weight_nk is not None:
                 self._shared[layout] = (prepared.weight_nk, prepared.scale_nk if prepared.scale_nk is not None else scale)
         return True
@@ -267,6 +275,7 @@ class Fp8Linear:
     def _check_input(self, x: object, input_scale: object) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
         if not isinstance(x, torch.Tensor):
             raise InvalidDtypeError(f"input: expected a torch.Tensor, found {type(x).__name__}")
+        _check_dense("input", x)
         if x.dim() < 1 or x.shape[-1] != self.k:
             raise InvalidInputError(f"input: expected shape [..., K={self.k}], found {list(x.shape)}")
         if x.device != self.device:
@@ -284,6 +293,7 @@ class Fp8Linear:
                     "(or float16/float32) to prepare() or linear()")
             if not isinstance(input_scale, torch.Tensor):
                 raise InvalidDtypeError(f"input_scale: expected a torch.Tensor, found {type(input_scale).__name__}")
+            _check_dense("input_scale", input_scale)
             groups = _ceil_div(self.k, self.block_size[1])
             if tuple(input_scale.shape) != (*lead, groups) or input_scale.dtype != torch.float32:
                 raise InvalidInputError(
@@ -304,6 +314,7 @@ class Fp8Linear:
             return
         if not isinstance(bias, torch.Tensor):
             raise InvalidDtypeError(f"bias: expected a torch.Tensor or None, found {type(bias).__name__}")
+        _check_dense("bias", bias)
         if tuple(bias.shape) != (self.n,):
             raise InvalidInputError(f"bias: expected shape [N={self.n}], found {list(bias.shape)}")
         if bias.device != self.device:

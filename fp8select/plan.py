@@ -34,6 +34,7 @@ from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend
 from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range
 from fp8select.capabilities import Capabilities
 from fp8select.errors import UnsupportedProblemError
+from fp8select.guard import safe_verdict
 from fp8select.problem import Problem
 from fp8select.tuning.model import Estimate
 from fp8select.verdict import Candidate, Verdict
@@ -46,15 +47,9 @@ EstimateFn = Callable[[Backend, int], "Estimate | None"]
 
 
 def gate(backend: Backend, problem: Problem, caps: Capabilities) -> Verdict:
-    """``backend.supports(problem)``; a gate that raises or answers something other than a
-    Verdict (a third-party one) is a rejection saying so, never a crash or an acceptance."""
-    try:
-        verdict = backend.supports(problem, caps)
-    except Exception as exc:  # noqa: BLE001 - a plugin's gate may raise anything
-        return Verdict.reject(f"its gate raised {type(exc).__name__}: {exc}")
-    if not isinstance(verdict, Verdict):
-        return Verdict.reject(f"its gate returned {verdict!r}, expected a Verdict")
-    return verdict
+    """``backend.supports(problem)``; a gate that raises (anything but ``KeyboardInterrupt``) or
+    answers something other than a Verdict (a third-party one) is a rejection saying so."""
+    return safe_verdict(backend.supports, problem, caps, what="gate")
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,9 @@ def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[
            explicit: str | None = None, explicit_source: str = "argument",
            disabled: Sequence[str] = (), disabled_source: str = "argument",
            origins: Mapping[str, str] | None = None, failures: Sequence[tuple[str, str]] = ()) -> Selection:
-    """Evaluate every candidate in ``order`` against ``caps`` and pick one (pure)."""
-    valid = tuple(order)
+    """Evaluate every candidate in ``order`` against ``caps`` and pick one (pure). A name repeated in
+    ``order`` counts once, at its first place."""
+    valid = tuple(dict.fromkeys(order))
     for name in valid:
         if name not in backends:
             raise UnknownBackendError(name, sorted(backends), parameter="order")

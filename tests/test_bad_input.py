@@ -210,6 +210,18 @@ CASES: tuple[Case, ...] = (
          ("weight:", "expected a 2-D [N, K] tensor", "found shape (2, 128, 384)")),
     Case("weight-empty", "prepare", lambda: _sel().prepare(_w()[:0], _s((0, 3))), InvalidInputError,
          ("weight:", "expected N > 0 and K > 0", "found shape (0, 384)")),
+    Case("weight-scale-sparse", "prepare", lambda: _sel().prepare(_w(), _s().to_sparse()), InvalidInputError,
+         ("weight_scale:", "expected a dense (strided) tensor", "found layout torch.sparse_coo")),
+    Case("prepare-max-weight-copies", "prepare", lambda: _sel().prepare(_w(), _s(), max_weight_copies=-1), InvalidInputError,
+         ("max_weight_copies:", "expected a non-negative integer or None", "found -1")),
+    Case("resolve-tuning-malformed", "resolve",
+         lambda: _sel(tuning={"schema": 2, "device_name": "x", "groups": [{"backend": "triton", "versions": {},
+                                                                         "shapes": {"256,384": {"8": {"us": "fast"}}}}]}),
+         InvalidInputError, ("tuning:", "expected a tuning table", ".us: expected a positive finite number", "found 'fast'")),
+    Case("resolve-tuning-old-schema", "resolve",
+         lambda: _sel(tuning={"schema": 1, "fingerprint": "f", "device_name": "x", "versions": {},
+                              "entries": {"256,384": {"8": {"backend": "triton", "config": {"BLOCK_M": "x"}, "us": 1}}}}),
+         InvalidInputError, ("tuning:", "expected a tuning table (schema 2)", "found a malformed one")),
     Case("weight-on-meta", "prepare", lambda: _sel().prepare(_w().to("meta"), _s().to("meta")), InvalidInputError,
          ("weight:", "expected a tensor holding data", "meta")),
     Case("scale-shape", "prepare", lambda: _sel().prepare(_w(), _s((3, 2))), InvalidInputError,
@@ -259,6 +271,8 @@ CASES: tuple[Case, ...] = (
          ("input:", "expected shape [..., K=384]", "found []")),
     Case("input-other-device", "call", lambda: _layer()(_x().to("meta")), InvalidInputError,
          ("input:", "expected device cpu (the weight's)", "found meta")),
+    Case("input-sparse", "call", lambda: _layer()(_x().to_sparse()), InvalidInputError,
+         ("input:", "expected a dense (strided) tensor", "found layout torch.sparse_coo")),
     Case("input-int", "call", lambda: _layer()(torch.ones(4, K, dtype=torch.int32)), InvalidDtypeError,
          ("input:", "expected dtype bfloat16/float16/float32", "found int32")),
     Case("input-float64", "call", lambda: _layer()(_x(dtype=torch.float64)), InvalidDtypeError,
@@ -614,3 +628,24 @@ def test_misbehaving_plugin_is_reported_and_ignored(case: str, tmp_path: Path, m
     assert not verdict.accepted and fragment in verdict.reason, verdict.reason
     plugin_warnings = [w for w in caught if issubclass(w.category, PluginWarning)]
     assert len(plugin_warnings) == (1 if row == "plugin:" else 0), [str(w.message) for w in plugin_warnings]
+
+
+def test_choose_lists_a_repeated_name_once() -> None:
+    from fp8select.resolver import builtin_backends
+
+    sel = choose(CPU, builtin_backends(), ["reference", "triton", "reference"])
+    assert [c.name for c in sel.verdicts] == ["reference", "triton"]
+
+
+def test_a_backend_whose_prepare_exits_is_left_out() -> None:
+    from fp8select.backends.reference import ReferenceBackend
+    from fp8select.layer import Fp8Linear
+
+    class Exits(ReferenceBackend):
+        name = "exits"
+
+        def prepare(self, *args: Any, **kwargs: Any) -> Any:
+            raise SystemExit(3)
+
+    layer = Fp8Linear([Exits(), ReferenceBackend()], CPU, _w(), _s())
+    assert layer.backends == ("reference",)

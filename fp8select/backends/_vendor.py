@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fp8select.errors import Fp8SelectError
+from fp8select.guard import call
 from fp8select.kernels.quant import ScaleLayout
 from fp8select.kernels.vendor_layouts import to_mn_major
 from fp8select.problem import Problem, dtype_name
@@ -44,11 +45,10 @@ def lookup(module: str, names: Sequence[str], why: str = "") -> EntryPoint | Ver
     another torch or CUDA raises ``ImportError``, ``OSError`` or ``RuntimeError`` alike.
     """
     wanted = " or ".join(f"{module}.{n}" for n in names) + (f" ({why})" if why else "")
-    try:
-        mod = importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - see above
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return Verdict.reject(f"requires {wanted}, found import {module} failed: {type(exc).__name__}: {first}")
+    imported = call(importlib.import_module, module)  # SystemExit at import included: never the host's exit
+    if imported.error is not None:
+        return Verdict.reject(f"requires {wanted}, found import {module} failed: {imported.error}")
+    mod = imported.value
     for name in names:
         fn = getattr(mod, name, None)
         if callable(fn):

@@ -24,6 +24,7 @@ import torch
 from fp8select import bench
 from fp8select.backends.base import Backend
 from fp8select.buckets import m_bucket
+from fp8select.guard import PASS_THROUGH
 from fp8select.plan import gate
 from fp8select.problem import Problem
 from fp8select.tuning.model import Measurements
@@ -87,7 +88,9 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
             if todo[b.name] and gate(b, Problem(n, k, BLOCK), caps).ok:
                 try:
                     prepared[b.name] = [b.prepare(w, scale, BLOCK, caps) for w in weights]
-                except Exception as exc:  # noqa: BLE001 - recorded; the other backends go on
+                except PASS_THROUGH:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - recorded; the other backends go on
                     rows.append({"n": n, "k": k, "backend": b.name, "error": f"prepare: {type(exc).__name__}: {exc}"[:300]})
         for m in ms:
             left = budget_s - (time.monotonic() - start)
@@ -142,7 +145,9 @@ def _measure(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torch.
     if backend.name != "triton":
         try:
             us = timed()
-        except Exception as exc:  # noqa: BLE001 - recorded, the others go on
+        except PASS_THROUGH:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - recorded, the others go on
             rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             return None, None
         rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "us": us, "correct": us is not None})
@@ -163,7 +168,9 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
     def time_config(config: TritonConfig) -> float | None:
         try:
             us = timed(config)
-        except Exception as exc:  # noqa: BLE001 - a configuration that fails to compile or launch is skipped
+        except PASS_THROUGH:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a configuration that fails to compile or launch is skipped
             rows.append({"n": n, "k": k, "m": m, "backend": "triton", "config": config.to_dict(),
                          "error": f"{type(exc).__name__}: {exc}"[:300]})
             return None
