@@ -153,7 +153,7 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
     agreed = agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch)
-    return _with_tuning(replace(agreed, max_weight_copies=max_weight_copies), tuning, given, group)
+    return _with_tuning(replace(agreed, max_weight_copies=max_weight_copies, group=group), tuning, given, group)
 
 
 def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: dict[str, Any] | None,
@@ -176,7 +176,8 @@ def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: 
     measurements = measurements_for(selection.capabilities, selection.chain, [t for _, t in tables])
     if measurements is None:
         return selection
-    return replace(selection, measurements=measurements, tuning_sources=tuple(source for source, _ in tables))
+    return replace(selection, measurements=measurements, tuning_sources=tuple(source for source, _ in tables),
+                   tables=tuple(table for _, table in tables), group=group)
 
 def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object,
                      tuning: object = True) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
@@ -44,6 +44,10 @@ class Selection:
     measurements: Measurements | None = field(default=None, repr=False, compare=False)
     tuning_sources: tuple[str, ...] = ()
     max_weight_copies: int | None = 1
+    tables: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)
+    group: Any = field(default=None, repr=False, compare=False)
+    # Shapes measured at load time in this process (FP8SELECT_TUNE=load): (N, K) -> their rows.
+    measured_at_load: dict[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def explicit(self) -> str | None:
@@ -98,16 +102,35 @@ class Selection:
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor,
                 block_size: Sequence[int] = (128, 128), *, out_dtype: torch.dtype | None = None,
-                max_weight_copies: int | EllipsisType | None = ...) -> Fp8Linear:
+                max_weight_copies: int | EllipsisType | None = ..., tune: bool | None = None) -> Fp8Linear:
         """Plan the layer and lay its weight out for the backends the plan uses, once; returns a callable layer.
 
         ``max_weight_copies`` overrides the selection's bound for this layer (None: no bound; the
-        default ``...`` keeps the selection's).
+        default ``...`` keeps the selection's). ``tune`` (default: ``FP8SELECT_TUNE=load``) measures
+        a CUDA layer's shape first where the tables do not settle its plan
+        (:mod:`fp8select.tuning.loadtime`; with a process group, on rank 0 for every rank).
         """
         copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
+        measurements = self.measurements
+        if isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2 and tuple(block_size) == (128, 128):
+            from fp8select.tuning.loadtime import wants_load_time_tuning
+
+            if tune if tune is not None else wants_load_time_tuning(self.capabilities):
+                measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
         return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
-                         measurements=self.measurements, explicit=self.explicit,
+                         measurements=measurements, explicit=self.explicit,
                          max_weight_copies=copies)
+
+    def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
+        from fp8select.tuning.loadtime import measure_shape
+        from fp8select.tuning.sources import measurements_for
+
+        if (n, k) not in self.measured_at_load:
+            table = measure_shape(self, n, k, device=device, group=self.group)
+            if table is None:
+                return self.measurements
+            self.measured_at_load[(n, k)] = table
+        return measurements_for(self.capabilities, self.chain, [*self.tables, *self.measured_at_load.values()])
 
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:

@@ -138,3 +138,32 @@ def test_the_tune_command_saves_after_every_shape_and_merges_into_the_table(
     merged = json.loads(out.read_text())
     shapes = {s for g in merged["groups"] for s in g["shapes"]}
     assert shapes == {"256,384", "128,384", "512,384"}, "a second run adds to the table"
+
+
+def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, tmp_path: Any) -> None:
+    from fp8select.tuning import loadtime
+    from fp8select.tuning.table import load_table, table_path
+
+    # Measured at another shape: small is 3x faster up to M=8, large 1.67x faster above; between
+    # M=8 and M=16 the estimates of a new shape are close (a real choice), elsewhere far apart.
+    known, _ = tune(clocked, [(N, K)], ms=tuple(2**i for i in range(14)), device="cpu")
+    for group in known["groups"]:
+        if group["backend"] == "small":
+            group["shapes"][f"{N},{K}"]["16"]["us"] = 3.2
+    sel = resolve(CPU, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
+    todo = loadtime.points_to_measure(sel.chain, CPU, sel.measurements, 512, 768)
+    assert todo == {"small": [16], "large": [16]}
+    assert loadtime.points_to_measure(sel.chain, CPU, sel.measurements, N, K) == {}  # measured: nothing to do
+    cache = CPU.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)})
+    sel = resolve(cache, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
+    table = loadtime.measure_shape(sel, 512, 768, device="cpu")
+    assert table is not None
+    assert {g["backend"]: sorted(g["shapes"]["512,768"]) for g in table["groups"]} == {"small": ["16"], "large": ["16"]}
+    saved = load_table(table_path(sel.capabilities.env["FP8SELECT_CACHE_DIR"], "cpu-test"), "cpu-test")
+    assert saved is not None and any("512,768" in g["shapes"] for g in saved["groups"])
+    # the selection keeps what it measured: the layer's plan is measured there, once per shape
+    meas = sel._measure_at_load(512, 768, torch.device("cpu"))
+    assert meas is not None and meas.estimate("small", 512, 768, 16).source == "measured"  # type: ignore[union-attr]
+    assert list(sel.measured_at_load) == [(512, 768)]
+    assert loadtime.wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
+    assert not loadtime.wants_load_time_tuning(CPU)

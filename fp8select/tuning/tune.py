@@ -49,7 +49,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
          known: Mapping[str, Any] | None = None, force: bool = False, replays: int = 30, max_configs: int = 10,
          budget_s: float = math.inf, backends: Sequence[str] | None = None,
          progress: Callable[[str], None] | None = None,
-         on_shape: Callable[[dict[str, Any]], None] | None = None,
+         on_shape: Callable[[dict[str, Any]], None] | None = None, only: Callable[[str, int], bool] | None = None,
          device: torch.device | str = "cuda") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``.
 
@@ -58,7 +58,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
     ``backends`` limits the measurement to those names (default: the chain but ``reference``).
     No new point is started after ``budget_s`` seconds; each point gets a fair share of what
     is left for its Triton search. ``on_shape(table)`` is called after each shape, so a caller
-    can save what was measured so far.
+    can save what was measured so far; ``only(backend, m)`` False skips that point.
     """
     start = time.monotonic()
     caps = selection.capabilities
@@ -76,7 +76,8 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
     points_left = len(shapes) * len(ms)
     for n, k in shapes:
         todo = {b.name: [m for m in ms if (b.name, tuple(sorted(versions[b.name].items())), shape_key(n, k),
-                                          str(m_bucket(m))) not in skip] for b in chain}
+                                          str(m_bucket(m))) not in skip and (only is None or only(b.name, m))]
+                for b in chain}
         if not any(todo.values()):
             points_left -= len(ms)
             continue

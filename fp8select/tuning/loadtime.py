@@ -1,0 +1,111 @@
+"""Measure a layer shape at load time, where the model is not sure (opt-in: ``FP8SELECT_TUNE=load``).
+
+The plan's model (:mod:`fp8select.tuning.model`) picks well on average but can lose 10-20% at
+a near tie on a shape far from any measured one. With ``FP8SELECT_TUNE=load`` (or
+``selection.prepare(..., tune=True)``), a layer whose shape the tables do not hold is measured
+before its plan is made, but only where it matters: the M buckets whose best estimates lie
+within :data:`CLOSE` of each other (and backends with no estimate at all), each of those
+backends once, Triton with at most two launch configurations, within a time budget
+(``FP8SELECT_TUNE_BUDGET_S``, default 2 s). The rows join the cache directory's table, so the
+next start finds them measured; with a process group, rank 0 measures and every rank gets its
+rows (the same plans everywhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fp8select._log import get_logger
+from fp8select.backends.base import Backend
+from fp8select.buckets import M_BUCKETS
+from fp8select.capabilities import Capabilities
+from fp8select.plan import gate
+from fp8select.problem import Problem
+from fp8select.tuning.model import MEASURED, Measurements
+from fp8select.tuning.table import cache_dir, load_table, merge_tables, save_table, table_path
+
+__all__ = ["CLOSE", "ENV_BUDGET", "ENV_TUNE", "points_to_measure", "wants_load_time_tuning"]
+
+ENV_TUNE = "FP8SELECT_TUNE"
+ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
+CLOSE = 1.25
+"""Backends whose estimates are within this factor of the best one's are measured."""
+DEFAULT_BUDGET_S = 2.0
+BLOCK = (128, 128)
+
+
+def wants_load_time_tuning(caps: Capabilities) -> bool:
+    return caps.env.get(ENV_TUNE, "").strip().lower() == "load"
+
+
+def budget_s(caps: Capabilities) -> float:
+    try:
+        value = float(caps.env.get(ENV_BUDGET, "").strip() or DEFAULT_BUDGET_S)
+    except ValueError:
+        return DEFAULT_BUDGET_S
+    return value if math.isfinite(value) and value > 0 else DEFAULT_BUDGET_S
+
+
+def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements: Measurements | None,
+                      n: int, k: int) -> dict[str, list[int]]:
+    """Per backend, the M buckets worth measuring for an (N, K) layer: where its gate takes the
+    bucket, it has no row measured for this shape, and it has no estimate or one within
+    :data:`CLOSE` of the best; only buckets with two or more such contenders (a choice to make)."""
+    todo: dict[str, list[int]] = {}
+    runnable = [b for b in chain if b.name != "reference" and gate(b, Problem(n, k, BLOCK), caps).ok]
+    for bucket in M_BUCKETS:
+        contenders = [b for b in runnable if gate(b, Problem(n, k, BLOCK, bucket), caps).ok]
+        est = {b.name: measurements.estimate(b.name, n, k, bucket) if measurements else None for b in contenders}
+        best = min((e.us for e in est.values() if e is not None), default=math.inf)
+        close = [name for name, e in est.items() if e is None or e.us <= best * CLOSE]
+        unmeasured = [name for name in close if (e := est[name]) is None or e.source != MEASURED]
+        if len(close) >= 2 and unmeasured:
+            for name in unmeasured:
+                todo.setdefault(name, []).append(bucket)
+    return todo
+
+
+def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = None) -> dict[str, Any] | None:
+    """Measure what :func:`points_to_measure` names for (N, K) (on rank 0 of ``group`` when given),
+    add it to the cache directory's table and return the new rows (None when nothing was needed)."""
+    caps = selection.capabilities
+    todo = points_to_measure(selection.chain, caps, selection.measurements, n, k)
+    if not todo:
+        return None
+    start = time.monotonic()
+
+    def measure() -> dict[str, Any]:
+        from fp8select.tuning.tune import tune
+
+        table, _ = tune(selection, [(n, k)], sorted({m for ms in todo.values() for m in ms}), force=True, replays=10,
+                        max_configs=2, budget_s=budget_s(caps), only=lambda name, m: m in todo.get(name, ()),
+                        device=device)
+        return table
+
+    if group is None:
+        table = measure()
+    else:
+        from fp8select.distributed import measure_on_one_rank
+
+        table = measure_on_one_rank(measure, None if isinstance(group, str) else group)
+    points = sum(len(b) for g in table["groups"] for b in g["shapes"].values())
+    get_logger().info("fp8select.load_time_tuning", n=n, k=k, points=points,
+                      seconds=round(time.monotonic() - start, 3), backends=sorted(todo))
+    _save(caps, table)
+    return table
+
+
+def _save(caps: Capabilities, table: Mapping[str, Any]) -> None:
+    """Add the rows to the cache directory's table (best effort: a cache that cannot be written
+    only means the next start measures again)."""
+    if not caps.device_name:
+        return
+    path = table_path(cache_dir(caps.env), caps.device_name)
+    existing = load_table(path, caps.device_name)
+    with contextlib.suppress(OSError, ValueError):
+        save_table(path, merge_tables(existing, table) if existing is not None else table)
+
