@@ -6,6 +6,10 @@
 #   bash benchmarks/h200_run.sh bench OUTDIR          # both GPUs: regret of the automatic choice, with the vendors
 #                                                     # (DeepSeek-V3 on GPU 0, other models' shapes on GPU 1)
 #   bash benchmarks/h200_run.sh no-vendors OUTDIR     # the same without the vendors on the path
+#   bash benchmarks/h200_run.sh final-a OUTDIR        # GPU 0: regret with the vendors (DeepSeek-V3, other
+#                                                     # models' shapes by the model and measured at load time)
+#                                                     # GPU 1: GPU tests, torch.compile, the transformers client
+#   bash benchmarks/h200_run.sh final-b OUTDIR        # regret without the vendors, NCCL plans, start-up
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -95,7 +99,65 @@ no_vendors() {
       --out "$work/checks_novendors.json" >>"$work/lane0.log" 2>&1
 }
 
+final_a() {
+  (log "a0: jit warm-up, other models"
+   CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/jit_warm.py --shapes "$OTHER" --backends deepgemm,flashinfer \
+       --procs 12 --out "$work/jit_warm_other.json" >>"$work/lane0.log" 2>&1
+   log "a0: regret, vendors, deepseek-v3"
+   CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/regret.py --shapes deepseek-v3 --label vendors-deepseek \
+       --budget-s 150 --out "$work/regret_vendors_deepseek.json" >>"$work/lane0.log" 2>&1
+   log "a0: regret, vendors, other models (model)"
+   CUDA_VISIBLE_DEVICES=0 timeout 140 $py benchmarks/regret.py --shapes "$OTHER" --label vendors-other-model \
+       --budget-s 100 --out "$work/regret_vendors_other_model.json" >>"$work/lane0.log" 2>&1
+   log "a0: regret, vendors, other models (measured at load)"
+   CUDA_VISIBLE_DEVICES=0 FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-load timeout 140 $py benchmarks/regret.py \
+       --shapes "$OTHER" --label vendors-other-load --budget-s 100 --out "$work/regret_vendors_other_load.json" \
+       >>"$work/lane0.log" 2>&1
+   log "a0: done") &
+  (log "a1: gpu tests"
+   CUDA_VISIBLE_DEVICES=1 timeout 200 $py -m pytest -q -n 4 -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
+       -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 60 $py -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+       >"$work/kernel_gpu_tests.log" 2>&1
+   log "a1: torch.compile"
+   CUDA_VISIBLE_DEVICES=1 timeout 150 $py -m pytest -q -n 6 -m gpu tests/test_compile_gpu.py -p no:cacheprovider \
+       >"$work/compile_gpu_tests.log" 2>&1
+   log "a1: transformers"
+   CUDA_VISIBLE_DEVICES=1 timeout 60 $py -m pytest -q -m gpu tests/test_transformers_gpu.py -p no:cacheprovider \
+       >"$work/transformers_gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 80 $py examples/transformers_fp8.py --out "$work/transformers_vendors.json" \
+       >>"$work/lane1.log" 2>&1
+   log "a1: done") &
+  wait
+}
+
+final_b() {
+  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
+  local pp=$PWD:/tmp/projdeps
+  (log "b0: regret, no vendors, deepseek-v3"
+   CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp timeout 120 $py benchmarks/regret.py --shapes deepseek-v3 \
+       --label novendors-deepseek --budget-s 80 --out "$work/regret_novendors_deepseek.json" >>"$work/lane0.log" 2>&1) &
+  (log "b1: regret, no vendors, other models"
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 80 $py benchmarks/regret.py --shapes "$OTHER" \
+       --label novendors-other-model --budget-s 50 --out "$work/regret_novendors_other_model.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-load-nv timeout 80 \
+       $py benchmarks/regret.py --shapes "$OTHER" --label novendors-other-load --budget-s 50 \
+       --out "$work/regret_novendors_other_load.json" >>"$work/lane1.log" 2>&1) &
+  wait
+  log "b: nccl plans"
+  FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-nccl timeout 90 $py -m torch.distributed.run --nproc-per-node 2 \
+      benchmarks/nccl_plans.py --out "$work/nccl_plans.json" >>"$work/nccl.log" 2>&1
+  log "b: start-up without vendors, prepare() with the vendors"
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp timeout 60 $py benchmarks/h200_checks.py --label no-vendors --skip nonfinite,prepare \
+      --out "$work/checks_novendors.json" >>"$work/lane0.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 60 $py benchmarks/h200_checks.py --label vendors-prepare --skip nonfinite,startup \
+      --out "$work/checks_prepare.json" >>"$work/lane1.log" 2>&1 &
+  wait
+}
+
 case $stage in
+  final-a) final_a ;;
+  final-b) final_b ;;
   tune) lane0_tune & lane1_checks & wait ;;
   grid) grid ;;
   bench) bench ;;

@@ -70,6 +70,29 @@ def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "ideal_vs_always": always}
 
 
+def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+    """With ``FP8SELECT_TUNE=load``: each shape's first ``prepare()`` (which measures it where its
+    plan is open) timed; the auto layers measured afterwards reuse what it found."""
+    import torch
+
+    from fp8select.tuning.loadtime import wants_load_time_tuning
+
+    if not wants_load_time_tuning(selection.capabilities):
+        return []
+    out = []
+    for n, k in shapes:
+        w = (torch.randn(n, k, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+        s = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda") * 1e-3 + 1e-4
+        t0 = time.perf_counter()
+        layer = selection.prepare(w, s)
+        torch.cuda.synchronize()
+        out.append({"n": n, "k": k, "seconds": round(time.perf_counter() - t0, 3), "plan": layer.main_plan.summary(),
+                    "measured": sum(len(b) for g in selection.measured_at_load.get((n, k), {}).get("groups", [])
+                                    for b in g["shapes"].values())})
+        print(f"load-time tuning {n}x{k}: {out[-1]}", flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="deepseek-v3")
@@ -82,7 +105,9 @@ def main() -> None:
     start = time.monotonic()
     selection = fp8select.resolve()
     print(selection.explain(), flush=True)
-    rows = bench.measure(selection, bench.parse_shapes(args.shapes), bench.parse_ms(args.m), replays=args.replays,
+    shapes = bench.parse_shapes(args.shapes)
+    load_time = _measure_at_load(selection, shapes)
+    rows = bench.measure(selection, shapes, bench.parse_ms(args.m), replays=args.replays,
                          budget_s=args.budget_s, gemm_alone=False, bf16=False,
                          progress=lambda line: print(line, flush=True))
     points = distill(rows)
@@ -91,7 +116,7 @@ def main() -> None:
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump({"label": args.label, "environment": bench.environment(), "chain": [b.name for b in selection.chain],
                    "tuning_sources": list(selection.tuning_sources), "seconds": round(time.monotonic() - start, 1),
-                   "summary": summary, "points": points}, fh, indent=1)
+                   "load_time_tuning": load_time, "summary": summary, "points": points}, fh, indent=1)
 
 
 if __name__ == "__main__":
