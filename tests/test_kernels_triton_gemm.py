@@ -401,7 +401,7 @@ def _launched(monkeypatch: pytest.MonkeyPatch) -> list[TritonConfig]:
     """Record the configuration of every kernel launch from now on."""
     seen: list[TritonConfig] = []
     launch = tg._launch
-    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[-1]) or launch(*a))
+    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[7]) or launch(*a))  # a[7]: the configuration
     return seen
 
 
@@ -451,7 +451,7 @@ def test_backend_runs_the_given_config(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = TritonBackend()
     caps = Capabilities(torch_version="2.13.0")
     prepared = backend.prepare(w, ws, (128, 128), caps)
-    assert prepared.extra == {}  # no side channel: the configuration comes with each call
+    assert set(prepared.extra) == {"fixup_counters"}  # its own split-K counters; no side channel: the configuration comes with each call
     seen = _launched(monkeypatch)
     decode = _cfg("decode", split_k=2)
     out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps, config=decode)

@@ -17,7 +17,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in thi
 
 import pytest
 import torch
-from fp64_reference import expected
+from fp64_reference import expected, random_problem
 
 from fp8select.backends.reference import dequantize_activation
 from fp8select.kernels.nonfinite import propagate_nonfinite_rows
@@ -243,3 +243,28 @@ def test_only_the_poisoned_rows_are_read_as_nan_with_fixup_counters_reset() -> N
     assert torch.isfinite(again).all()
     _check_rows(first, again, rows)
     assert all(int(buf.abs().sum()) == 0 for buf in tg._COUNTERS.values())  # type: ignore[attr-defined]
+
+
+def test_a_layer_owns_its_split_k_counters_and_no_call_caches_one() -> None:
+    """A layer's split-K launches use the counters made at prepare(), so a call allocates nothing
+    that outlives it (what Inductor's CUDA-graph trees require); too few counters fall back to
+    the two-kernel sum."""
+    import fp8select
+    from fp8select.kernels import triton_gemm as tg
+    from fp8select.kernels.triton_config import TritonConfig
+
+    caps = fp8select.Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), packages={"triton": "3.9.0"},
+                                  env={"TRITON_INTERPRET": "1"})
+    w, s = random_problem(256, 512, seed=3)
+    layer = fp8select.resolve(caps, backend="triton", plugins=False, tuning=False).prepare(w, s)
+    counters = layer.prepared["triton"].extra["fixup_counters"]
+    assert counters.dtype == torch.int32 and counters.numel() >= 32 * 8 and not counters.any()
+    tg._COUNTERS.clear()
+    cfg = TritonConfig.from_dict({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4,
+                                  "num_warps": 4, "num_stages": 2, "path": "decode", "FIXUP": 1})
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    out = tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg, counters=counters)
+    assert tg._COUNTERS == {} and not counters.any()  # used and left at zero, nothing cached
+    few = torch.zeros(1, dtype=torch.int32)
+    again = tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg, counters=few)
+    assert torch.equal(out, again) and tg._COUNTERS == {}  # summed by the second kernel instead

@@ -72,14 +72,20 @@ class TritonBackend(Backend):
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
         """The checkpoint layout; on gfx942 an e4m3fn weight becomes e4m3fnuz (Triton's e4m3fn dot
-        fails there), same bits but 0x80, scales doubled, once at load time."""
+        fails there), same bits but 0x80, scales doubled, once at load time. The layer's own
+        split-K counters are made here too, so no call allocates memory that outlives it."""
+        from fp8select.kernels.triton_gemm import fixup_counters
+
         if self.compute_dtype(weight.dtype, caps) != weight.dtype:
             from fp8select.kernels.vendor_layouts import e4m3fn_to_e4m3fnuz
 
             w, s = e4m3fn_to_e4m3fnuz(weight, weight_scale)
             n, k = w.shape
-            return PreparedWeight(self.name, w, s, block_pair(block_size), n, k, w, scale_nk=s)
-        return super().prepare(weight, weight_scale, block_size, caps)
+            prepared = PreparedWeight(self.name, w, s, block_pair(block_size), n, k, w, scale_nk=s)
+        else:
+            prepared = super().prepare(weight, weight_scale, block_size, caps)
+        prepared.extra["fixup_counters"] = fixup_counters(prepared.n, weight.device)
+        return prepared
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities,
@@ -89,8 +95,9 @@ class TritonBackend(Backend):
         kernel runs its prequantized sibling with the same tiles (fused -> gemm, decode -> swap)."""
         from fp8select.kernels import triton_gemm
 
+        counters = prepared.extra.get("fixup_counters")
         if input_scale is None:
             return triton_gemm.linear(x, prepared.weight, prepared.scale, prepared.block_size,
-                                      out_dtype=out_dtype, bias=bias, config=config)
+                                      out_dtype=out_dtype, bias=bias, config=config, counters=counters)
         return triton_gemm.w8a8_block_gemm(x, input_scale, prepared.weight, prepared.scale, prepared.block_size,
-                                           out_dtype=out_dtype, bias=bias, config=config)
+                                           out_dtype=out_dtype, bias=bias, config=config, counters=counters)

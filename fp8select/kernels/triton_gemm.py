@@ -79,14 +79,32 @@ def _check_common(a: torch.Tensor, b: torch.Tensor, tensors: dict[str, torch.Ten
 
 _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
 
+FIXUP_TILES_PER_N = 1
+"""Counters :func:`fixup_counters` gives a layer per output feature: ``ceil(512/16) * ceil(N/32)``
+tiles, i.e. every split-K launch of up to 512 rows with tiles of at least 16 x 32 (the tuned and
+heuristic split-K configurations all are: split-K is for small M)."""
+
+
+def fixup_counters(n: int, device: torch.device | str) -> torch.Tensor:
+    """Zeroed int32 split-K counters for one layer of ``n`` output features, made at load time.
+
+    A layer that owns its counters never allocates one in a call, so nothing allocated during
+    a call outlives it (Inductor's CUDA-graph trees reject a call that leaves memory of its
+    graph pool alive). Launches leave their counters at zero, so one buffer serves every call
+    of the layer that runs in stream order; one layer run on two streams at once needs two
+    layers. A launch that needs more counters sums its partials in a second kernel instead.
+    """
+    return torch.zeros(32 * triton.cdiv(n, 32) * FIXUP_TILES_PER_N, dtype=torch.int32, device=device)
+
 
 def _fixup_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters (at least ``count``) for ``FIXUP`` split-K on ``device``.
+    """Zeroed int32 counters (at least ``count``) for ``FIXUP`` split-K on ``device``, for callers
+    that pass none (the layer passes its own, :func:`fixup_counters`).
 
     One buffer per device and stream, so launches that may run concurrently never share
-    counters; launches on one stream run in order, and each leaves its counters at zero. A
-    first call inside CUDA-graph capture allocates (and zero-fills) inside the graph, which
-    is correct, merely a memset node more.
+    counters; launches on one stream run in order, and each leaves its counters at zero. The
+    buffer is made at the first such call on a stream (inside a CUDA-graph capture: in the
+    graph's memory).
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
@@ -131,10 +149,13 @@ def _launch(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     cfg: TritonConfig,
+    counters: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel of ``cfg.path`` (plus the split-K reduction when ``SPLIT_K > 1`` and
     not ``FIXUP``) writing ``out``. ``a_scale`` is None when the kernel quantizes ``a`` (the
-    caller matches it to the path: None exactly for the in-kernel quantizing paths)."""
+    caller matches it to the path: None exactly for the in-kernel quantizing paths).
+    ``counters``: the caller's split-K counters (:func:`fixup_counters`); too few of them, and
+    the partials are summed by the second kernel instead of allocating more."""
     m, k = a.shape
     n = b.shape[0]
     swap = cfg.swap
@@ -142,8 +163,13 @@ def _launch(
     split = _split_count(cfg, k)
     fixup = bool(cfg.FIXUP) and split > 1
     grid0 = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
+    if fixup and counters is not None and counters.numel() < grid0:
+        fixup = False
     ws = torch.empty((split, m, n), dtype=torch.float32, device=out.device) if split > 1 else out
-    counters = _fixup_counters(out.device, grid0) if fixup else out
+    if not fixup:
+        counters = out
+    elif counters is None:
+        counters = _fixup_counters(out.device, grid0)
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
     a_arg: Any = a
@@ -252,6 +278,7 @@ def w8a8_block_gemm(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
     config: TritonConfig | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block-scaled FP8 GEMM ``dequant(a) @ dequant(b).T + bias`` in ``out_dtype``.
 
@@ -268,6 +295,8 @@ def w8a8_block_gemm(
             and M. The activation is quantized already, so a path that quantizes in the kernel
             runs as its prequantized sibling with the same tiles
             (:meth:`TritonConfig.prequantized`: ``fused -> gemm``, ``decode -> swap``).
+        counters: split-K counters the caller owns (:func:`fixup_counters`); None: a buffer
+            per device and stream, made at first use.
 
     Returns:
         ``[M, N]`` contiguous ``out_dtype``. M = 0 returns an empty tensor without a launch.
@@ -290,7 +319,7 @@ def w8a8_block_gemm(
     if k == 0:
         return _empty_k(m, n, bias, out_dtype, a.device)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    _launch(a, a_scale, b, b_scale, scale_bn, bias, out, cfg)
+    _launch(a, a_scale, b, b_scale, scale_bn, bias, out, cfg, counters)
     return out
 
 
@@ -303,6 +332,7 @@ def linear(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
     config: TritonConfig | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block FP8 linear ``x @ dequant(b).T + bias`` on an unquantized activation.
 
@@ -320,6 +350,7 @@ def linear(
         b, b_scale, block_size, out_dtype, bias: as in :func:`w8a8_block_gemm`.
         config: the launch configuration; ``None``: the gemm path's heuristic for this
             shape and M (:func:`.triton_search.heuristic_config`).
+        counters: as in :func:`w8a8_block_gemm`.
 
     Returns:
         ``[M, N]`` contiguous ``out_dtype``.
@@ -337,12 +368,12 @@ def linear(
         return _empty_k(m, n, bias, out_dtype, x.device)
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if cfg.quantizes_in_kernel:
-        _launch(x, None, b, b_scale, scale_bn, bias, out, cfg)
+        _launch(x, None, b, b_scale, scale_bn, bias, out, cfg, counters)
     else:
         # M-major scales: the GEMM reads one K block's scales of consecutive tokens as one
         # contiguous run instead of BLOCK_M scattered words.
         xq, xs = quantize_per_token_group_triton(x, SCALE_GROUP_K, dtype=b.dtype, layout=M_MAJOR)
-        _launch(xq, xs, b, b_scale, scale_bn, bias, out, cfg)
+        _launch(xq, xs, b, b_scale, scale_bn, bias, out, cfg, counters)
     return out
 
 
