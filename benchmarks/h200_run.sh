@@ -155,7 +155,31 @@ final_b() {
   wait
 }
 
+verify() {
+  local rest="7168,2048,36864,7168,7168,18432"  # the DeepSeek-V3 shapes final-a's time budget left out
+  (log "v0: jit warm-up, regret with the vendors on the rest of DeepSeek-V3, GPU tests"
+   CUDA_VISIBLE_DEVICES=0 timeout 80 $py benchmarks/jit_warm.py --shapes "$rest" --backends deepgemm,flashinfer \
+       --procs 6 --out "$work/jit_warm_rest.json" >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 150 $py benchmarks/regret.py --shapes "$rest" --label vendors-deepseek-rest \
+       --budget-s 120 --out "$work/regret_vendors_deepseek_rest.json" >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 120 $py -m pytest -q -n 4 -m gpu tests/test_gpu.py -p no:cacheprovider \
+       >"$work/gpu_tests.log" 2>&1
+   log "v0: done") &
+  (log "v1: kernel, compile and transformers GPU tests, the example"
+   CUDA_VISIBLE_DEVICES=1 timeout 60 $py -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+       >"$work/kernel_gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 120 $py -m pytest -q -n 6 -m gpu tests/test_compile_gpu.py -p no:cacheprovider \
+       >"$work/compile_gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 100 $py -m pytest -q -m gpu tests/test_transformers_gpu.py -p no:cacheprovider \
+       >"$work/transformers_gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 100 $py examples/transformers_fp8.py --out "$work/transformers_vendors.json" \
+       >>"$work/lane1.log" 2>&1
+   log "v1: done") &
+  wait
+}
+
 case $stage in
+  verify) verify ;;
   final-a) final_a ;;
   final-b) final_b ;;
   tune) lane0_tune & lane1_checks & wait ;;
