@@ -1,4 +1,4 @@
-"""``flashinfer``: FlashInfer's block-scaled FP8 GEMMs, one path per GPU generation.
+"""``flashinfer``: FlashInfer's block-scaled FP8 GEMMs, one kernel family per GPU generation.
 
 API followed (docs/vendor-apis.md, "FlashInfer"; flashinfer-ai/flashinfer
 flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
@@ -25,8 +25,8 @@ flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
   (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise.
 
 None of these take a bias, so it is added afterwards. sm107 is accepted by FlashInfer main
-and 0.7.2.post1 (its requirement lists) but no sm107 path was run, so it is not gated in. N and K not multiples of 128 are unverified
-for the groupwise paths and go to the fallback.
+and 0.7.2.post1 (its requirement lists) but no sm107 kernel was run, so it is not gated in. N and K not multiples of 128 are unverified
+for the groupwise kernels and go to the fallback.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ GROUPWISE = "gemm_fp8_nt_groupwise"
 HOPPER_GEMM = "fp8_blockscale_gemm_sm90"
 TRTLLM, CUTLASS, SM90 = "trtllm", "cutlass", "sm90"
 
-# The path each compute capability takes (data, not branches).
-PATHS: dict[tuple[int, int], str] = {(10, 0): TRTLLM, (10, 3): TRTLLM, (12, 0): CUTLASS, (12, 1): CUTLASS, (9, 0): SM90}
+# The FlashInfer kernel each compute capability runs (data, not branches).
+KERNELS: dict[tuple[int, int], str] = {(10, 0): TRTLLM, (10, 3): TRTLLM, (12, 0): CUTLASS, (12, 1): CUTLASS, (9, 0): SM90}
 ENTRY_POINTS = {TRTLLM: GROUPWISE, CUTLASS: GROUPWISE, SM90: HOPPER_GEMM}
 OUT_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     TRTLLM: (torch.bfloat16,),  # the TRT-LLM kernel writes bf16 only (fp16 would be misread)
@@ -72,7 +72,7 @@ CUTLASS_M_MULTIPLE = 4
 CUTLASS_SCALE_MAJOR_MODE = "MN"  # as SGLang calls it: both scales transposed-contiguous
 
 _GROUPWISE_RELEASE = "gemm_fp8_nt_groupwise with backend= since 0.2.9"
-FLASHINFER_PATHS = AnyOf((
+FLASHINFER_KERNELS = AnyOf((
     AllOf((ComputeCapability(allowed=((10, 0), (10, 3))), Package("flashinfer", ">=0.2.9", _GROUPWISE_RELEASE),
            PackageSymbols("flashinfer", (GROUPWISE,)))),
     AllOf((ComputeCapability(allowed=((12, 0), (12, 1))), Package("flashinfer", ">=0.2.9", _GROUPWISE_RELEASE),
@@ -82,91 +82,91 @@ FLASHINFER_PATHS = AnyOf((
 ))
 
 
-def path_for(caps: Capabilities) -> str | None:
-    """The FlashInfer path this device takes (``trtllm``, ``cutlass``, ``sm90``), or None."""
+def kernel_for(caps: Capabilities) -> str | None:
+    """The FlashInfer kernel this device takes (``trtllm``, ``cutlass``, ``sm90``), or None."""
     cc = caps.compute_capability
-    return PATHS.get(tuple(cc)) if cc is not None else None  # type: ignore[arg-type]
+    return KERNELS.get(tuple(cc)) if cc is not None else None  # type: ignore[arg-type]
 
 
 class FlashInferBackend(Backend):
     name = "flashinfer"
     summary = ("FlashInfer gemm_fp8_nt_groupwise (sm100/103 trtllm, sm120/121 cutlass) "
                "or fp8_blockscale_gemm_sm90 (sm90)")
-    requires: ClassVar[tuple[Probe, ...]] = (DeviceKind(("cuda",)), Package("flashinfer"), FLASHINFER_PATHS)
+    requires: ClassVar[tuple[Probe, ...]] = (DeviceKind(("cuda",)), Package("flashinfer"), FLASHINFER_KERNELS)
     block_sizes = (BLOCK_128x128,)
-    n_multiple = 64  # every path; the groupwise ones need N % 128 (see supports)
+    n_multiple = 64  # every kernel; the groupwise ones need N % 128 (see supports)
     k_multiple = 128
     packages = ("flashinfer",)
 
-    # Activation-scale layouts per path (class attributes so a test can substitute a wrong one).
+    # Activation-scale layouts per kernel (class attributes so a test can substitute a wrong one).
     trtllm_scale_layout: ClassVar[ScaleLayout] = M_MAJOR
     cutlass_scale_layout: ClassVar[ScaleLayout] = M_MAJOR  # its .t() is the contiguous [K/128, M] "MN" scale
 
     @property
     def input_scale_layout(self) -> ScaleLayout:
-        """M-major (strides (1, M)), what both groupwise paths read."""
+        """M-major (strides (1, M)), what both groupwise kernels read."""
         return self.trtllm_scale_layout
 
     def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
-        """Per path: output dtype, N/K alignment, TRT-LLM's K >= 256, the sm90 kernel's bf16 input."""
+        """Per kernel: output dtype, N/K alignment, TRT-LLM's K >= 256, the sm90 kernel's bf16 input."""
         verdict = super().supports(problem, caps)
         if not verdict.ok:
             return verdict
-        path = path_for(caps)
-        if path is None:
-            return Verdict.reject(f"requires compute capability {'/'.join(f'sm{a}{b}' for a, b in PATHS)}, "
+        kernel = kernel_for(caps)
+        if kernel is None:
+            return Verdict.reject(f"requires compute capability {'/'.join(f'sm{a}{b}' for a, b in KERNELS)}, "
                                   f"found {caps.compute_capability}")
-        if problem.out_dtype not in OUT_DTYPES[path]:
-            allowed = "/".join(dtype_name(d) for d in OUT_DTYPES[path])
-            return Verdict.reject(f"requires output {allowed} on the {path} path, found {dtype_name(problem.out_dtype)}")
-        if path == SM90:
+        if problem.out_dtype not in OUT_DTYPES[kernel]:
+            allowed = "/".join(dtype_name(d) for d in OUT_DTYPES[kernel])
+            return Verdict.reject(f"requires output {allowed} on the {kernel} kernel, found {dtype_name(problem.out_dtype)}")
+        if kernel == SM90:
             rejected = self._sm90_gate(problem)
         else:
             rejected = (dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
-                        or multiple_of(problem, n=128, why="partial N blocks unverified on the groupwise paths"))
-            if rejected is None and path == TRTLLM and problem.k < TRTLLM_MIN_K:
-                rejected = Verdict.reject(f"requires K >= {TRTLLM_MIN_K} on the trtllm path, found K={problem.k}")
+                        or multiple_of(problem, n=128, why="partial N blocks unverified on the groupwise kernels"))
+            if rejected is None and kernel == TRTLLM and problem.k < TRTLLM_MIN_K:
+                rejected = Verdict.reject(f"requires K >= {TRTLLM_MIN_K} on the trtllm kernel, found K={problem.k}")
         if rejected is not None:
             return rejected
-        return entry_points_gate(problem, verdict, MODULE, (ENTRY_POINTS[path],))
+        return entry_points_gate(problem, verdict, MODULE, (ENTRY_POINTS[kernel],))
 
     @staticmethod
     def _sm90_gate(problem: Problem) -> Verdict | None:
         if problem.pre_quantized or problem.act_dtype != torch.bfloat16:
-            return Verdict.reject(f"requires bfloat16 activations on the sm90 path (the kernel quantizes them), "
+            return Verdict.reject(f"requires bfloat16 activations on the sm90 kernel (the kernel quantizes them), "
                                   f"found {dtype_name(problem.act_dtype)}")
         return dtypes_ok(problem, (torch.float8_e4m3fn,), ())
 
     def preferred_m(self, caps: Capabilities) -> int | None:
         """Without measurements, only M <= 31 on sm90: SGLang found its non-swapAB kernel slower than
         DeepGEMM above that. A speed rule for the plan, not a gate: measured routes decide."""
-        return SM90_MAX_M if path_for(caps) == SM90 else None
+        return SM90_MAX_M if kernel_for(caps) == SM90 else None
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
         """The weight as is (shared); the weight scale as is, or transposed-contiguous for cutlass "MN"."""
-        path = path_for(caps)
-        if path is None:
-            raise ValueError(f"flashinfer: no path for compute capability {caps.compute_capability}")
-        gemm = require(MODULE, (ENTRY_POINTS[path],))
+        kernel = kernel_for(caps)
+        if kernel is None:
+            raise ValueError(f"flashinfer: no kernel for compute capability {caps.compute_capability}")
+        gemm = require(MODULE, (ENTRY_POINTS[kernel],))
         n, k = weight.shape
         w = weight.contiguous()
-        if path == CUTLASS:
+        if kernel == CUTLASS:
             scale = weight_scale.t().contiguous()  # "MN" major: [K/128, N/128] contiguous, once
         else:
             scale = weight_scale.contiguous()  # [N/128, K/128]: the checkpoint
         return PreparedWeight(self.name, w, scale, block_pair(block_size), n, k, w,
-                              extra={"gemm": gemm, "path": path})
+                              extra={"gemm": gemm, "kernel": kernel})
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
         gemm: EntryPoint = prepared.extra["gemm"]
-        path = prepared.extra["path"]
-        if path == SM90:
+        kernel = prepared.extra["kernel"]
+        if kernel == SM90:
             out = gemm.fn(x.contiguous(), prepared.weight, None, prepared.scale, out_dtype=out_dtype)
             return add_bias(out, bias)
         m = x.shape[0]
-        if path == TRTLLM:
+        if kernel == TRTLLM:
             x_q, x_s = quantized_input(x, input_scale, torch.float8_e4m3fn, self.trtllm_scale_layout)
             out = gemm.fn(x_q, prepared.weight, x_s, prepared.scale, out_dtype=out_dtype, backend=TRTLLM)
             return add_bias(out, bias)
