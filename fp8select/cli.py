@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--backend", metavar="NAME", help="explicit choice (as FP8SELECT_BACKEND; 'auto' for none)")
     ex.add_argument("--disable", metavar="A,B", default="", help="backends to leave out (as FP8SELECT_DISABLE)")
     ex.add_argument("--no-plugins", action="store_true", help="do not load entry-point plugins")
+    ex.add_argument("--layer", metavar="N,K", action="append", default=[],
+                    help="also show the plan a layer of this shape gets: per M range the backend and why (repeatable)")
     be = sub.add_parser("bench", help="check and time every accepted backend on this GPU, per shape",
                         description="On a CUDA GPU: check every accepted backend against an fp64 reference, then time "
                                     "it (CUDA-graph replay, weights rotated past the L2) per shape and M; prints a table "
@@ -179,7 +181,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "tune":
             return _tune(args)
         caps = _snapshot(args)
+        layers = [_layer_shape(text) for text in args.layer]
         selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins)
+        plans = [selection.plan_for(n, k) for n, k in layers]
     except (BackendRejectedError, NoBackendError) as exc:
         if args.command == "explain" and args.json:
             print(json.dumps({"backend": None, "error": str(exc).splitlines()[0],
@@ -190,8 +194,22 @@ def _main(argv: Sequence[str] | None) -> int:
     except Fp8SelectError as exc:
         print(f"fp8select: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(json.dumps(selection.to_dict(), indent=2) if args.json else selection.explain())
+    if args.json:
+        print(json.dumps({**selection.to_dict(), "plans": [plan.to_dict() for plan in plans]}, indent=2))
+    else:
+        print("\n\n".join([selection.explain(), *(plan.describe() for plan in plans)]))
     return 0
+
+
+def _layer_shape(text: str) -> tuple[int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        n, k = (int(p) for p in parts)
+    except ValueError:
+        n = k = 0
+    if n <= 0 or k <= 0 or n > 2**31 or k > 2**31:
+        raise Fp8SelectError(f"--layer {text!r}: expected N,K (two positive integers), e.g. --layer 7168,2048")
+    return n, k
 
 
 def _check_budget(args: argparse.Namespace) -> None:

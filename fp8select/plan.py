@@ -132,6 +132,7 @@ class Plan:
         for use in self.weights:
             kind = "a copy" if use.copy else "the checkpoint's"
             lines.append(f"  weight layout {use.layout!r} ({kind}) for {', '.join(use.backends)}")
+        lines.extend(f"  not for this layer: {c.name}: {c.reason}" for c in self.candidates if not c.accepted)
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 

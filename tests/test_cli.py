@@ -196,3 +196,17 @@ def test_results_are_rescued_when_saving_fails(tmp_path: Path, monkeypatch: pyte
     assert len(rescued) == 1 and json.loads(rescued[0].read_text()) == table
     assert str(rescued[0]) in err and "cannot write the tuning table" in err
     assert cli.save_or_rescue(tmp_path / "ok.json", save, table, "tuning table")
+
+
+def test_explain_shows_the_plan_of_a_layer_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    from fp8select.cli import main
+
+    assert main(["explain", "--layer", "256,384", "--layer", "7168x2048"]) == 0
+    out = capsys.readouterr().out
+    assert "plan for N=256, K=384, block [128, 128]" in out and "plan for N=7168, K=2048" in out
+    assert "any M          reference       rule" in out
+    assert main(["explain", "--json", "--layer", "256,384"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["backend"] for r in data["plans"][0]["routes"]] == ["reference"] * 14
+    assert main(["explain", "--layer", "0,5"]) == 2
+    assert "--layer '0,5': expected N,K" in capsys.readouterr().err
