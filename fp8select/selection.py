@@ -74,15 +74,14 @@ class Selection:
         lines.append("")
         lines.append("chain: " + " -> ".join(b.name for b in self.chain))
         if self.explicit:
-            lines.append(f"every call runs on {self.explicit!r} where its gate accepts it; elsewhere the plan picks another")
+            lines.append(f"plans: {self.explicit!r} for every call its gate accepts, the fastest other backend elsewhere")
         else:
-            lines.append("each layer's plan picks, per M bucket, the fastest backend of the chain "
-                         "(measured, else modelled from other shapes, else the priority order)")
+            lines.append("plans: per layer and M bucket, the fastest backend of the chain (explain --layer N,K shows one)")
         if self.measurements is not None:
             lines.append("measurements: " + ", ".join(self.tuning_sources))
             lines.extend("  " + line for line in self.measurements.describe().splitlines())
         else:
-            lines.append("measurements: none for this device (the plan follows the priority order)")
+            lines.append("measurements: none for this device, so plans follow the priority order")
         lines.extend(self.notes)
         return "\n".join(lines)
 
