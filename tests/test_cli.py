@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,9 +205,9 @@ def test_explain_shows_the_plan_of_a_layer_shape(capsys: pytest.CaptureFixture[s
     assert main(["explain", "--layer", "256,384", "--layer", "7168x2048"]) == 0
     out = capsys.readouterr().out
     assert "plan for N=256, K=384, block [128, 128]" in out and "plan for N=7168, K=2048" in out
-    assert "any M          reference       rule" in out
+    assert re.search(r"any M +(reference|triton) +rule", out)  # no measurements on a CPU: the priority order
     assert main(["explain", "--json", "--layer", "256,384"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [r["backend"] for r in data["plans"][0]["routes"]] == ["reference"] * 14
+    assert len({r["backend"] for r in data["plans"][0]["routes"]}) == 1 and len(data["plans"][0]["routes"]) == 14
     assert main(["explain", "--layer", "0,5"]) == 2
     assert "--layer '0,5': expected N,K" in capsys.readouterr().err
