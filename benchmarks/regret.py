@@ -75,7 +75,7 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
     plan is open) timed; the auto layers measured afterwards reuse what it found."""
     import torch
 
-    from fp8select.tuning.loadtime import wants_load_time_tuning
+    from fp8select.tuning.sources import wants_load_time_tuning
 
     if not wants_load_time_tuning(selection.capabilities):
         return []

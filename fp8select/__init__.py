@@ -4,6 +4,7 @@ Importing this package imports no vendor package and no Triton, and initialises 
 device: everything happens when :func:`resolve` (or :func:`detect_capabilities`) is called.
 """
 
+from fp8select._version import __version__ as __version__
 from fp8select.backends import DEFAULT_ORDER, Backend, PreparedWeight
 from fp8select.capabilities import Capabilities, detect_capabilities
 from fp8select.errors import (
@@ -26,8 +27,6 @@ from fp8select.resolver import choose, resolve
 from fp8select.selection import Selection
 from fp8select.verdict import Candidate, Verdict
 from fp8select.warmup import WarmupReport, warmup
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_ORDER",

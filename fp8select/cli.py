@@ -40,7 +40,7 @@ def _prog() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from fp8select import __version__
+    from fp8select._version import __version__
 
     parser = argparse.ArgumentParser(prog=_prog(), description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

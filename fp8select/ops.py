@@ -30,14 +30,21 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from fp8select.errors import InvalidInputError
 
-if TYPE_CHECKING:
-    from fp8select.layer import Fp8Linear
+
+class Fp8Linear(Protocol):
+    """What the op needs of a layer (:class:`fp8select.layer.Fp8Linear`, which imports this module)."""
+
+    n: int
+    out_dtype: torch.dtype | None
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+                input_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
 OP_NAME = "fp8select::linear"
 SCHEMA = "(Tensor x, Tensor? bias, Tensor? input_scale, int handle, int n, ScalarType out_dtype) -> Tensor"

@@ -29,6 +29,7 @@ from fp8select.guard import safe_verdict
 from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
 from fp8select.selection import Selection
+from fp8select.tuning.loadtime import measure_shape
 from fp8select.tuning.sources import find_tables, measurements_for
 from fp8select.tuning.table import check_table
 from fp8select.verdict import Candidate
@@ -160,6 +161,7 @@ def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: 
                  group: Any = None) -> Selection:
     """``selection`` with the device's measurements attached; with a group, rank 0's tables on
     every rank (one measurement, the same plans on every rank)."""
+    selection = replace(selection, load_time_measure=measure_shape)
     if tuning is False:
         return selection
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
@@ -15,6 +15,7 @@ from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, build_plan
 from fp8select.problem import Problem
 from fp8select.tuning.model import Estimate, Measurements
+from fp8select.tuning.sources import measurements_for, wants_load_time_tuning
 from fp8select.verdict import Candidate
 
 SOURCES = ("argument", "environment", "auto")
@@ -46,7 +47,9 @@ class Selection:
     max_weight_copies: int | None = 1
     tables: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)
     group: Any = field(default=None, repr=False, compare=False)
-    # Shapes measured at load time in this process (FP8SELECT_TUNE=load): (N, K) -> their rows.
+    # How to measure a layer shape at load time (set by resolve(): fp8select.tuning.loadtime.measure_shape;
+    # measurement code sits above this module), and the shapes measured so far: (N, K) -> their rows.
+    load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
     measured_at_load: dict[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -111,21 +114,19 @@ class Selection:
         """
         copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
         measurements = self.measurements
-        if isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2 and tuple(block_size) == (128, 128):
-            from fp8select.tuning.loadtime import wants_load_time_tuning
-
-            if tune if tune is not None else wants_load_time_tuning(self.capabilities):
-                measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
+        wanted = tune if tune is not None else wants_load_time_tuning(self.capabilities)
+        if (wanted and isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2
+                and tuple(block_size) == (128, 128)):
+            measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
         return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
                          measurements=measurements, explicit=self.explicit,
                          max_weight_copies=copies)
 
     def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
-        from fp8select.tuning.loadtime import measure_shape
-        from fp8select.tuning.sources import measurements_for
-
+        if self.load_time_measure is None:
+            return self.measurements
         if (n, k) not in self.measured_at_load:
-            table = measure_shape(self, n, k, device=device, group=self.group)
+            table = self.load_time_measure(self, n, k, device=device, group=self.group)
             if table is None:
                 return self.measurements
             self.measured_at_load[(n, k)] = table

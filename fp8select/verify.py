@@ -227,7 +227,7 @@ def _xpu_blockwise_works(device: str, caps_json: str) -> bool:
 
 
 def verification_key(backend: Backend, caps: Capabilities) -> str:
-    from fp8select import __version__
+    from fp8select._version import __version__
     from fp8select.tuning.table import backend_versions
 
     payload = {"device": caps.device_name, "cc": caps.compute_capability, "gfx": caps.gfx_arch, "backend": backend.name,

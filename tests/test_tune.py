@@ -165,5 +165,7 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     meas = sel._measure_at_load(512, 768, torch.device("cpu"))
     assert meas is not None and meas.estimate("small", 512, 768, 16).source == "measured"  # type: ignore[union-attr]
     assert list(sel.measured_at_load) == [(512, 768)]
-    assert loadtime.wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
-    assert not loadtime.wants_load_time_tuning(CPU)
+    from fp8select.tuning.sources import wants_load_time_tuning
+
+    assert wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
+    assert not wants_load_time_tuning(CPU)

@@ -28,18 +28,13 @@ from fp8select.problem import Problem
 from fp8select.tuning.model import MEASURED, Measurements
 from fp8select.tuning.table import cache_dir, load_table, merge_tables, save_table, table_path
 
-__all__ = ["CLOSE", "ENV_BUDGET", "ENV_TUNE", "points_to_measure", "wants_load_time_tuning"]
+__all__ = ["CLOSE", "ENV_BUDGET", "measure_shape", "points_to_measure"]
 
-ENV_TUNE = "FP8SELECT_TUNE"
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
 """Backends whose estimates are within this factor of the best one's are measured."""
 DEFAULT_BUDGET_S = 2.0
 BLOCK = (128, 128)
-
-
-def wants_load_time_tuning(caps: Capabilities) -> bool:
-    return caps.env.get(ENV_TUNE, "").strip().lower() == "load"
 
 
 def budget_s(caps: Capabilities) -> float:

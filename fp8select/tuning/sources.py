@@ -18,7 +18,14 @@ from fp8select.capabilities import Capabilities
 from fp8select.tuning.model import Measurements
 from fp8select.tuning.table import ENV_TABLE, SHIPPED_DIR, backend_versions, cache_dir, load_table, table_path
 
-__all__ = ["find_tables", "measurements_for"]
+__all__ = ["ENV_TUNE", "find_tables", "measurements_for", "wants_load_time_tuning"]
+
+ENV_TUNE = "FP8SELECT_TUNE"
+"""``load``: measure each new layer shape at load time where its plan is open (:mod:`.loadtime`)."""
+
+
+def wants_load_time_tuning(caps: Capabilities) -> bool:
+    return caps.env.get(ENV_TUNE, "").strip().lower() == "load"
 
 
 def find_tables(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:
