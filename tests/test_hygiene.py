@@ -55,9 +55,9 @@ def _pyproject() -> dict[str, Any]:
 def test_the_version_is_written_once() -> None:
     project = _pyproject()
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fp8select.__version__"}
-    init = (ROOT / "fp8select" / "__init__.py").read_text(encoding="utf-8")
-    assert init.count("__version__ = ") == 1
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fp8select._version.__version__"}
+    written = [p for p in (ROOT / "fp8select").rglob("*.py") if "__version__ = " in p.read_text(encoding="utf-8")]
+    assert [p.name for p in written] == ["_version.py"]
     assert re.search(rf"^## {re.escape(fp8select.__version__)}\b", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M)
     assert "## Unreleased" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
 
