@@ -1,17 +1,13 @@
 """M buckets: the one rule that groups calls by their number of rows.
 
 A bucket is a power of two ``b`` in 1..8192 and holds every M with ``b/2 < M <= b`` (M above
-8192 shares the last bucket). Measurements are taken at ``M = b``, plans hold one route per
-bucket, and a table that lacks a bucket lends the nearest one it has (log2 distance, ties to
-the smaller). Pure Python: no torch, no triton.
+8192 shares the last bucket). Measurements are taken at ``M = b`` and plans hold one route per
+bucket. Pure Python: no torch, no triton.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
-__all__ = ["M_BUCKETS", "M_BUCKET_MAX", "bucket_index", "bucket_range", "m_bucket", "nearest_bucket"]
+__all__ = ["M_BUCKETS", "M_BUCKET_MAX", "bucket_index", "bucket_range", "m_bucket"]
 
 M_BUCKET_MAX = 8192
 """Largest bucket; larger M shares it."""
@@ -37,9 +33,3 @@ def bucket_range(bucket: int) -> tuple[int, int | None]:
     lo = bucket // 2 + 1 if bucket > 1 else 1
     return lo, None if bucket == M_BUCKET_MAX else bucket
 
-
-def nearest_bucket(available: Iterable[int], m: int) -> int | None:
-    """Of the buckets in ``available``, the one nearest to ``m``'s bucket (log2 distance, ties to
-    the smaller); None when ``available`` is empty."""
-    target = math.log2(m_bucket(m))
-    return min(available, key=lambda b: (abs(math.log2(b) - target), b), default=None)

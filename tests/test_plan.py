@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from fp8select import Capabilities, InvalidInputError, UnsupportedProblemError, resolve
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
 from fp8select.backends.reference import ReferenceBackend
-from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range, m_bucket, nearest_bucket
+from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range, m_bucket
 from fp8select.layer import Fp8Linear
 from fp8select.plan import EXPLICIT, GATE, MEASURED, MODEL, RULE, build_plan
 from fp8select.problem import Problem
@@ -101,8 +101,6 @@ def test_buckets() -> None:
     assert [m_bucket(m) for m in (0, 1, 2, 3, 4, 5, 16, 17, 8192, 9000)] == [1, 1, 2, 4, 4, 8, 16, 32, 8192, 8192]
     assert [bucket_range(b) for b in (1, 2, 4, 8192)] == [(1, 1), (2, 2), (3, 4), (4097, None)]
     assert all(M_BUCKETS[bucket_index(m)] == m_bucket(m) for m in range(1, 20000, 7))
-    assert nearest_bucket([1, 16, 4096], 4) == 1 and nearest_bucket([1, 16, 4096], 5) == 16  # ties go to the smaller
-    assert nearest_bucket([], 5) is None
 
 
 # -- the model ---------------------------------------------------------------------------------------

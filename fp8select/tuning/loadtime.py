@@ -6,8 +6,8 @@ a near tie on a shape far from any measured one. With ``FP8SELECT_TUNE=load`` (o
 before its plan is made, but only where it matters: the M buckets whose best estimates lie
 within :data:`CLOSE` of each other (and backends with no estimate at all), each of those
 backends once, Triton with at most two launch configurations, within a time budget
-(``FP8SELECT_TUNE_BUDGET_S``, default 2 s). The rows join the cache directory's table, so the
-next start finds them measured; with a process group, rank 0 measures and every rank gets its
+(``FP8SELECT_TUNE_BUDGET_S``, default 1.75 s: no point starts after it, so a shape takes about
+2 s). The rows join the cache directory's table, so the next start finds them measured; with a process group, rank 0 measures and every rank gets its
 rows (the same plans everywhere).
 """
 
@@ -33,7 +33,7 @@ __all__ = ["CLOSE", "ENV_BUDGET", "measure_shape", "points_to_measure"]
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
 """Backends whose estimates are within this factor of the best one's are measured."""
-DEFAULT_BUDGET_S = 2.0
+DEFAULT_BUDGET_S = 1.75  # no new point after it: the last one ends within about 2 s
 BLOCK = (128, 128)
 
 
