@@ -7,8 +7,8 @@ before its plan is made, but only where it matters: the M buckets whose best est
 within :data:`CLOSE` of each other (and backends with no estimate at all), each of those
 backends once, Triton with at most two launch configurations, within a time budget
 (``FP8SELECT_TUNE_BUDGET_S``, default 1.75 s: no point starts after it, so a shape takes about
-2 s). The rows join the cache directory's table, so the next start finds them measured; with a process group, rank 0 measures and every rank gets its
-rows (the same plans everywhere).
+2 s). The rows join the cache directory's table, so the next start finds them measured; with
+a process group, rank 0 measures and every rank gets its rows (the same plans everywhere).
 """
 
 from __future__ import annotations
