@@ -178,7 +178,23 @@ verify() {
   wait
 }
 
+final_check() {
+  (log "c0: GPU tests of the final tree"
+   CUDA_VISIBLE_DEVICES=0 timeout 200 $py -m pytest -q -n 4 -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
+       tests/test_kernels_gpu.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+   log "c0: done") &
+  (log "c1: numerics sweep with the vendors, a load-time measured shape"
+   CUDA_VISIBLE_DEVICES=1 timeout 130 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+       --budget-s 100 >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-check timeout 60 $py benchmarks/regret.py \
+       --shapes 6144,4096 --m 1,16,256,4096 --label vendors-load-check --out "$work/regret_load_check.json" \
+       >>"$work/lane1.log" 2>&1
+   log "c1: done") &
+  wait
+}
+
 case $stage in
+  final-check) final_check ;;
   verify) verify ;;
   final-a) final_a ;;
   final-b) final_b ;;
