@@ -26,14 +26,13 @@ from fp8select.buckets import bucket_index
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
 from fp8select.guard import call
-from fp8select.plan import GATE, Plan, Route, build_plan
+from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
-from fp8select.tuning.model import Estimate, Measurements
+from fp8select.tuning.model import Measurements
 from fp8select.verdict import Candidate
 
 FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MEASURED_BLOCK = (128, 128)  # tuning tables are measured with 128x128 weight blocks
 
 Call = Callable[..., torch.Tensor]
 
@@ -121,7 +120,8 @@ class Fp8Linear:
         self.out_dtype = out_dtype
         self.weight_dtype = weight.dtype
         self.device = weight.device
-        self.measurements = measurements if block == MEASURED_BLOCK else None
+        self.measurements = measurements
+        self._estimate = estimator(measurements, self.n, self.k, block)
         self.explicit = explicit
         self.max_weight_copies = max_weight_copies
         self._checkpoint_storage = weight.untyped_storage().data_ptr()
@@ -140,11 +140,6 @@ class Fp8Linear:
                           ms=round((time.perf_counter() - start) * 1e3, 3))
 
     # -- plans ---------------------------------------------------------------------------------
-
-    def _estimate(self, backend: Backend, bucket: int) -> Estimate | None:
-        if self.measurements is None:
-            return None
-        return self.measurements.estimate(backend.name, self.n, self.k, bucket)
 
     def _problem(self, m: int | None, act: torch.dtype, out: torch.dtype) -> Problem:
         return Problem(self.n, self.k, self.block_size, m, self.weight_dtype, act, out)

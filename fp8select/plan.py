@@ -36,14 +36,26 @@ from fp8select.capabilities import Capabilities
 from fp8select.errors import UnsupportedProblemError
 from fp8select.guard import safe_verdict
 from fp8select.problem import Problem
-from fp8select.tuning.model import Estimate
+from fp8select.tuning.model import Estimate, Measurements
 from fp8select.verdict import Candidate, Verdict
 
-__all__ = ["EXPLICIT", "GATE", "MEASURED", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan", "gate"]
+__all__ = ["EXPLICIT", "GATE", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",
+           "estimator", "gate"]
 
 EXPLICIT, GATE, MEASURED, MODEL, RULE = "explicit", "gate", "measured", "model", "rule"
 
 EstimateFn = Callable[[Backend, int], "Estimate | None"]
+
+
+MEASURED_BLOCK = (128, 128)
+"""The weight block tuning tables are measured with; other blocks are planned without them."""
+
+
+def estimator(measurements: Measurements | None, n: int, k: int, block: tuple[int, int]) -> EstimateFn:
+    """Expected times of an (N, K) layer per backend and bucket, from the device's measurements."""
+    if measurements is None or block != MEASURED_BLOCK:
+        return lambda backend, bucket: None
+    return lambda backend, bucket: measurements.estimate(backend.name, n, k, bucket)
 
 
 def gate(backend: Backend, problem: Problem, caps: Capabilities) -> Verdict:

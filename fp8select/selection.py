@@ -12,9 +12,9 @@ import torch
 from fp8select.backends.base import Backend
 from fp8select.capabilities import Capabilities
 from fp8select.layer import Fp8Linear
-from fp8select.plan import Plan, build_plan
+from fp8select.plan import Plan, build_plan, estimator
 from fp8select.problem import Problem
-from fp8select.tuning.model import Estimate, Measurements
+from fp8select.tuning.model import Measurements
 from fp8select.tuning.sources import measurements_for, wants_load_time_tuning
 from fp8select.verdict import Candidate
 
@@ -135,15 +135,11 @@ class Selection:
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:
         """The plan a layer of this shape would get (no weights needed: what ``explain --layer`` prints)."""
-        from fp8select.layer import MEASURED_BLOCK, check_block_size
+        from fp8select.layer import check_block_size
 
         block = check_block_size(block_size)
         problem = Problem(n, k, block, None, torch.float8_e4m3fn, torch.bfloat16, out_dtype or torch.bfloat16)
-        measurements = self.measurements if block == MEASURED_BLOCK else None
-
-        def estimate(backend: Backend, bucket: int) -> Estimate | None:
-            return None if measurements is None else measurements.estimate(backend.name, n, k, bucket)
-
+        estimate = estimator(self.measurements, n, k, block)
         return build_plan(problem, self.chain, self.capabilities, estimate, explicit=self.explicit,
                           max_weight_copies=self.max_weight_copies)
 

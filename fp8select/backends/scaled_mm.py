@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from fp8select.backends._vendor import quantize_activation
 from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
@@ -71,18 +72,6 @@ class _ScaledMMBackend(Backend):
     def input_scale_layout(self) -> ScaleLayout:
         return M_MAJOR if self.scale_layout_name == "m_major" else ROW_MAJOR
 
-    def _quantize(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if x.is_cuda or getattr(x, "is_xpu", False):
-            try:
-                from fp8select.kernels.triton_quant import quantize_per_token_group_triton
-            except ImportError:
-                pass
-            else:
-                return quantize_per_token_group_triton(x, 128, dtype=dtype, layout=self.input_scale_layout)
-        from fp8select.kernels.quant import quantize_per_token_group
-
-        return quantize_per_token_group(x, 128, dtype=dtype, layout=self.input_scale_layout)
-
     def _call(self, prepared: PreparedWeight, x_q: torch.Tensor, x_s: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
         recipe_a, recipe_b = _recipes(prepared.block_size)
@@ -92,7 +81,7 @@ class _ScaledMMBackend(Backend):
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
         if input_scale is None:
-            x_q, x_s = self._quantize(x, prepared.weight.dtype)
+            x_q, x_s = quantize_activation(x, prepared.weight.dtype, self.input_scale_layout)
         else:
             x_q, x_s = x, self._relayout_input_scale(input_scale)
         if bias is not None and bias.dtype != out_dtype:
