@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -115,12 +115,12 @@ class Fp8Linear:
             raise InvalidInputError(f"max_weight_copies: expected a non-negative integer or None, found {max_weight_copies!r}")
         self.caps = caps
         self.chain = tuple(chain)
+        self._by_name = {b.name: b for b in self.chain}
         self.n, self.k = weight.shape
         self.block_size = block
         self.out_dtype = out_dtype
         self.weight_dtype = weight.dtype
         self.device = weight.device
-        self.measurements = measurements
         self._estimate = estimator(measurements, self.n, self.k, block)
         self.explicit = explicit
         self.max_weight_copies = max_weight_copies
@@ -202,7 +202,7 @@ class Fp8Linear:
         """The call of one route: the backend's run with its prepared weight (and launch config) bound."""
         if route.backend is None:
             return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
-        backend = next(b for b in self.chain if b.name == route.backend)
+        backend = self._by_name[route.backend]
         kwargs: dict[str, Any] = {"caps": self.caps}
         if route.config is not None:
             kwargs["config"] = route.config
@@ -216,8 +216,7 @@ class Fp8Linear:
     @property
     def backends(self) -> tuple[str, ...]:
         """The backends this layer runs (those of its plans), smallest M first."""
-        names = [n for plan in (self.main_plan, *self.plans.values()) for n in plan.backends]
-        return tuple(dict.fromkeys(names))
+        return tuple(dict.fromkeys(n for plan in self.plans.values() for n in plan.backends))
 
     def plan(self, m: int, act_dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> Backend:
         """The backend a call with ``m`` rows of ``act_dtype`` runs on (raises when none can)."""
@@ -225,7 +224,7 @@ class Fp8Linear:
         route = self._plan_for(act_dtype, out).route(m)
         if route.backend is None:
             _no_backend(self._problem(m, act_dtype, out).describe(), route.detail)
-        return next(b for b in self.chain if b.name == route.backend)
+        return self._by_name[route.backend]
 
     def describe(self) -> str:
         """The plan, one line per M range: backend, why (measured, model, rule, gate, explicit), detail."""
@@ -322,5 +321,5 @@ class Fp8Linear:
                 f"plan={self.main_plan.summary()!r})")
 
 
-def _no_backend(what: str, detail: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _no_backend(what: str, detail: str, *args: Any, **kwargs: Any) -> NoReturn:
     raise UnsupportedProblemError(what, [Candidate(1, "-", False, detail)])
