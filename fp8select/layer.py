@@ -58,6 +58,12 @@ def _check_dense(name: str, t: torch.Tensor) -> None:
         raise InvalidInputError(f"{name}: expected a dense (strided) tensor, found layout {t.layout}")
 
 
+def check_max_weight_copies(value: object) -> None:
+    """``max_weight_copies`` is a non-negative integer or None, else a typed error naming it."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidInputError(f"max_weight_copies: expected a non-negative integer or None, found {value!r}")
+
+
 def check_weight(weight: object, weight_scale: object, block: tuple[int, int]) -> None:
     """Validate the checkpoint weight and its block scales (at load time, never per call)."""
     if not isinstance(weight, torch.Tensor):
@@ -110,9 +116,7 @@ class Fp8Linear:
         if out_dtype is not None and out_dtype not in ACTIVATION_DTYPES:
             allowed = "/".join(dtype_name(d) for d in ACTIVATION_DTYPES)
             raise InvalidDtypeError(f"out_dtype: expected {allowed} or None, found {out_dtype!r}")
-        if max_weight_copies is not None and (isinstance(max_weight_copies, bool) or not isinstance(max_weight_copies, int)
-                                              or max_weight_copies < 0):
-            raise InvalidInputError(f"max_weight_copies: expected a non-negative integer or None, found {max_weight_copies!r}")
+        check_max_weight_copies(max_weight_copies)
         self.caps = caps
         self.chain = tuple(chain)
         self._by_name = {b.name: b for b in self.chain}

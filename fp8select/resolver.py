@@ -26,6 +26,7 @@ from fp8select.errors import (
     UnknownBackendError,
 )
 from fp8select.guard import safe_verdict
+from fp8select.layer import check_max_weight_copies
 from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
 from fp8select.selection import Selection
@@ -136,9 +137,7 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     hold (1 by default; 0 for none, None for no bound).
     """
     _check_arguments(capabilities, verify, plugins, group, on_mismatch, tuning)
-    if max_weight_copies is not None and (isinstance(max_weight_copies, bool) or not isinstance(max_weight_copies, int)
-                                          or max_weight_copies < 0):
-        raise InvalidInputError(f"max_weight_copies: expected a non-negative integer or None, found {max_weight_copies!r}")
+    check_max_weight_copies(max_weight_copies)
     given = check_table(tuning) if isinstance(tuning, Mapping) else None
     detected = capabilities is None
     caps = detect_capabilities() if capabilities is None else capabilities
@@ -179,7 +178,7 @@ def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: 
     if measurements is None:
         return selection
     return replace(selection, measurements=measurements, tuning_sources=tuple(source for source, _ in tables),
-                   tables=tuple(table for _, table in tables), group=group)
+                   tables=tuple(table for _, table in tables))
 
 def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object,
                      tuning: object = True) -> None:
