@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -67,12 +66,12 @@ def prepare_cost(shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
     import torch
 
     import fp8select
+    from fp8select.bench import random_weight
 
     sel = fp8select.resolve()
     rows = []
     for n, k in shapes:
-        w = (torch.randn(n, k, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        s = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda") * 1e-3 + 1e-4
+        w, s = random_weight(n, k, "cuda")
         layer = sel.prepare(w, s)  # first: vendor imports, entry points
         whole, own = [], []
         for _ in range(7):
@@ -97,12 +96,11 @@ def nonfinite() -> list[dict[str, Any]]:
     import torch
 
     import fp8select
-    from fp8select.bench import fp64_reference
+    from fp8select.bench import fp64_reference, random_weight
 
     sel = fp8select.resolve()
     n, k = 2112, 7168
-    w = (torch.randn(n, k, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-    s = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda") * 1e-3 + 1e-4
+    w, s = random_weight(n, k, "cuda")
     rows = []
     for backend in sel.chain:
         layer = fp8select.resolve(backend=backend.name, plugins=False, verify=False).prepare(w, s)

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import time
 from typing import Any
 
 
 def _work(items: list[tuple[str, int, int]], queue: Any) -> None:
-    import torch
 
     import fp8select
+    from fp8select.bench import random_weight
     from fp8select.warmup import warmup
 
     results = []
@@ -30,8 +29,7 @@ def _work(items: list[tuple[str, int, int]], queue: Any) -> None:
         start = time.perf_counter()
         try:
             sel = fp8select.resolve(backend=backend, plugins=False, verify=False)
-            w = (torch.randn(n, k, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-            s = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda") * 1e-3 + 1e-4
+            w, s = random_weight(n, k, "cuda")
             report = warmup(sel.prepare(w, s))
             results.append({"backend": backend, "n": n, "k": k, "calls": report.calls, "seconds": round(report.seconds, 2)})
         except Exception as exc:  # noqa: BLE001 - recorded, the next item goes on

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import tempfile
 import time
@@ -22,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import fp8select
+from fp8select.bench import random_weight
 from fp8select.tuning.table import new_table
 
 SHAPES = [(2112, 7168), (7168, 2048), (24576, 1536), (4096, 4096)]  # the last one is in no table
@@ -49,8 +49,7 @@ def main() -> None:
     mine = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in SHAPES:
-        w = (torch.randn(n, k, device="cuda", generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        s = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda", generator=gen) * 1e-3 + 1e-4
+        w, s = random_weight(n, k, "cuda", gen)
         t0 = time.perf_counter()
         layer = sel.prepare(w, s)
         prepare_s = time.perf_counter() - t0

@@ -81,8 +81,7 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
         return []
     out = []
     for n, k in shapes:
-        w = (torch.randn(n, k, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        s = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device="cuda") * 1e-3 + 1e-4
+        w, s = bench.random_weight(n, k, "cuda")
         t0 = time.perf_counter()
         layer = selection.prepare(w, s)
         torch.cuda.synchronize()

@@ -117,6 +117,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def random_weight(n: int, k: int, device: torch.device | str, generator: torch.Generator | None = None,
+                  block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random fp8 ``[N, K]`` weight (never zero: |w| up to 440 of e4m3's 448) and positive block
+    scales, the weight every measurement uses."""
+    w = (torch.randn(n, k, device=device, generator=generator) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+    s = torch.rand(math.ceil(n / block[0]), math.ceil(k / block[1]), device=device, generator=generator) * 1e-3 + 1e-4
+    return w, s
+
+
 def _poison(shape: tuple[int, ...], device: torch.device) -> None:
     """Leave NaN in the allocator's free blocks of an output's size, so unwritten outputs show."""
     junk = [torch.full(shape, float("nan"), device=device, dtype=torch.float32) for _ in range(2)]
@@ -184,8 +193,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
             rows.append({"n": n, "k": k, "m": 0, "backend": "-", "skipped": "time budget"})
             continue
         copies = rotation_copies(n * k)
-        base = (torch.randn(n, k, device=device, generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        scale = torch.rand(math.ceil(n / block[0]), math.ceil(k / block[1]), device=device, generator=gen) * 1e-3 + 1e-4
+        base, scale = random_weight(n, k, device, gen, block)
         weights = [base] + [base.clone() for _ in range(copies - 1)]
         layers: dict[str, list[Any]] = {}
         gemm_layers: dict[str, list[Any]] = {}

@@ -81,8 +81,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
         if not any(todo.values()):
             points_left -= len(ms)
             continue
-        base = (torch.randn(n, k, device=device, generator=gen) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        scale = torch.rand(math.ceil(n / 128), math.ceil(k / 128), device=device, generator=gen) * 1e-3 + 1e-4
+        base, scale = bench.random_weight(n, k, device, gen)
         weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
         prepared: dict[str, list[Any]] = {}
         for b in chain:
