@@ -140,12 +140,22 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def fp64_reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    return reference_for(w, s, block)(x)
+
+
+def reference_for(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The fp64 reference of one weight, ``x -> quant(x) @ dequant(w).T``: the weight is dequantized
+    once, for every M a measurement checks."""
     from fp8select.backends.reference import dequantize_activation, dequantize_weight
     from fp8select.kernels.quant import quantize_per_token_group
 
-    xq, xs = quantize_per_token_group(x, block[1], dtype=w.dtype)
-    a = dequantize_activation(xq, xs, block[1], torch.float64)
-    return a @ dequantize_weight(w, s, block, torch.float64).t()
+    w64 = dequantize_weight(w, s, block, torch.float64).t()
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        xq, xs = quantize_per_token_group(x, block[1], dtype=w.dtype)
+        return dequantize_activation(xq, xs, block[1], torch.float64) @ w64
+
+    return reference
 
 
 def checked_call(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
@@ -194,6 +204,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
             continue
         copies = rotation_copies(n * k)
         base, scale = random_weight(n, k, device, gen, block)
+        reference = reference_for(base, scale, block)
         weights = [base] + [base.clone() for _ in range(copies - 1)]
         layers: dict[str, list[Any]] = {}
         gemm_layers: dict[str, list[Any]] = {}
@@ -222,7 +233,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
             bf16_weights = [w_bf16] + [w_bf16.clone() for _ in range(rotation_copies(2 * n * k) - 1)]
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
-            ref = fp64_reference(x, base, scale, block)
+            ref = reference(x)
             hbm_us, flop_us = floors_us(n, k, m)
             common = {"n": n, "k": k, "m": m, "hbm_floor_us": round(hbm_us, 3), "fp8_floor_us": round(flop_us, 3)}
             for name, reason in skipped.items():
@@ -284,7 +295,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
             if progress is not None:
                 progress(_progress_line(n, k, m, rows))
             del ref
-        del layers, gemm_layers, weights, bf16_weights
+        del layers, gemm_layers, weights, bf16_weights, reference
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows

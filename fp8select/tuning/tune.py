@@ -82,6 +82,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
             points_left -= len(ms)
             continue
         base, scale = bench.random_weight(n, k, device, gen)
+        reference = bench.reference_for(base, scale, BLOCK)
         weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
         prepared: dict[str, list[Any]] = {}
         for b in chain:
@@ -99,13 +100,13 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
                 rows.append({"n": n, "k": k, "m": m, "skipped": "budget"})
                 continue
             deadline = time.monotonic() + left / (points_left + 1)
+            wanted = [b for b in chain if b.name in prepared and m in todo[b.name]
+                      and gate(b, Problem(n, k, BLOCK, m), caps).ok]
+            if not wanted:
+                continue
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
-            ref = bench.fp64_reference(x, base, scale, BLOCK)
-            for b in chain:
-                if b.name not in prepared or m not in todo[b.name]:
-                    continue
-                if not gate(b, Problem(n, k, BLOCK, m), caps).ok:
-                    continue
+            ref = reference(x)
+            for b in wanted:
                 us, config = _measure(b, prepared[b.name], x, ref, n, k, m, caps, replays=replays, sms=sms,
                                       max_configs=max_configs, deadline=deadline, rows=rows, seeds=seeds)
                 if us is None:
@@ -121,7 +122,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
             if progress is not None:
                 done = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("us")]
                 progress(f"N={n} K={k} M={m}: " + ", ".join(f"{r['backend']} {r['us']:.1f}us" for r in done))
-        del prepared, weights
+        del prepared, weights, reference
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if on_shape is not None:
