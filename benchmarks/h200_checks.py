@@ -3,9 +3,10 @@
     python benchmarks/h200_checks.py --out checks.json [--cache-dir DIR] [--label vendors]
 
 * ``startup``: in fresh processes (CUDA initialised first, as an engine has it), the seconds of
-  ``import fp8select``, ``detect_capabilities()``, the plugin scan, the first ``resolve()`` and a
-  second one; once with an empty cache directory (verification runs) and once again (the
-  passes are remembered).
+  ``import fp8select``, ``detect_capabilities()``, the plugin scan, the first ``resolve()``, the
+  background verification it starts (and the share of pure-Python work the main thread still
+  gets meanwhile) and a second resolve; once with empty caches (verification compiles its
+  kernels) and once again (the passes are remembered).
 * ``prepare``: per DeepSeek-V3 shape, ``selection.prepare()`` time against the backends' own
   ``prepare`` (layout work) for the backends its plan uses: the difference is the plan's cost.
 * ``nonfinite``: per accepted backend (pinned) and M, whether a NaN or an inf in one activation
@@ -39,19 +40,38 @@ from fp8select.plugins import load_plugins
 load_plugins()
 t4 = time.perf_counter()
 detect_capabilities.cache_clear()
+
+def spin(until):  # pure-Python work (the worst case for sharing the GIL); iterations done
+    n = 0
+    while not until():
+        for _ in range(1000):
+            n += 1
+    return n
+
+s0 = time.perf_counter(); idle = spin(lambda: time.perf_counter() - s0 > 0.3); idle_rate = idle / (time.perf_counter() - s0)
 t5 = time.perf_counter()
 sel = fp8select.resolve()
 t6 = time.perf_counter()
-fp8select.resolve()
+pending = sel.pending
+s0 = time.perf_counter(); busy = spin(lambda: not sel.verifying); busy_s = time.perf_counter() - s0
+sel.wait()
 t7 = time.perf_counter()
+fp8select.resolve().wait()
+t8 = time.perf_counter()
 print(json.dumps({"cuda_init_s": t1 - t0, "import_s": t2 - t1, "detect_s": t3 - t2, "plugins_s": t4 - t3,
-                  "first_resolve_s": t6 - t5, "second_resolve_s": t7 - t6, "chain": [b.name for b in sel.chain],
-                  "notes": list(sel.notes)}))
+                  "first_resolve_s": t6 - t5, "background": pending is not None,
+                  "verification_s": pending.seconds if pending is not None else None,
+                  "resolve_to_verified_s": t7 - t5,
+                  "main_thread_python_rate_while_verifying": busy / busy_s / idle_rate if busy_s > 0.05 else None,
+                  "second_resolve_s": t8 - t7, "chain": [b.name for b in sel.chain], "notes": list(sel.notes)}))
 """
 
 
 def startup(cache_dir: str) -> dict[str, Any]:
-    env = {**os.environ, "FP8SELECT_CACHE_DIR": cache_dir}
+    """Fresh processes on empty caches (fp8select's, Triton's, DeepGEMM's and FlashInfer's), then again."""
+    env = {**os.environ, "FP8SELECT_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton"),
+           "DG_JIT_CACHE_DIR": os.path.join(cache_dir, "deep_gemm"), "FLASHINFER_WORKSPACE_BASE": cache_dir}
+    os.makedirs(env["DG_JIT_CACHE_DIR"], exist_ok=True)
     out = {}
     for run in ("empty_cache", "remembered"):
         proc = subprocess.run([sys.executable, "-c", _STARTUP], env=env, capture_output=True, text=True, timeout=300)

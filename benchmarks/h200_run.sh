@@ -10,6 +10,9 @@
 #                                                     # models' shapes by the model and measured at load time)
 #                                                     # GPU 1: GPU tests, torch.compile, the transformers client
 #   bash benchmarks/h200_run.sh final-b OUTDIR        # regret without the vendors, NCCL plans, start-up
+#   bash benchmarks/h200_run.sh startup-limits OUTDIR # GPU 0: start-up on empty caches with the vendors, then the
+#                                                     # kernels' limits (benchmarks/limits.py); GPU 1: start-up
+#                                                     # without them, the GPU tests of the tree (run 10)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -193,7 +196,27 @@ final_check() {
   wait
 }
 
+startup_limits() {
+  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
+  local pp=$PWD:/tmp/projdeps
+  (log "s0: start-up with the vendors on empty caches; the kernels' limits"
+   CUDA_VISIBLE_DEVICES=0 timeout 120 $py benchmarks/h200_checks.py --label vendors --skip nonfinite,prepare \
+       --out "$work/checks_vendors.json" >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 300 $py benchmarks/limits.py --budget-s 240 --out "$work/limits.json" \
+       >>"$work/lane0.log" 2>&1
+   log "s0: done") &
+  (log "s1: start-up without the vendors; GPU tests"
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 60 $py benchmarks/h200_checks.py --label no-vendors \
+       --skip nonfinite,prepare --out "$work/checks_novendors.json" >>"$work/lane1.log" 2>&1
+   timeout 60 $py -m pytest -q -m gpu tests/test_verify_chain.py -p no:cacheprovider >"$work/verify_chain_gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 280 $py -m pytest -q -n 4 -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
+       tests/test_kernels_gpu.py tests/test_compile_gpu.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+   log "s1: done") &
+  wait
+}
+
 case $stage in
+  startup-limits) startup_limits ;;
   final-check) final_check ;;
   verify) verify ;;
   final-a) final_a ;;

@@ -4,14 +4,15 @@
 choice, disabled set). :func:`resolve` detects capabilities when none are given, reads
 ``FP8SELECT_BACKEND`` / ``FP8SELECT_DISABLE`` from the snapshot's environment when the
 arguments are not given, loads plugins, calls :func:`choose`, optionally verifies the
-chosen chain on the device (:mod:`fp8select.verify`) and reconciles the decision across the
+chosen chain on the device (:mod:`fp8select.verify_chain`) and reconciles the decision across the
 ranks of a process group (:mod:`fp8select.distributed`), and logs one ``fp8select.resolved``
 event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +35,7 @@ from fp8select.tuning.loadtime import measure_shape
 from fp8select.tuning.sources import find_tables, measurements_for
 from fp8select.tuning.table import check_table
 from fp8select.verdict import Candidate
+from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_later
 
 ENV_BACKEND = "FP8SELECT_BACKEND"
 ENV_DISABLE = "FP8SELECT_DISABLE"
@@ -119,7 +121,11 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     probes for uncertain version gates also run (:func:`fp8select.verify.run_functional_probes`).
     A built-in backend that passed before on this device model with the same versions is not
     run again (:func:`fp8select.verify.remembered`, kept in the cache directory);
-    ``verify=True`` always runs every check.
+    ``verify=True`` always runs every check, before returning. With ``verify=None`` on a CUDA
+    device, an automatic choice whose chain needs running is verified on a side thread while
+    the caller goes on (:mod:`fp8select.verify_chain`): the selection's ``backend``, ``chain``,
+    ``verdicts`` and ``notes``, ``prepare()`` and ``explain()`` wait for it; ``wait()`` waits
+    explicitly. An explicit choice, or a process ``group``, is verified before returning.
 
     ``group``: a ``torch.distributed`` process group (or ``"world"`` for the default one);
     the ranks exchange fingerprints and choices (:func:`fp8select.distributed.agree`), and
@@ -143,13 +149,15 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     caps = detect_capabilities() if capabilities is None else capabilities
     do_verify = verify if verify is not None else (detected and caps.device_kind != "cpu")
     if group is None:
-        selection = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True)
-        return _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
+        selection, later = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True,
+                                         background=verify is None)
+        selection = _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
+        return later(selection) if later is not None else selection
     from fp8select.distributed import agree
 
     outcome: Selection | BaseException
     try:
-        outcome = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True)
+        outcome, _ = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True)
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
     agreed = agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch)
@@ -209,8 +217,13 @@ def _names(value: object, parameter: str) -> tuple[str, ...]:
 
 
 def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str] | str, order: Sequence[str] | str | None,
-                  plugins: bool | Iterable[Any], do_verify: bool, force_verify: bool = False) -> Selection:
-    """This process's decision: choose, then verify when asked; logs ``fp8select.resolved``."""
+                  plugins: bool | Iterable[Any], do_verify: bool, force_verify: bool = False, *,
+                  background: bool = False) -> tuple[Selection, Callable[[Selection], Selection] | None]:
+    """This process's decision: choose, then verify when asked; logs ``fp8select.resolved``.
+
+    With ``background``, an automatic choice on a CUDA (or CPU) device whose chain is not all remembered
+    is verified on a side thread instead (:mod:`fp8select.verify_chain`): the second value
+    starts that on the finished selection (None when verification is done or off)."""
     if backend is not None and not isinstance(backend, str):
         raise InvalidDtypeError(f"backend: expected a backend name or None, found {backend!r}")
     timeout_s = plugin_timeout(caps.env) if plugins is not False and plugins is not None else None
@@ -242,8 +255,13 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
         selection = choose(caps, backends, names, explicit=explicit, explicit_source=explicit_source,
                            disabled=disabled, disabled_source=disabled_source, origins=origins,
                            failures=[(f.plugin, f.reason) for f in loaded.failures])
+        later = None
         if do_verify:
-            selection = _verify_chain(selection, explicit, explicit_source, log, force=force_verify)
+            device = usable_device(selection)
+            if background and explicit is None and device.type in BACKGROUND_DEVICES and not all_remembered(selection):
+                later = functools.partial(verify_later, log=log, device=device)
+            else:
+                selection = verify_chain(selection, explicit, explicit_source, log, force=force_verify, device=device)
     except (BackendRejectedError, NoBackendError) as exc:
         log.warning("fp8select.resolved", backend=None, source=explicit_source if explicit else "auto",
                     rejected={c.name: c.reason for c in exc.candidates if not c.accepted})
@@ -251,63 +269,8 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
     log.info("fp8select.resolved", backend=selection.backend.name, source=selection.source,
              chain=[b.name for b in selection.chain],
              rejected={c.name: c.reason for c in selection.verdicts if not c.accepted},
-             fingerprint=caps.fingerprint(), verified=do_verify)
-    return selection
-
-
-def _verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any, *,
-                  force: bool = False) -> Selection:
-    """``selection`` with every backend of its chain verified; failures become rejected verdicts.
-
-    The whole chain is verified, not only the choice: the layer calls a fallback for the
-    calls the primary declines (an M cuBLAS rejects, say), so a broken fallback would give
-    wrong numbers just as surely.
-    """
-    from fp8select.verdict import Verdict
-    from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
-
-    caps = selection.capabilities
-    device = device_for(caps)
-    try:
-        import torch
-
-        torch.empty(1, device=device)
-    except Exception as exc:  # noqa: BLE001 - torch raises several kinds for a missing device
-        raise InvalidInputError(f"verify: expected the snapshot's device {device} to be usable in this process, "
-                                f"found {type(exc).__name__}: {exc}; pass verify=False to replay another machine's "
-                                "snapshot") from None
-    candidates = list(selection.verdicts)
-    index = {c.name: i for i, c in enumerate(candidates)}
-    known = {} if force else remembered(caps)
-    newly: dict[str, str] = {}
-    passed = []
-    notes = []
-    for backend in selection.chain:
-        builtin = candidates[index[backend.name]].origin == "builtin"
-        key = verification_key(backend, caps) if builtin else None
-        if key is not None and key in known:
-            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
-        else:
-            verdict = verify_backend(backend, caps, device)
-            if verdict.ok and key is not None and not verdict.reason.startswith("not verified"):
-                newly[key] = verdict.reason
-        notes.append(f"verification of {backend.name}: {verdict.reason}")
-        if verdict.ok:
-            passed.append(backend)
-            continue
-        log.warning("fp8select.verify_failed", backend=backend.name, reason=verdict.reason,
-                    fingerprint=caps.fingerprint())
-        i = index[backend.name]
-        candidates[i] = replace(candidates[i], accepted=False, reason=verdict.reason)
-    if newly:
-        remember(caps, newly)
-    if explicit is not None and selection.backend not in passed:
-        raise BackendRejectedError(explicit, explicit_source, candidates)
-    if not passed:
-        raise NoBackendError(f"this machine ({caps.device_kind}, torch {caps.torch_version}): "
-                             "every accepted backend failed verification", candidates)
-    return replace(selection, backend=passed[0], verdicts=tuple(candidates), chain=tuple(passed),
-                   notes=(*selection.notes, *notes))
+             fingerprint=caps.fingerprint(), verified="in background" if later is not None else do_verify)
+    return selection, later
 
 
 def _load(plugins: bool | Iterable[Any], backends: Mapping[str, Backend], timeout_s: float | None = None) -> LoadedPlugins:

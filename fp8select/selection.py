@@ -20,6 +20,9 @@ from fp8select.verdict import Candidate
 
 SOURCES = ("argument", "environment", "auto")
 
+VERIFIED_FIELDS = ("backend", "verdicts", "chain", "notes")
+"""The fields a background verification decides: read, they wait for it (:mod:`fp8select.pending`)."""
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -33,6 +36,10 @@ class Selection:
     ``tuning_sources``), and an explicit choice runs wherever its gate accepts the call.
     ``max_weight_copies`` bounds the copies of a weight a layer may hold beyond the
     checkpoint's (None: no bound).
+
+    While ``resolve()``'s verification runs in the background (``pending``), reading one of
+    :data:`VERIFIED_FIELDS` waits for it and then sees the verified value; no field ever
+    shows one value and later another. :meth:`wait` waits explicitly.
     """
 
     backend: Backend
@@ -51,6 +58,36 @@ class Selection:
     # measurement code sits above this module), and the shapes measured so far: (N, K) -> their rows.
     load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
     measured_at_load: dict[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+    # The verification still running, if any (fp8select.pending.PendingVerification); cleared once settled.
+    pending: Any = field(default=None, repr=False, compare=False)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in VERIFIED_FIELDS and object.__getattribute__(self, "pending") is not None:
+            object.__getattribute__(self, "_settle")()
+        return object.__getattribute__(self, name)
+
+    def _settle(self) -> None:
+        """Take the verified fields from the finished verification (waits; raises what it raised)."""
+        pending = object.__getattribute__(self, "pending")
+        if pending is None:
+            return
+        verified = pending.result()
+        for name in VERIFIED_FIELDS:
+            object.__setattr__(self, name, object.__getattribute__(verified, name))
+        object.__setattr__(self, "pending", None)
+
+    def wait(self) -> Selection:
+        """Wait for a background verification to finish (at once when none runs); returns ``self``.
+
+        Raises :class:`~fp8select.errors.NoBackendError` when every backend failed it."""
+        self._settle()
+        return self
+
+    @property
+    def verifying(self) -> bool:
+        """Whether the background verification is still running (reading a verified field would wait)."""
+        pending = object.__getattribute__(self, "pending")
+        return pending is not None and not pending.done()
 
     @property
     def explicit(self) -> str | None:

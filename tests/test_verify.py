@@ -250,13 +250,13 @@ def test_verification_is_off_for_passed_snapshots_by_default() -> None:
 def test_verification_is_on_by_default_for_a_detected_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Detected caps on a GPU machine (faked: an H200 snapshot whose 'device' is the CPU)."""
     import fp8select.resolver
-    import fp8select.verify
+    import fp8select.verify_chain
 
     h200 = MATRIX["h200-torch2.11"][0]
     monkeypatch.setattr(fp8select.resolver, "detect_capabilities", lambda: h200)
-    monkeypatch.setattr(fp8select.verify, "device_for", lambda caps: torch.device("cpu"))
+    monkeypatch.setattr(fp8select.verify_chain, "device_for", lambda caps: torch.device("cpu"))
     with capture_logs() as logs:
-        selection = resolve(plugins=False)
+        selection = resolve(plugins=False).wait()  # verified on a side thread (fp8select.verify_chain)
     # cuda-scaled-mm cannot run block-wise on a CPU (torch raises), so verification rejects it
     # and the next backend that computes correctly here is taken.
     verdict = next(c for c in selection.verdicts if c.name == "cuda-scaled-mm")
@@ -379,6 +379,8 @@ def test_functional_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch,
 def test_a_pass_is_remembered_per_versions_and_verify_true_checks_again(monkeypatch: pytest.MonkeyPatch) -> None:
     import fp8select.resolver as resolver_module
     from fp8select import verify as verify_module
+    from fp8select import verify_chain as chain_module
+    from fp8select.verify_chain import verify_chain
 
     caps = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",))
     runs: list[str] = []
@@ -388,15 +390,15 @@ def test_a_pass_is_remembered_per_versions_and_verify_true_checks_again(monkeypa
         runs.append(backend.name)
         return real(backend, *args, **kwargs)
 
-    monkeypatch.setattr(verify_module, "verify_backend", counting)
+    monkeypatch.setattr(chain_module, "verify_backend", counting)
     first = resolve(caps, plugins=False, verify=True)
     assert runs == ["reference"] and "verified: relative error" in first.notes[-1]
     assert verify_module.remembered(caps)  # written to the cache directory
     runs.clear()
-    again = resolver_module._verify_chain(first, None, "auto", resolver_module.get_logger())
+    again = verify_chain(first, None, "auto", resolver_module.get_logger())
     assert runs == [] and "verified before with these versions" in again.notes[-1]
     newer = replace_caps(caps, torch_version="2.14.0+cpu")
-    resolver_module._verify_chain(replace(first, capabilities=newer), None, "auto", resolver_module.get_logger())
+    verify_chain(replace(first, capabilities=newer), None, "auto", resolver_module.get_logger())
     assert runs == ["reference"], "another torch must be verified again"
     runs.clear()
     resolve(caps, plugins=False, verify=True)

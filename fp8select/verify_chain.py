@@ -1,0 +1,202 @@
+"""Verifying a selection's chain on the device: at once, or on a side thread while the engine loads.
+
+:func:`verify_chain` runs each backend of the chain through :func:`fp8select.verify.verify_backend`
+(or takes a pass remembered for these versions) and turns failures into rejected verdicts.
+
+On a machine whose caches are empty, verifying means compiling each backend's kernels once:
+about a second for Triton, several for DeepGEMM and FlashInfer. An engine resolves at
+start-up and then loads its checkpoint, which takes longer than that, so by default
+:func:`fp8select.resolve` starts :class:`PendingVerification` and returns; the selection's
+verified fields (``backend``, ``chain``, ``verdicts``, ``notes``) wait for it when first read,
+and so do ``prepare()``, ``explain()`` and the CLI. No reader ever sees an unverified chain.
+
+The thread runs on the caller's device (its index taken where ``resolve()`` was called, not
+the thread's default device 0) and on its own CUDA stream, so the caller's streams never
+wait for it. A ``fork`` waits for it first (a child process has no copy of the thread).
+Capture CUDA graphs after the first ``prepare()`` (or :meth:`Selection.wait`): while the
+thread runs, its allocations would break a capture in progress.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from fp8select.errors import BackendRejectedError, InvalidInputError, NoBackendError
+from fp8select.selection import Selection
+from fp8select.verdict import Verdict
+from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
+
+__all__ = ["BACKGROUND_DEVICES", "PendingVerification", "all_remembered", "usable_device", "verify_chain", "verify_later"]
+
+BACKGROUND_DEVICES = ("cuda", "cpu")
+"""Device types verified on a side thread (CUDA: on the caller's device and a stream of its own).
+Others (XPU, NPU) are verified before ``resolve()`` returns: their per-thread device and stream
+rules are not tested here."""
+
+
+def usable_device(selection: Selection) -> torch.device:
+    """The device the chain is verified on, with its index (the caller's current CUDA device);
+    a clear error when this process cannot use the snapshot's device."""
+    caps = selection.capabilities
+    device = device_for(caps)
+    try:
+        torch.empty(1, device=device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    except Exception as exc:  # noqa: BLE001 - torch raises several kinds for a missing device
+        raise InvalidInputError(f"verify: expected the snapshot's device {device} to be usable in this process, "
+                                f"found {type(exc).__name__}: {exc}; pass verify=False to replay another machine's "
+                                "snapshot") from None
+    return device
+
+
+def _keys(selection: Selection) -> dict[str, str | None]:
+    """Backend name -> its verification key (None for a plugin backend: its versions are unknown)."""
+    origin = {c.name: c.origin for c in selection.verdicts}
+    return {b.name: verification_key(b, selection.capabilities) if origin.get(b.name) == "builtin" else None
+            for b in selection.chain}
+
+
+def all_remembered(selection: Selection) -> bool:
+    """Whether every backend of the chain passed before with these versions (verifying is then instant)."""
+    known = remembered(selection.capabilities)
+    return all(key is not None and key in known for key in _keys(selection).values())
+
+
+def verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any, *,
+                 force: bool = False, device: torch.device | None = None) -> Selection:
+    """``selection`` with every backend of its chain verified; failures become rejected verdicts.
+
+    The whole chain is verified, not only the choice: the layer calls a fallback for the
+    calls the primary declines (an M cuBLAS rejects, say), so a broken fallback would give
+    wrong numbers just as surely. ``force`` ignores remembered passes.
+    """
+    caps = selection.capabilities
+    device = device if device is not None else usable_device(selection)
+    candidates = list(selection.verdicts)
+    index = {c.name: i for i, c in enumerate(candidates)}
+    known = {} if force else remembered(caps)
+    keys = _keys(selection)
+    newly: dict[str, str] = {}
+    passed = []
+    notes = []
+    for backend in selection.chain:
+        key = keys[backend.name]
+        if key is not None and key in known:
+            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
+        else:
+            verdict = verify_backend(backend, caps, device)
+            if verdict.ok and key is not None and not verdict.reason.startswith("not verified"):
+                newly[key] = verdict.reason
+        notes.append(f"verification of {backend.name}: {verdict.reason}")
+        if verdict.ok:
+            passed.append(backend)
+            continue
+        log.warning("fp8select.verify_failed", backend=backend.name, reason=verdict.reason,
+                    fingerprint=caps.fingerprint())
+        i = index[backend.name]
+        candidates[i] = replace(candidates[i], accepted=False, reason=verdict.reason)
+    if newly:
+        remember(caps, newly)
+    if explicit is not None and selection.backend not in passed:
+        raise BackendRejectedError(explicit, explicit_source, candidates)
+    if not passed:
+        raise NoBackendError(f"this machine ({caps.device_kind}, torch {caps.torch_version}): "
+                             "every accepted backend failed verification", candidates)
+    return replace(selection, backend=passed[0], verdicts=tuple(candidates), chain=tuple(passed),
+                   notes=(*selection.notes, *notes))
+
+
+def verify_later(selection: Selection, log: Any, device: torch.device) -> Selection:
+    """``selection`` returned at once, its (automatic) chain verified on a side thread; logs
+    ``fp8select.verified`` when that finishes."""
+    def work() -> Selection:
+        start = time.perf_counter()
+        try:
+            verified = verify_chain(selection, None, "auto", log, device=device)
+        except NoBackendError:
+            log.warning("fp8select.verified", backend=None, seconds=round(time.perf_counter() - start, 3))
+            raise
+        log.info("fp8select.verified", backend=verified.backend.name, chain=[b.name for b in verified.chain],
+                 rejected=[b.name for b in selection.chain if b not in verified.chain],
+                 seconds=round(time.perf_counter() - start, 3))
+        return verified
+
+    return replace(selection, pending=PendingVerification(work, device))
+
+
+# Running verifications, for the fork hook: process state by nature (threads are), weakly held.
+_RUNNING: weakref.WeakSet[PendingVerification] = weakref.WeakSet()
+_FORK_HOOK = threading.Lock()
+_fork_hook_installed = False
+
+
+def _wait_for_all() -> None:
+    for pending in list(_RUNNING):
+        if pending._thread is not threading.current_thread():  # a fork from the verification itself
+            pending.wait()
+
+
+def _install_fork_hook() -> None:
+    """Before a fork, wait for every running verification (installed at the first one, not on import)."""
+    global _fork_hook_installed
+    with _FORK_HOOK:
+        if not _fork_hook_installed and hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=_wait_for_all)
+            _fork_hook_installed = True
+
+
+class PendingVerification:
+    """``work()`` (the chain's verification, returning the verified selection) on a side thread."""
+
+    def __init__(self, work: Callable[[], Any], device: torch.device) -> None:
+        self._work = work
+        self._device = device
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.seconds: float | None = None
+        _install_fork_hook()
+        _RUNNING.add(self)
+        # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
+        self._thread = threading.Thread(target=self._run, name="fp8select-verify")
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        try:
+            if self._device.type == "cuda":
+                with torch.cuda.device(self._device), torch.cuda.stream(torch.cuda.Stream(self._device)):
+                    self._result = self._work()
+                    torch.cuda.current_stream().synchronize()
+            else:
+                self._result = self._work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, re-raised there
+            self._error = exc
+        finally:
+            self.seconds = time.perf_counter() - start
+            self._work = None  # type: ignore[assignment]  # nothing kept alive longer than needed
+            self._done.set()
+            _RUNNING.discard(self)
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
+
+    def result(self) -> Any:
+        """The verified selection (waits for it); re-raises what the verification raised
+        (:class:`~fp8select.errors.NoBackendError` when every backend failed)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
