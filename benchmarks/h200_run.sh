@@ -13,6 +13,8 @@
 #   bash benchmarks/h200_run.sh startup-limits OUTDIR # GPU 0: start-up on empty caches with the vendors, then the
 #                                                     # kernels' limits (benchmarks/limits.py); GPU 1: start-up
 #                                                     # without them, the GPU tests of the tree (run 10)
+#   bash benchmarks/h200_run.sh retune OUTDIR         # Triton rows of DeepSeek-V3 re-tuned (half the shapes per
+#                                                     # GPU), the quantizer's program shapes, start-up (run 11)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -215,7 +217,29 @@ startup_limits() {
   wait
 }
 
+retune() {
+  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
+  local pp=$PWD:/tmp/projdeps
+  (log "r0: tune triton, DeepSeek-V3 first half; the quantizer's program shapes"
+   CUDA_VISIBLE_DEVICES=0 timeout 450 $py -m fp8select tune --shapes 2112,7168,24576,1536,32768,512,7168,16384 \
+       --backends triton --force --max-configs 8 --replays 20 --budget-s 420 --out "$work/tuning_a.json" \
+       >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/quant_sweep.py --out "$work/quant_sweep.json" >>"$work/lane0.log" 2>&1
+   log "r0: done") &
+  (log "r1: start-up with and without the vendors; tune triton, DeepSeek-V3 second half"
+   CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/h200_checks.py --label vendors --skip nonfinite,prepare \
+       --out "$work/checks_vendors.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 60 $py benchmarks/h200_checks.py --label no-vendors \
+       --skip nonfinite,prepare --out "$work/checks_novendors.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 400 $py -m fp8select tune --shapes 4096,7168,7168,2048,36864,7168,7168,18432 \
+       --backends triton --force --max-configs 8 --replays 20 --budget-s 370 --out "$work/tuning_b.json" \
+       >>"$work/lane1.log" 2>&1
+   log "r1: done") &
+  wait
+}
+
 case $stage in
+  retune) retune ;;
   startup-limits) startup_limits ;;
   final-check) final_check ;;
   verify) verify ;;

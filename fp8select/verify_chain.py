@@ -1,7 +1,8 @@
 """Verifying a selection's chain on the device: at once, or on a side thread while the engine loads.
 
 :func:`verify_chain` runs each backend of the chain through :func:`fp8select.verify.verify_backend`
-(or takes a pass remembered for these versions) and turns failures into rejected verdicts.
+(or takes a pass remembered for these versions; on CUDA the backends run at once, each on a
+thread and stream of its own) and turns failures into rejected verdicts.
 
 On a machine whose caches are empty, verifying means compiling each backend's kernels once:
 about a second for Triton, several for DeepGEMM and FlashInfer. An engine resolves at
@@ -24,6 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -85,18 +87,20 @@ def verify_chain(selection: Selection, explicit: str | None, explicit_source: st
     index = {c.name: i for i, c in enumerate(candidates)}
     known = {} if force else remembered(caps)
     keys = _keys(selection)
+    ran = _run_each([b for b in selection.chain if keys[b.name] is None or keys[b.name] not in known], selection, device)
     newly: dict[str, str] = {}
     passed = []
     notes = []
     for backend in selection.chain:
         key = keys[backend.name]
-        if key is not None and key in known:
-            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
-        else:
-            verdict = verify_backend(backend, caps, device)
+        if backend.name in ran:
+            verdict, seconds = ran[backend.name]
             if verdict.ok and key is not None and not verdict.reason.startswith("not verified"):
                 newly[key] = verdict.reason
-        notes.append(f"verification of {backend.name}: {verdict.reason}")
+            notes.append(f"verification of {backend.name}: {verdict.reason} ({seconds:.1f} s)")
+        else:
+            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
+            notes.append(f"verification of {backend.name}: {verdict.reason}")
         if verdict.ok:
             passed.append(backend)
             continue
@@ -113,6 +117,28 @@ def verify_chain(selection: Selection, explicit: str | None, explicit_source: st
                              "every accepted backend failed verification", candidates)
     return replace(selection, backend=passed[0], verdicts=tuple(candidates), chain=tuple(passed),
                    notes=(*selection.notes, *notes))
+
+
+def _run_each(backends: list[Any], selection: Selection, device: torch.device) -> dict[str, tuple[Verdict, float]]:
+    """Each backend's verdict and seconds. On CUDA, several run at once, each on a thread and stream of
+    its own: their time is mostly compilers in other processes (Triton's, DeepGEMM's and FlashInfer's
+    JIT), so the chain takes about as long as its slowest backend, not as long as all of them."""
+    caps = selection.capabilities
+
+    def one(backend: Any) -> tuple[Verdict, float]:
+        start = time.perf_counter()
+        if device.type == "cuda":
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+                verdict = verify_backend(backend, caps, device)
+        else:
+            verdict = verify_backend(backend, caps, device)
+        return verdict, time.perf_counter() - start
+
+    if device.type != "cuda" or len(backends) < 2:
+        return {b.name: one(b) for b in backends}
+    with ThreadPoolExecutor(max_workers=len(backends), thread_name_prefix="fp8select-verify") as pool:
+        futures = {b.name: pool.submit(one, b) for b in backends}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def verify_later(selection: Selection, log: Any, device: torch.device) -> Selection:

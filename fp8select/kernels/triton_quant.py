@@ -219,8 +219,7 @@ def quantize_per_token_group_triton(
     if m == 0 or groups == 0:
         return x_q, scale
     group_p2 = triton.next_power_of_2(group_size)
-    # Aim for ~2K elements per program: enough bytes in flight, and small M stays one program.
-    block_m = min(triton.next_power_of_2(m), max(1, 2048 // group_p2))
+    block_m, num_warps = _program_shape(m, group_p2)
     grid = (triton.cdiv(m, block_m), groups)
     _quant_kernel[grid](
         x,
@@ -239,7 +238,13 @@ def quantize_per_token_group_triton(
         BLOCK_M=block_m,
         UE8M0=layout.ue8m0,
         HW_RNE=hw_rne(_quant_kernel, x.device, dtype),
-        num_warps=4,
+        num_warps=num_warps,
         **fp8_constexprs(dtype),
     )
     return x_q, scale
+
+
+def _program_shape(m: int, group_p2: int) -> tuple[int, int]:
+    """(rows per program, warps) of the quantization kernel: ~2K elements per program (enough
+    bytes in flight; a small M stays one program), four warps."""
+    return min(triton.next_power_of_2(m), max(1, 2048 // group_p2)), 4

@@ -116,19 +116,22 @@ _Plan = tuple[str, int, int, int, int, int, int]
 
 def _small_m_plan(m: int) -> list[_Plan]:
     """M <= 16 (decode), best guess first: bound by weight bytes, so the single-launch decode
-    path leads; the run-1 gemm winners stay in for comparison."""
+    path leads, TMA-fed and three stages deep (the run-10 sweep's winners: BLOCK_N 256 with
+    split-K 8 on the 7168 x 16-18K weights, 128 elsewhere); the gemm winners at M 8-16 on long K
+    run two warps."""
     bm = _swap_block_m(m)
     return [
+        ("decode", bm, 128, 4, 3, 8, 1),
+        ("decode", bm, 256, 4, 3, 8, 1),
+        ("gemm", 16, 64, 2, 3, 8, 0),
+        ("swap", bm, 128, 4, 3, 8, 1),
+        ("fused", 16, 128, 4, 3, 8, 0),
         ("decode", bm, 128, 4, 4, 8, 0),
         ("gemm", 16, 128, 4, 4, 8, 0),  # the measured run-1 winner family at M <= 16
-        ("decode", bm, 256, 4, 4, 8, 0),
-        ("decode", bm, 64, 4, 6, 8, 0),
-        ("decode", bm, 128, 4, 4, 8, 1),
-        ("swap", bm, 128, 4, 4, 8, 0),
-        ("gemm", 16, 64, 4, 4, 8, 0),
-        ("fused", 16, 128, 4, 3, 8, 0),
-        ("decode", bm, 128, 8, 4, 8, 0),
         ("decode", bm, 256, 8, 3, 8, 1),
+        ("decode", bm, 64, 4, 6, 8, 0),
+        ("gemm", 16, 64, 4, 3, 8, 0),
+        ("decode", bm, 128, 8, 4, 8, 0),
         ("gemm", 16, 128, 8, 3, 8, 0),
     ]
 
@@ -173,18 +176,21 @@ def _large_m_plan(bucket: int) -> list[_Plan]:
         if bucket <= 128:
             plan.insert(3, ("swap", 64, 128, 4, 4, 8, 0))
         return plan
-    return [
-        ("gemm", 128, 128, 8, 4, 8, 0),
-        ("gemm", 64, 256, 8, 3, 8, 0),  # run-1 winner at M >= 2048
+    return [  # TMA-fed tiles first: the run-10 sweep's winners at M >= 1024
         ("gemm", 128, 128, 8, 4, 8, 1),
+        ("gemm", 256, 64, 8, 4, 8, 1),  # 2112 x 7168: 132 tiles at M 1024, one wave
+        ("gemm", 256, 128, 8, 3, 8, 1),
+        ("gemm", 128, 128, 8, 4, 16, 1),
+        ("gemm", 128, 128, 8, 5, 8, 1),
+        ("gemm", 64, 256, 8, 3, 8, 0),  # run-1 winner at M >= 2048
+        ("gemm", 128, 128, 8, 4, 8, 0),
+        ("gemm", 128, 64, 4, 3, 8, 0),
         ("gemm", 128, 256, 8, 3, 8, 0),
         ("gemm", 256, 128, 8, 3, 8, 0),
         ("gemm", 64, 256, 8, 3, 8, 1),
         ("gemm", 128, 128, 8, 3, 16, 0),
-        ("gemm", 128, 64, 4, 4, 8, 0),
         ("gemm", 128, 256, 8, 3, 8, 1),
         ("gemm", 64, 128, 4, 4, 8, 0),
-        ("gemm", 128, 128, 8, 5, 8, 0),
         ("gemm", 256, 64, 8, 4, 8, 0),
         ("gemm", 128, 128, 4, 3, 8, 0),
     ]
@@ -222,7 +228,7 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
     """Configurations one step from ``config`` (same path first), most promising first.
 
     Steps: split-K x2 and /2 (M <= 512), pipeline depth +-1, BLOCK_N x2 and /2 (with the
-    split refitted), warps 4 <-> 8, GROUP_M 8 <-> 16 and BLOCK_M x2 / 2 for large M, the
+    split refitted), warps 4 <-> 8 (and 2 for decode-sized tiles), GROUP_M 8 <-> 16 and BLOCK_M x2 / 2 for large M, the
     other split-K summation mode, TMA loads on/off, and the sibling path with the same tiles
     (decode <-> swap, gemm <-> fused for M <= 64), keeping only ``paths`` (default: all).
     A step that leaves SPLIT_K at 1 takes the path's default FIXUP; the fused path never
@@ -258,6 +264,8 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
             add(BLOCK_N=bn, SPLIT_K=new_split)
     if base.BLOCK_M * base.BLOCK_N >= 64 * 64 or base.swap:
         add(num_warps=8 if base.num_warps == 4 else 4)
+    if base.BLOCK_M * base.BLOCK_N <= 16 * 128 and base.num_warps > 2:
+        add(num_warps=2)  # decode tiles: two warps won at M 8-16 on long K (run 10)
     if bucket > 512:
         add(GROUP_M=16 if base.GROUP_M == 8 else 8)
         for bm in (base.BLOCK_M * 2, base.BLOCK_M // 2):
