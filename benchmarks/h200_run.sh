@@ -15,6 +15,8 @@
 #                                                     # without them, the GPU tests of the tree (run 10)
 #   bash benchmarks/h200_run.sh retune OUTDIR         # Triton rows of DeepSeek-V3 re-tuned (half the shapes per
 #                                                     # GPU), the quantizer's program shapes, start-up (run 11)
+#   bash benchmarks/h200_run.sh final-limits OUTDIR   # GPU 0: the kernels' limits with the re-tuned table;
+#                                                     # GPU 1: start-up, regret with the vendors, GPU tests (run 12)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -238,7 +240,24 @@ retune() {
   wait
 }
 
+final_limits() {
+  (log "l0: the kernels' limits with the shipped table"
+   CUDA_VISIBLE_DEVICES=0 timeout 300 $py benchmarks/limits.py --budget-s 250 --out "$work/limits.json" \
+       >>"$work/lane0.log" 2>&1
+   log "l0: done") &
+  (log "l1: start-up with the vendors, regret with the vendors, GPU tests"
+   CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/h200_checks.py --label vendors --skip nonfinite,prepare \
+       --out "$work/checks_vendors.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 170 $py benchmarks/regret.py --shapes deepseek-v3 --label vendors-deepseek \
+       --budget-s 150 --out "$work/regret_vendors_deepseek.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 200 $py -m pytest -q -n 4 -m gpu tests/test_verify_chain.py tests/test_gpu.py tests/test_gpu_vendors.py \
+       tests/test_kernels_gpu.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+   log "l1: done") &
+  wait
+}
+
 case $stage in
+  final-limits) final_limits ;;
   retune) retune ;;
   startup-limits) startup_limits ;;
   final-check) final_check ;;

@@ -1,11 +1,11 @@
 """Verifying a selection's chain on the device: at once, or on a side thread while the engine loads.
 
 :func:`verify_chain` runs each backend of the chain through :func:`fp8select.verify.verify_backend`
-(or takes a pass remembered for these versions; on CUDA the backends run at once, each on a
-thread and stream of its own) and turns failures into rejected verdicts.
+(or takes a pass remembered for these versions) and turns failures into rejected verdicts.
 
-On a machine whose caches are empty, verifying means compiling each backend's kernels once:
-about a second for Triton, several for DeepGEMM and FlashInfer. An engine resolves at
+On a machine whose caches are empty (fp8select's, Triton's, DeepGEMM's and FlashInfer's),
+verifying means importing the vendors and compiling each backend's kernels once: 16 s without
+the vendors and 46 s with them on the H200 (run 10). An engine resolves at
 start-up and then loads its checkpoint, which takes longer than that, so by default
 :func:`fp8select.resolve` starts :class:`PendingVerification` and returns; the selection's
 verified fields (``backend``, ``chain``, ``verdicts``, ``notes``) wait for it when first read,
@@ -25,7 +25,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -93,14 +92,14 @@ def verify_chain(selection: Selection, explicit: str | None, explicit_source: st
     notes = []
     for backend in selection.chain:
         key = keys[backend.name]
-        if backend.name in ran:
+        if key is not None and backend.name not in ran:
+            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
+            notes.append(f"verification of {backend.name}: {verdict.reason}")
+        else:
             verdict, seconds = ran[backend.name]
             if verdict.ok and key is not None and not verdict.reason.startswith("not verified"):
                 newly[key] = verdict.reason
             notes.append(f"verification of {backend.name}: {verdict.reason} ({seconds:.1f} s)")
-        else:
-            verdict = Verdict.accept(f"verified before with these versions ({known[key]})")
-            notes.append(f"verification of {backend.name}: {verdict.reason}")
         if verdict.ok:
             passed.append(backend)
             continue
@@ -120,25 +119,21 @@ def verify_chain(selection: Selection, explicit: str | None, explicit_source: st
 
 
 def _run_each(backends: list[Any], selection: Selection, device: torch.device) -> dict[str, tuple[Verdict, float]]:
-    """Each backend's verdict and seconds. On CUDA, several run at once, each on a thread and stream of
-    its own: their time is mostly compilers in other processes (Triton's, DeepGEMM's and FlashInfer's
-    JIT), so the chain takes about as long as its slowest backend, not as long as all of them."""
-    caps = selection.capabilities
+    """Each backend's verdict and seconds, one after the other.
 
-    def one(backend: Any) -> tuple[Verdict, float]:
+    Not at once on several threads: vendor packages import each other (sgl-kernel and FlashInfer)
+    and have import cycles, and Python's import locks then fail one thread's import with a
+    ``_DeadlockError`` (seen on the H200: FlashInfer rejected). An import that fails that way,
+    because the host imported the same package on another thread at that moment, is retried once.
+    """
+    out = {}
+    for backend in backends:
         start = time.perf_counter()
-        if device.type == "cuda":
-            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
-                verdict = verify_backend(backend, caps, device)
-        else:
-            verdict = verify_backend(backend, caps, device)
-        return verdict, time.perf_counter() - start
-
-    if device.type != "cuda" or len(backends) < 2:
-        return {b.name: one(b) for b in backends}
-    with ThreadPoolExecutor(max_workers=len(backends), thread_name_prefix="fp8select-verify") as pool:
-        futures = {b.name: pool.submit(one, b) for b in backends}
-        return {name: future.result() for name, future in futures.items()}
+        verdict = verify_backend(backend, selection.capabilities, device)
+        if not verdict.ok and "_DeadlockError" in verdict.reason:
+            verdict = verify_backend(backend, selection.capabilities, device)
+        out[backend.name] = (verdict, time.perf_counter() - start)
+    return out
 
 
 def verify_later(selection: Selection, log: Any, device: torch.device) -> Selection:

@@ -190,3 +190,25 @@ def test_the_thread_verifies_on_the_callers_device_and_its_own_stream() -> None:
         assert current == last and device == torch.device("cuda", last) and not on_default_stream
     finally:
         torch.cuda.set_device(0)
+
+
+class ImportRace(Held):
+    """Its first run fails as a vendor import does when another thread imports the same package."""
+
+    name = "import-race"
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, **kwargs: Any) -> Any:
+        self.threads.append("run")
+        if len(self.threads) == 1:
+            from importlib._bootstrap import _DeadlockError  # type: ignore[attr-defined]
+
+            raise _DeadlockError("deadlock detected by _ModuleLock('vendor.module')")
+        return ReferenceBackend().run(prepared, x, **kwargs)
+
+
+def test_an_import_deadlock_with_another_thread_is_retried_once() -> None:
+    race = ImportRace()
+    selection = resolve(H200, plugins=[_plugin(race)], disable=ONLY_PLUGINS, verify=False)
+    verified = fp8select.verify_chain.verify_chain(selection, None, "auto", fp8select.resolver.get_logger(),
+                                                  device=torch.device("cpu"))
+    assert race.threads == ["run", "run"] and verified.backend.name == "import-race"
