@@ -17,6 +17,9 @@
 #                                                     # GPU), the quantizer's program shapes, start-up (run 11)
 #   bash benchmarks/h200_run.sh final-limits OUTDIR   # GPU 0: the kernels' limits with the re-tuned table;
 #                                                     # GPU 1: start-up, regret with the vendors, GPU tests (run 12)
+#   bash benchmarks/h200_run.sh pdl OUTDIR            # GPU 0: decode limits without and with programmatic
+#                                                     # dependent launch; GPU 1: Triton rows re-tuned with it,
+#                                                     # kernel / compile / GPU tests (run 13)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -256,7 +259,24 @@ final_limits() {
   wait
 }
 
+pdl() {
+  (log "p0: decode limits, PDL off then on"
+   CUDA_VISIBLE_DEVICES=0 FP8SELECT_TRITON_PDL=0 timeout 150 $py benchmarks/limits.py --phases floor,decode \
+       --budget-s 120 --out "$work/limits_decode_nopdl.json" >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 150 $py benchmarks/limits.py --phases floor,decode --budget-s 120 \
+       --out "$work/limits_decode_pdl.json" >>"$work/lane0.log" 2>&1
+   log "p0: done") &
+  (log "p1: tune triton with PDL (DeepSeek-V3), GPU tests"
+   CUDA_VISIBLE_DEVICES=1 timeout 230 $py -m fp8select tune --shapes deepseek-v3 --backends triton --force \
+       --max-configs 8 --replays 20 --budget-s 210 --out "$work/tuning_pdl.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 120 $py -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_compile_gpu.py \
+       -p no:cacheprovider >"$work/kernel_compile_gpu_tests.log" 2>&1
+   log "p1: done") &
+  wait
+}
+
 case $stage in
+  pdl) pdl ;;
   final-limits) final_limits ;;
   retune) retune ;;
   startup-limits) startup_limits ;;

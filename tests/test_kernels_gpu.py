@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -178,3 +179,42 @@ def test_quantize_weight_on_the_gpu(no_sync: list[warnings.WarningMessage]) -> N
     assert _syncs(no_sync) == 1  # the finiteness check, nothing else
     q_cpu, s_cpu = quantize_weight(w.cpu())
     assert torch.equal(q.cpu().view(torch.uint8), q_cpu.view(torch.uint8)) and torch.equal(s.cpu(), s_cpu)
+
+
+@pytest.mark.parametrize("path", ["gemm", "fused", "decode", "swap"])
+@pytest.mark.parametrize(("split", "fixup"), [(1, 0), (4, 0), (4, 1)])
+def test_programmatic_dependent_launch_changes_no_bit(kernels: tuple, path: str, split: int, fixup: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Back-to-back calls in one CUDA graph (each reads what the one before wrote), with and
+    without PDL: the same bits. A kernel that touched memory before waiting would read stale
+    input or race the split-K counters."""
+    from fp8select.kernels import triton_pdl
+    from fp8select.kernels.triton_search import heuristic_config
+
+    _, tg = kernels
+    if not triton_pdl.use_pdl(tg._w8a8_block_kernel, torch.device("cuda")):
+        pytest.skip("no programmatic dependent launch here (before sm90, Triton < 3.4, or FP8SELECT_TRITON_PDL=0)")
+    n = k = 2048
+    w, s = random_problem(n, k, device="cuda")
+    counters = tg.fixup_counters(n, torch.device("cuda"))
+    for m in (1, 16, 256):
+        cfg = replace(heuristic_config(n, k, m, path), SPLIT_K=split, FIXUP=fixup)
+        x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+        def chain(x: torch.Tensor, cfg: Any = cfg) -> torch.Tensor:
+            for _ in range(4):  # each call's input is the previous call's output, scaled back
+                y = tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg, counters=counters)
+                x = (y.float() / (y.float().abs().amax(dim=1, keepdim=True) + 1)).to(torch.bfloat16)
+            return x
+
+        outs = []
+        for pdl in (True, False):
+            monkeypatch.setattr(triton_pdl, "_device_has_pdl", lambda index, on=pdl: on)
+            chain(x0)  # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = chain(x0)
+            graph.replay()
+            torch.cuda.synchronize()
+            outs.append(y.clone())
+        assert outs[0].isfinite().all() and torch.equal(outs[0], outs[1]), (path, split, fixup, m)

@@ -591,3 +591,17 @@ def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
     assert "median_us" in res["gemm_alone"]
     assert "error" in res["cublas"]["exact"]  # block-wise scaled_mm is CUDA-only
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]  # results only, no table
+
+
+def test_programmatic_dependent_launch_is_off_on_the_cpu_and_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fp8select.kernels import triton_gemm, triton_pdl
+
+    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cpu"))
+    if type(triton_gemm._w8a8_block_kernel).__name__ == "InterpretedFunction":
+        assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0))
+    triton_pdl._device_has_pdl.cache_clear()
+    monkeypatch.setenv(triton_pdl.ENV_PDL, "0")
+    try:
+        assert not triton_pdl._device_has_pdl(0)  # off before the device is even asked
+    finally:
+        triton_pdl._device_has_pdl.cache_clear()

@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - older triton
 from .quant import DEFAULT_EPS, M_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_swap_kernel
+from .triton_pdl import use_pdl
 from .triton_quant import fp8_constexprs, hw_rne, quantize_per_token_group_triton
 from .triton_search import heuristic_config
 
@@ -172,6 +173,7 @@ def _launch(
         counters = _fixup_counters(out.device, grid0)
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
+    pdl: dict[str, bool] = {"PDL": True, "launch_pdl": True} if use_pdl(_w8a8_block_kernel, out.device) else {}
     a_arg: Any = a
     b_arg: Any = b
     if use_tma:
@@ -193,6 +195,7 @@ def _launch(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **fp8_constexprs(b.dtype),
+        **pdl,
     )
     args = (
         a_arg,
@@ -251,6 +254,7 @@ def _launch(
             HAS_BIAS=bias is not None,
             BLOCK=block,
             num_warps=4,
+            **pdl,
         )
 
 

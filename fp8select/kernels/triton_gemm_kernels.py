@@ -33,6 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_pdl import pdl_enter
 from .triton_quant import fp8_group_quantize
 
 
@@ -160,6 +161,7 @@ def _w8a8_block_kernel(
     FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr,
     FP8_NAN_BITS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program computes a ``[BLOCK_M, BLOCK_N]`` tile over its split's share of K.
 
@@ -170,6 +172,7 @@ def _w8a8_block_kernel(
     tensor descriptors (blocks ``[BLOCK_M, BLOCK_K]`` / ``[BLOCK_N, BLOCK_K]``) and the tiles
     come by the Hopper copy engine, zero-filled out of bounds (fp8 ``a`` only).
     """
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -308,6 +311,7 @@ def _w8a8_swap_kernel(
     FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr,
     FP8_NAN_BITS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Swap-AB: one program computes ``acc[BLOCK_N, BLOCK_M] = W[n-tile] @ Xq[m-tile]^T`` over
     its split's share of K, then stores ``acc^T`` (``BLOCK_N`` weight rows on the MMA's wide
@@ -321,6 +325,7 @@ def _w8a8_swap_kernel(
     ``B_SCALE_SCALAR`` (``SCALE_BN % BLOCK_N == 0``). ``USE_TMA``: ``w_ptr`` is a host tensor
     descriptor with ``[BLOCK_N, BLOCK_K]`` blocks (zero-filled out of bounds).
     """
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -398,8 +403,10 @@ def _splitk_reduce_kernel(
     SPLIT_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Sum the ``[SPLIT_K, M, N]`` fp32 partials, add bias, cast into contiguous ``[M, N]``."""
+    pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     ws_ptrs = ws_ptr + offs

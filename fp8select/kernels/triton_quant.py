@@ -39,6 +39,7 @@ from .quant import (
     empty_scale,
     fp8_format,
 )
+from .triton_pdl import pdl_enter, use_pdl
 
 __all__ = [
     "fp8_constexprs",
@@ -178,8 +179,10 @@ def _quant_kernel(
     FP8_MIN_EXP_BIASED: tl.constexpr,
     FP8_NAN_BITS: tl.constexpr,
     HW_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program quantizes a ``[BLOCK_M, GROUP]`` tile: BLOCK_M tokens, one K group."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     group = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -221,6 +224,7 @@ def quantize_per_token_group_triton(
     group_p2 = triton.next_power_of_2(group_size)
     block_m, num_warps = _program_shape(m, group_p2)
     grid = (triton.cdiv(m, block_m), groups)
+    pdl = use_pdl(_quant_kernel, x.device)
     _quant_kernel[grid](
         x,
         x_q,
@@ -240,6 +244,7 @@ def quantize_per_token_group_triton(
         HW_RNE=hw_rne(_quant_kernel, x.device, dtype),
         num_warps=num_warps,
         **fp8_constexprs(dtype),
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
     return x_q, scale
 

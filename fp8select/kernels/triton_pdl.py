@@ -1,0 +1,57 @@
+"""Programmatic dependent launch (PDL) for fp8select's Triton kernels on Hopper and later.
+
+A kernel launched with PDL may be scheduled while the kernel before it in the stream is still
+finishing: its programs become resident and wait in :func:`pdl_enter` (``griddepcontrol.wait``)
+until the previous kernel's memory is visible, so the launch and the ramp-up of one kernel
+overlap the tail of the one before it (about a microsecond per kernel boundary, a large share
+of a decode GEMM of a few microseconds). Every fp8select kernel waits before it touches memory
+at all (weights included: the previous kernel may be the one that wrote them), then lets its
+own dependents launch. A kernel launched without PDL, or followed by one, behaves as before.
+
+On by default where it exists (NVIDIA, compute capability 9.0 or more, compiled kernels);
+``FP8SELECT_TRITON_PDL=0`` (read once per process, at the first launch) turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["ENV_PDL", "pdl_enter", "use_pdl"]
+
+ENV_PDL = "FP8SELECT_TRITON_PDL"
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """First statement of a kernel: wait for the previous kernel, then let the next one launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def use_pdl(kernel: object, device: torch.device) -> bool:
+    """Whether ``kernel`` launched on ``device`` uses PDL (pass ``PDL=`` and ``launch_pdl=`` both)."""
+    if device.type != "cuda" or type(kernel).__name__ == "InterpretedFunction":
+        return False
+    return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _device_has_pdl(index: int) -> bool:
+    if os.environ.get(ENV_PDL, "1").strip() == "0" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9 and _triton_launches_pdl()
+
+
+def _triton_launches_pdl() -> bool:
+    """Whether this Triton has the ``launch_pdl`` option (3.4 and later)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
