@@ -20,6 +20,8 @@
 #   bash benchmarks/h200_run.sh pdl OUTDIR            # GPU 0: decode limits without and with programmatic
 #                                                     # dependent launch; GPU 1: Triton rows re-tuned with it,
 #                                                     # kernel / compile / GPU tests (run 13)
+#   bash benchmarks/h200_run.sh final-pdl OUTDIR      # GPU 0: the kernels' limits with the final table; GPU 1:
+#                                                     # regret at decode with the vendors, every GPU test (run 14)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -275,7 +277,25 @@ pdl() {
   wait
 }
 
+final_pdl() {
+  (log "f0: the kernels' limits with the shipped table"
+   CUDA_VISIBLE_DEVICES=0 timeout 290 $py benchmarks/limits.py --budget-s 250 --out "$work/limits.json" \
+       >>"$work/lane0.log" 2>&1
+   log "f0: done") &
+  (log "f1: regret with the vendors, GPU tests"
+   CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/regret.py --shapes 4096,7168,7168,2048,32768,512 \
+       --m 1,2,4,8,16,64,256,1024 --label vendors-decode --budget-s 100 --out "$work/regret_vendors_decode.json" \
+       >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 150 $py -m pytest -q -n 4 -m gpu tests/test_kernels_gpu.py tests/test_verify_chain.py \
+       tests/test_gpu.py tests/test_gpu_vendors.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 130 $py -m pytest -q -n 6 -m gpu tests/test_compile_gpu.py -p no:cacheprovider \
+       >"$work/compile_gpu_tests.log" 2>&1
+   log "f1: done") &
+  wait
+}
+
 case $stage in
+  final-pdl) final_pdl ;;
   pdl) pdl ;;
   final-limits) final_limits ;;
   retune) retune ;;

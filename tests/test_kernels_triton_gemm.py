@@ -596,9 +596,10 @@ def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
 def test_programmatic_dependent_launch_is_off_on_the_cpu_and_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     from fp8select.kernels import triton_gemm, triton_pdl
 
-    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cpu"))
+    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cpu"), 1)
+    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), triton_pdl.PDL_MAX_M + 1)
     if type(triton_gemm._w8a8_block_kernel).__name__ == "InterpretedFunction":
-        assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0))
+        assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), 1)
     triton_pdl._device_has_pdl.cache_clear()
     monkeypatch.setenv(triton_pdl.ENV_PDL, "0")
     try:

@@ -224,7 +224,7 @@ def quantize_per_token_group_triton(
     group_p2 = triton.next_power_of_2(group_size)
     block_m, num_warps = _program_shape(m, group_p2)
     grid = (triton.cdiv(m, block_m), groups)
-    pdl = use_pdl(_quant_kernel, x.device)
+    pdl = use_pdl(_quant_kernel, x.device, m)
     _quant_kernel[grid](
         x,
         x_q,
