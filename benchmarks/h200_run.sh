@@ -22,6 +22,8 @@
 #                                                     # kernel / compile / GPU tests (run 13)
 #   bash benchmarks/h200_run.sh final-pdl OUTDIR      # GPU 0: the kernels' limits with the final table; GPU 1:
 #                                                     # regret at decode with the vendors, every GPU test (run 14)
+#   bash benchmarks/h200_run.sh final-decode OUTDIR   # GPU 0: decode limits of the final tree; GPU 1: kernel
+#                                                     # GPU tests (run 15)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -294,7 +296,16 @@ final_pdl() {
   wait
 }
 
+final_decode() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 140 $py benchmarks/limits.py --phases floor,decode --budget-s 115 \
+       --out "$work/limits_decode.json" >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 120 $py -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+       >"$work/kernel_gpu_tests.log" 2>&1; log "d1: done") &
+  wait
+}
+
 case $stage in
+  final-decode) final_decode ;;
   final-pdl) final_pdl ;;
   pdl) pdl ;;
   final-limits) final_limits ;;

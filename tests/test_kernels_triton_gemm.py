@@ -598,6 +598,7 @@ def test_programmatic_dependent_launch_is_off_on_the_cpu_and_in_the_interpreter(
 
     assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cpu"), 1)
     assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), triton_pdl.PDL_MAX_M + 1)
+    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), 1, triton_pdl.PDL_MAX_WEIGHT + 1)
     if type(triton_gemm._w8a8_block_kernel).__name__ == "InterpretedFunction":
         assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), 1)
     triton_pdl._device_has_pdl.cache_clear()

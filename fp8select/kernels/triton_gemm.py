@@ -173,7 +173,7 @@ def _launch(
         counters = _fixup_counters(out.device, grid0)
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
-    pdl: dict[str, bool] = {"PDL": True, "launch_pdl": True} if use_pdl(_w8a8_block_kernel, out.device, m) else {}
+    pdl: dict[str, bool] = {"PDL": True, "launch_pdl": True} if use_pdl(_w8a8_block_kernel, out.device, m, n * k) else {}
     a_arg: Any = a
     b_arg: Any = b
     if use_tma:

@@ -8,9 +8,10 @@ of a decode GEMM of a few microseconds). Every fp8select kernel waits before it 
 at all (weights included: the previous kernel may be the one that wrote them), then lets its
 own dependents launch. A kernel launched without PDL, or followed by one, behaves as before.
 
-Used for launches of at most :data:`PDL_MAX_M` tokens, where it was measured to help (H200 run 13:
-the decode GEMMs 2-10% faster on weights of 16M elements or fewer; at M 128-512 the tuned times
-were 3-5% slower with it), where it exists (NVIDIA, compute capability 9.0 or more, compiled
+Used where it was measured to help (H200, runs 13 and 14): launches of at most :data:`PDL_MAX_M`
+tokens, and for the GEMMs weights of at most :data:`PDL_MAX_WEIGHT` elements (the decode GEMMs
+of 16-38M-element weights 2-10% faster; those of 117-264M elements 2-7% slower, and at M 128-512
+the tuned times 3-5% slower), where it exists (NVIDIA, compute capability 9.0 or more, compiled
 kernels). ``FP8SELECT_TRITON_PDL=0`` (read once per process, at the first launch) turns it off.
 
 The gain measured replays one op back to back, so each op's first kernel overlaps the previous
@@ -27,12 +28,15 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENV_PDL", "PDL_MAX_M", "pdl_enter", "use_pdl"]
+__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "use_pdl"]
 
 ENV_PDL = "FP8SELECT_TRITON_PDL"
 
 PDL_MAX_M = 16
 """Largest M launched with PDL (decode; see the module docstring)."""
+
+PDL_MAX_WEIGHT = 1 << 26
+"""Largest weight (N x K elements) whose GEMM is launched with PDL (see the module docstring)."""
 
 
 @triton.jit
@@ -43,9 +47,12 @@ def pdl_enter(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-def use_pdl(kernel: object, device: torch.device, m: int) -> bool:
-    """Whether ``kernel`` launched on ``device`` for ``m`` tokens uses PDL (pass ``PDL=`` and ``launch_pdl=`` both)."""
-    if m > PDL_MAX_M or device.type != "cuda" or type(kernel).__name__ == "InterpretedFunction":
+def use_pdl(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
+    """Whether ``kernel`` launched on ``device`` for ``m`` tokens (and a weight of ``weight_elements``,
+    0 for the quantizer) uses PDL; pass ``PDL=`` and ``launch_pdl=`` both."""
+    if m > PDL_MAX_M or weight_elements > PDL_MAX_WEIGHT:
+        return False
+    if device.type != "cuda" or type(kernel).__name__ == "InterpretedFunction":
         return False
     return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
