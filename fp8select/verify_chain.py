@@ -211,6 +211,12 @@ class PendingVerification:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def __copy__(self) -> PendingVerification:
+        return self  # one verification, however many copies of the selection wait for it
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PendingVerification:
+        return self  # (a model holding a selection may be deep-copied while it runs)
+
     def wait(self) -> None:
         self._done.wait()
 

@@ -212,3 +212,28 @@ def test_an_import_deadlock_with_another_thread_is_retried_once() -> None:
     verified = fp8select.verify_chain.verify_chain(selection, None, "auto", fp8select.resolver.get_logger(),
                                                   device=torch.device("cpu"))
     assert race.threads == ["run", "run"] and verified.backend.name == "import-race"
+
+
+class Stateless(Held):
+    """Held, with its event on the class: a deep copy of the selection copies the backend too."""
+
+    name = "stateless"
+    release = threading.Event()
+
+    def __init__(self) -> None:
+        pass
+
+    def run(self, prepared: PreparedWeight, x: torch.Tensor, **kwargs: Any) -> Any:
+        assert type(self).release.wait(timeout=30)
+        return ReferenceBackend().run(prepared, x, **kwargs)
+
+
+def test_a_pending_selection_can_be_deep_copied(detected_gpu: None) -> None:
+    import copy
+
+    Stateless.release.clear()
+    selection = resolve(plugins=[_plugin(Stateless())], disable=ONLY_PLUGINS)
+    assert selection.verifying
+    twin = copy.deepcopy(selection)  # e.g. a model holding it, copied while the verification runs
+    Stateless.release.set()
+    assert [b.name for b in twin.chain] == [b.name for b in selection.chain] == ["stateless", "reference"]
