@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -92,6 +93,13 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
     return out
 
 
+def _portable(source: str) -> str:
+    """A table's path relative to the working directory (the repository) when it lies inside it:
+    results name the file, not the machine they were measured on."""
+    inside = os.path.isabs(source) and os.path.commonpath([source, os.getcwd()]) == os.getcwd()
+    return os.path.relpath(source) if inside else source
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="deepseek-v3")
@@ -114,7 +122,8 @@ def main() -> None:
     print(json.dumps(summary, indent=1), flush=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump({"label": args.label, "environment": bench.environment(), "chain": [b.name for b in selection.chain],
-                   "tuning_sources": list(selection.tuning_sources), "seconds": round(time.monotonic() - start, 1),
+                   "tuning_sources": [_portable(source) for source in selection.tuning_sources],
+                   "seconds": round(time.monotonic() - start, 1),
                    "load_time_tuning": load_time, "summary": summary, "points": points}, fh, indent=1)
 
 
