@@ -84,11 +84,9 @@ def _fits(cfg: TritonConfig) -> bool:
 
 
 def canonical(cfg: TritonConfig, k: int) -> TritonConfig:
-    """The config as launched: SPLIT_K as ``triton_gemm._split_count`` uses it (at most the K blocks, none
-    empty), FIXUP the path default when unsplit (it is ignored then), no TMA on the fused path (likewise)."""
-    blocks = math.ceil(k / SCALE_GROUP_K)
-    split = min(cfg.SPLIT_K, blocks)
-    split = math.ceil(blocks / math.ceil(blocks / split)) if split > 1 else 1
+    """The config as launched: SPLIT_K as the launch uses it (:meth:`TritonConfig.split_for`), FIXUP the
+    path default when unsplit (it is ignored then), no TMA on the fused path (likewise)."""
+    split = cfg.split_for(k)
     return replace(cfg, SPLIT_K=split, FIXUP=cfg.FIXUP if split > 1 else int(cfg.swap), TMA=0 if cfg.path == "fused" else cfg.TMA)
 
 
@@ -317,7 +315,7 @@ def _uniform(h: Harness, keys: list[Point], tried: int) -> dict[str, Any]:
 
 def weight_floor_us(n: int, k: int) -> float:
     """Weight and block-scale bytes over the HBM rate: what a decode call cannot beat."""
-    return (n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4) / roofline.HBM_BYTES_PER_S * 1e6
+    return roofline.weight_bytes(n, k) / roofline.HBM_BYTES_PER_S * 1e6
 
 
 def vendor_rows(rows: list[dict[str, Any]], skipped: dict[str, str]) -> dict[Point, dict[str, dict[str, float]]]:

@@ -36,7 +36,7 @@ def main() -> None:
         for shape in [None, *PROGRAMS]:
             triton_quant._program_shape = rule if shape is None else (lambda _m, _g, s=shape: s)
             try:
-                calls = [lambda: triton_quant.quantize_per_token_group_triton(x, 128, layout=layout)] * 8
+                calls = [lambda x=x: triton_quant.quantize_per_token_group_triton(x, 128, layout=layout)] * 8
                 times["rule" if shape is None else f"{shape[0]}x{shape[1]}w"] = round(time_graph(calls, 30).median_us, 2)
             finally:
                 triton_quant._program_shape = rule

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["FP8_PEAK_FLOPS", "HBM_BYTES_PER_S", "floor_us", "floors_us", "min_bytes"]
+__all__ = ["FP8_PEAK_FLOPS", "HBM_BYTES_PER_S", "floor_us", "floors_us", "min_bytes", "weight_bytes"]
 
 HBM_BYTES_PER_S = 4.3e12
 """Device-to-device copy rate measured on the lent H200 (reads plus writes)."""
@@ -20,9 +20,14 @@ FP8_PEAK_FLOPS = 1979e12
 """H100/H200 SXM dense FP8 rate, datasheet."""
 
 
+def weight_bytes(n: int, k: int) -> int:
+    """The fp8 weight and its fp32 128x128 block scales: what every call reads, whatever M."""
+    return n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4
+
+
 def min_bytes(n: int, k: int, m: int) -> int:
     """The fewest bytes one call must move: fp8 weight, its 128x128 scales, bf16 input and output."""
-    return n * k + math.ceil(n / 128) * math.ceil(k / 128) * 4 + m * k * 2 + m * n * 2
+    return weight_bytes(n, k) + m * k * 2 + m * n * 2
 
 
 def floors_us(n: int, k: int, m: int) -> tuple[float, float]:

@@ -82,3 +82,11 @@ def test_describe() -> None:
     cfg = TritonConfig.from_dict({**LAUNCH, "path": "decode", "TMA": 1, "GROUP_M": 16})
     assert cfg.describe() == "decode 16x128 sk4f w4 s3 g16 tma"
     assert TritonConfig.from_dict({**LAUNCH, "SPLIT_K": 1}).describe() == "gemm 16x128 sk1 w4 s3"
+
+
+def test_split_for_caps_at_the_k_blocks_and_leaves_no_split_empty() -> None:
+    cfg = TritonConfig.from_dict({**LAUNCH, "SPLIT_K": 16})
+    assert cfg.split_for(7168) == 14  # 56 K blocks: 4 per split, 14 splits (16 would leave two empty)
+    assert cfg.split_for(512) == 4  # only 4 K blocks
+    assert replace(cfg, SPLIT_K=1).split_for(7168) == 1
+    assert replace(cfg, SPLIT_K=64).split_for(7200) == 57  # the partial last block counts

@@ -167,6 +167,15 @@ class TritonConfig:
         target = _PREQUANT_OF[self.path]
         return self if target == self.path else replace(self, path=target)
 
+    def split_for(self, k: int) -> int:
+        """SPLIT_K as launched for reduction length ``k``: at most its K blocks, re-balanced so
+        that no split is empty."""
+        k_blocks = -(-k // SCALE_GROUP_K)
+        split = min(self.SPLIT_K, k_blocks)
+        if split > 1:
+            split = -(-k_blocks // -(-k_blocks // split))
+        return split
+
     def describe(self) -> str:
         """Short human form, e.g. ``decode 16x128 sk4f w4 s4 tma``."""
         fixup = "f" if self.FIXUP and self.SPLIT_K > 1 else ""

@@ -132,15 +132,6 @@ _REPEAT_RESHAPE_OK = [True]
 """Cleared when the swap kernel's row repetition for 1 < QUANT_ROWS < BLOCK_M failed to compile."""
 
 
-def _split_count(cfg: TritonConfig, k: int) -> int:
-    """SPLIT_K actually launched: at most the K-block count, re-balanced so no split is empty."""
-    k_blocks = triton.cdiv(k, SCALE_GROUP_K)
-    split = min(cfg.SPLIT_K, k_blocks)
-    if split > 1:
-        split = triton.cdiv(k_blocks, triton.cdiv(k_blocks, split))
-    return split
-
-
 def _launch(
     a: torch.Tensor,
     a_scale: torch.Tensor | None,
@@ -161,7 +152,7 @@ def _launch(
     n = b.shape[0]
     swap = cfg.swap
     quant = a_scale is None
-    split = _split_count(cfg, k)
+    split = cfg.split_for(k)
     fixup = bool(cfg.FIXUP) and split > 1
     grid0 = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
     if fixup and counters is not None and counters.numel() < grid0:
