@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - older triton
 from .quant import DEFAULT_EPS, M_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_swap_kernel
-from .triton_pdl import use_pdl
+from .triton_pdl import pdl_launch
 from .triton_quant import fp8_constexprs, hw_rne, quantize_per_token_group_triton
 from .triton_search import heuristic_config
 
@@ -164,7 +164,7 @@ def _launch(
         counters = _fixup_counters(out.device, grid0)
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
-    pdl: dict[str, bool] = {"PDL": True, "launch_pdl": True} if use_pdl(_w8a8_block_kernel, out.device, m, n * k) else {}
+    pdl = pdl_launch(_w8a8_block_kernel, out.device, m, n * k)
     a_arg: Any = a
     b_arg: Any = b
     if use_tma:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "use_pdl"]
+__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_launch", "use_pdl"]
 
 ENV_PDL = "FP8SELECT_TRITON_PDL"
 
@@ -49,12 +49,18 @@ def pdl_enter(PDL: tl.constexpr):
 
 def use_pdl(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
     """Whether ``kernel`` launched on ``device`` for ``m`` tokens (and a weight of ``weight_elements``,
-    0 for the quantizer) uses PDL; pass ``PDL=`` and ``launch_pdl=`` both."""
+    0 for the quantizer) uses PDL (:func:`pdl_launch` gives the keywords that say so)."""
     if m > PDL_MAX_M or weight_elements > PDL_MAX_WEIGHT:
         return False
     if device.type != "cuda" or type(kernel).__name__ == "InterpretedFunction":
         return False
     return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pdl_launch(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> dict[str, bool]:
+    """The launch keywords for :func:`use_pdl`'s answer: the kernel's ``PDL`` and Triton's ``launch_pdl``
+    (none without it, so a Triton without the option never sees it)."""
+    return {"PDL": True, "launch_pdl": True} if use_pdl(kernel, device, m, weight_elements) else {}
 
 
 @functools.cache

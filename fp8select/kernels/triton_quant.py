@@ -39,7 +39,7 @@ from .quant import (
     empty_scale,
     fp8_format,
 )
-from .triton_pdl import pdl_enter, use_pdl
+from .triton_pdl import pdl_enter, pdl_launch
 
 __all__ = [
     "fp8_constexprs",
@@ -224,7 +224,6 @@ def quantize_per_token_group_triton(
     group_p2 = triton.next_power_of_2(group_size)
     block_m, num_warps = _program_shape(m, group_p2)
     grid = (triton.cdiv(m, block_m), groups)
-    pdl = use_pdl(_quant_kernel, x.device, m)
     _quant_kernel[grid](
         x,
         x_q,
@@ -244,7 +243,7 @@ def quantize_per_token_group_triton(
         HW_RNE=hw_rne(_quant_kernel, x.device, dtype),
         num_warps=num_warps,
         **fp8_constexprs(dtype),
-        **({"PDL": True, "launch_pdl": True} if pdl else {}),
+        **pdl_launch(_quant_kernel, x.device, m),
     )
     return x_q, scale
 
