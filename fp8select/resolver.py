@@ -35,6 +35,7 @@ from fp8select.tuning.loadtime import measure_shape
 from fp8select.tuning.sources import find_tables, measurements_for
 from fp8select.tuning.table import check_table
 from fp8select.verdict import Candidate
+from fp8select.verify import remembered
 from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_later
 
 ENV_BACKEND = "FP8SELECT_BACKEND"
@@ -258,10 +259,11 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
         later = None
         if do_verify:
             device = usable_device(selection)
-            if background and explicit is None and device.type in BACKGROUND_DEVICES and not all_remembered(selection):
+            known = {} if force_verify else remembered(caps)  # read once: the steady start-up path
+            if background and explicit is None and device.type in BACKGROUND_DEVICES and not all_remembered(selection, known):
                 later = functools.partial(verify_later, log=log, device=device)
             else:
-                selection = verify_chain(selection, explicit, explicit_source, log, force=force_verify, device=device)
+                selection = verify_chain(selection, explicit, explicit_source, log, known=known, device=device)
     except (BackendRejectedError, NoBackendError) as exc:
         log.warning("fp8select.resolved", backend=None, source=explicit_source if explicit else "auto",
                     rejected={c.name: c.reason for c in exc.candidates if not c.accepted})

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -66,25 +66,26 @@ def _keys(selection: Selection) -> dict[str, str | None]:
             for b in selection.chain}
 
 
-def all_remembered(selection: Selection) -> bool:
-    """Whether every backend of the chain passed before with these versions (verifying is then instant)."""
-    known = remembered(selection.capabilities)
+def all_remembered(selection: Selection, known: Mapping[str, str]) -> bool:
+    """Whether every backend of the chain passed before with these versions (``known``: the remembered
+    passes, :func:`fp8select.verify.remembered`), so that verifying is instant."""
     return all(key is not None and key in known for key in _keys(selection).values())
 
 
 def verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any, *,
-                 force: bool = False, device: torch.device | None = None) -> Selection:
+                 known: Mapping[str, str] | None = None, device: torch.device | None = None) -> Selection:
     """``selection`` with every backend of its chain verified; failures become rejected verdicts.
 
     The whole chain is verified, not only the choice: the layer calls a fallback for the
     calls the primary declines (an M cuBLAS rejects, say), so a broken fallback would give
-    wrong numbers just as surely. ``force`` ignores remembered passes.
+    wrong numbers just as surely. ``known``: the remembered passes (None: read them; empty: run
+    every check).
     """
     caps = selection.capabilities
     device = device if device is not None else usable_device(selection)
     candidates = list(selection.verdicts)
     index = {c.name: i for i, c in enumerate(candidates)}
-    known = {} if force else remembered(caps)
+    known = remembered(caps) if known is None else known
     keys = _keys(selection)
     ran = _run_each([b for b in selection.chain if keys[b.name] is None or keys[b.name] not in known], selection, device)
     newly: dict[str, str] = {}
