@@ -185,7 +185,6 @@ class PendingVerification:
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
-        self.seconds: float | None = None
         _install_fork_hook()
         _RUNNING.add(self)
         # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
@@ -193,7 +192,6 @@ class PendingVerification:
         self._thread.start()
 
     def _run(self) -> None:
-        start = time.perf_counter()
         try:
             if self._device.type == "cuda":
                 with torch.cuda.device(self._device), torch.cuda.stream(torch.cuda.Stream(self._device)):
@@ -204,7 +202,6 @@ class PendingVerification:
         except BaseException as exc:  # noqa: BLE001 - handed to the reader, re-raised there
             self._error = exc
         finally:
-            self.seconds = time.perf_counter() - start
             self._work = None  # type: ignore[assignment]  # nothing kept alive longer than needed
             self._done.set()
             _RUNNING.discard(self)
