@@ -41,6 +41,8 @@ GRID_A="1024,4096,12288,4096,5120,5120"  # measured besides DeepSeek-V3 so the m
 GRID_B="8192,8192,13824,5120"
 py=python3
 log() { echo "[$(date +%T)] $*" | tee -a "$work/run.log"; }
+NO_VENDORS=$PWD:/tmp/projdeps  # PYTHONPATH of the lanes without the vendors: the repository and its own deps
+install_project_deps() { $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl; }
 
 lane0_tune() {
   log "gpu0: jit warm-up"
@@ -98,18 +100,17 @@ lane1_checks() {
 
 no_vendors() {
   # structlog only: the vendors' site directory is left off the path
-  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
-  local pp=$PWD:/tmp/projdeps
+  install_project_deps
   local table=$TABLE
   log "no vendors: regret on both GPUs"
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$NO_VENDORS FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
       --shapes deepseek-v3 --label novendors-deepseek --budget-s 200 --out "$work/regret_novendors_deepseek.json" \
       >>"$work/lane0.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
+  CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS FP8SELECT_TUNING_TABLE=$table timeout 240 $py benchmarks/regret.py \
       --shapes "$OTHER" --label novendors-other --budget-s 200 --out "$work/regret_novendors_other.json" \
       >>"$work/lane1.log" 2>&1 &
   wait
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp timeout 100 $py benchmarks/h200_checks.py --label no-vendors --skip nonfinite,prepare \
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$NO_VENDORS timeout 100 $py benchmarks/h200_checks.py --label no-vendors --skip nonfinite,prepare \
       --out "$work/checks_novendors.json" >>"$work/lane0.log" 2>&1
 }
 
@@ -146,15 +147,14 @@ final_a() {
 }
 
 final_b() {
-  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
-  local pp=$PWD:/tmp/projdeps
+  install_project_deps
   (log "b0: regret, no vendors, deepseek-v3"
-   CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp timeout 120 $py benchmarks/regret.py --shapes deepseek-v3 \
+   CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$NO_VENDORS timeout 120 $py benchmarks/regret.py --shapes deepseek-v3 \
        --label novendors-deepseek --budget-s 80 --out "$work/regret_novendors_deepseek.json" >>"$work/lane0.log" 2>&1) &
   (log "b1: regret, no vendors, other models"
-   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 80 $py benchmarks/regret.py --shapes "$OTHER" \
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS timeout 80 $py benchmarks/regret.py --shapes "$OTHER" \
        --label novendors-other-model --budget-s 50 --out "$work/regret_novendors_other_model.json" >>"$work/lane1.log" 2>&1
-   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-load-nv timeout 80 \
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-load-nv timeout 80 \
        $py benchmarks/regret.py --shapes "$OTHER" --label novendors-other-load --budget-s 50 \
        --out "$work/regret_novendors_other_load.json" >>"$work/lane1.log" 2>&1) &
   wait
@@ -162,7 +162,7 @@ final_b() {
   FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-nccl timeout 90 $py -m torch.distributed.run --nproc-per-node 2 \
       benchmarks/nccl_plans.py --out "$work/nccl_plans.json" >>"$work/nccl.log" 2>&1
   log "b: start-up without vendors, prepare() with the vendors"
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$pp timeout 60 $py benchmarks/h200_checks.py --label no-vendors --skip nonfinite,prepare \
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$NO_VENDORS timeout 60 $py benchmarks/h200_checks.py --label no-vendors --skip nonfinite,prepare \
       --out "$work/checks_novendors.json" >>"$work/lane0.log" 2>&1 &
   CUDA_VISIBLE_DEVICES=1 timeout 60 $py benchmarks/h200_checks.py --label vendors-prepare --skip nonfinite,startup \
       --out "$work/checks_prepare.json" >>"$work/lane1.log" 2>&1 &
@@ -208,8 +208,7 @@ final_check() {
 }
 
 startup_limits() {
-  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
-  local pp=$PWD:/tmp/projdeps
+  install_project_deps
   (log "s0: start-up with the vendors on empty caches; the kernels' limits"
    CUDA_VISIBLE_DEVICES=0 timeout 120 $py benchmarks/h200_checks.py --label vendors --skip nonfinite,prepare \
        --out "$work/checks_vendors.json" >>"$work/lane0.log" 2>&1
@@ -217,7 +216,7 @@ startup_limits() {
        >>"$work/lane0.log" 2>&1
    log "s0: done") &
   (log "s1: start-up without the vendors; GPU tests"
-   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 60 $py benchmarks/h200_checks.py --label no-vendors \
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS timeout 60 $py benchmarks/h200_checks.py --label no-vendors \
        --skip nonfinite,prepare --out "$work/checks_novendors.json" >>"$work/lane1.log" 2>&1
    timeout 60 $py -m pytest -q -m gpu tests/test_verify_chain.py -p no:cacheprovider >"$work/verify_chain_gpu_tests.log" 2>&1
    CUDA_VISIBLE_DEVICES=1 timeout 280 $py -m pytest -q -n 4 -m gpu tests/test_gpu.py tests/test_gpu_vendors.py \
@@ -227,8 +226,7 @@ startup_limits() {
 }
 
 retune() {
-  $py -m pip install -q --no-index --no-deps --target /tmp/projdeps .vendors/project-deps/*.whl
-  local pp=$PWD:/tmp/projdeps
+  install_project_deps
   (log "r0: tune triton, DeepSeek-V3 first half; the quantizer's program shapes"
    CUDA_VISIBLE_DEVICES=0 timeout 450 $py -m fp8select tune --shapes 2112,7168,24576,1536,32768,512,7168,16384 \
        --backends triton --force --max-configs 8 --replays 20 --budget-s 420 --out "$work/tuning_a.json" \
@@ -238,7 +236,7 @@ retune() {
   (log "r1: start-up with and without the vendors; tune triton, DeepSeek-V3 second half"
    CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/h200_checks.py --label vendors --skip nonfinite,prepare \
        --out "$work/checks_vendors.json" >>"$work/lane1.log" 2>&1
-   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$pp timeout 60 $py benchmarks/h200_checks.py --label no-vendors \
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS timeout 60 $py benchmarks/h200_checks.py --label no-vendors \
        --skip nonfinite,prepare --out "$work/checks_novendors.json" >>"$work/lane1.log" 2>&1
    CUDA_VISIBLE_DEVICES=1 timeout 400 $py -m fp8select tune --shapes 4096,7168,7168,2048,36864,7168,7168,18432 \
        --backends triton --force --max-configs 8 --replays 20 --budget-s 370 --out "$work/tuning_b.json" \
