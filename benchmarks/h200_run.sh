@@ -24,6 +24,8 @@
 #                                                     # regret at decode with the vendors, every GPU test (run 14)
 #   bash benchmarks/h200_run.sh final-decode OUTDIR   # GPU 0: decode limits of the final tree; GPU 1: kernel
 #                                                     # GPU tests (run 15)
+#   bash benchmarks/h200_run.sh anatomy OUTDIR        # GPU 0: decode anatomy (read ceiling, PDL, weight
+#                                                     # prefetch); GPU 1: kernel GPU tests (run 16)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -302,7 +304,16 @@ final_decode() {
   wait
 }
 
+anatomy() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 330 $py benchmarks/decode_anatomy.py --out "$work/anatomy.json" \
+       >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 240 $py -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider \
+       >"$work/kernel_gpu_tests.log" 2>&1; log "d1: done") &
+  wait
+}
+
 case $stage in
+  anatomy) anatomy ;;
   final-decode) final_decode ;;
   final-pdl) final_pdl ;;
   pdl) pdl ;;

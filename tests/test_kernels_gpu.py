@@ -182,12 +182,12 @@ def test_quantize_weight_on_the_gpu(no_sync: list[warnings.WarningMessage]) -> N
 
 
 @pytest.mark.parametrize("path", ["gemm", "fused", "decode", "swap"])
-@pytest.mark.parametrize(("split", "fixup"), [(1, 0), (4, 0), (4, 1)])
-def test_programmatic_dependent_launch_changes_no_bit(kernels: tuple, path: str, split: int, fixup: int,
+@pytest.mark.parametrize(("split", "fixup", "tma"), [(1, 0, 0), (4, 0, 1), (4, 1, 0), (4, 1, 1)])
+def test_programmatic_dependent_launch_changes_no_bit(kernels: tuple, path: str, split: int, fixup: int, tma: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Back-to-back calls in one CUDA graph (each reads what the one before wrote), with and
-    without PDL: the same bits. A kernel that touched memory before waiting would read stale
-    input or race the split-K counters."""
+    without PDL, TMA-fed or not: the same bits. A kernel that touched memory before waiting
+    would read stale input or race the split-K counters."""
     from fp8select.kernels import triton_pdl
     from fp8select.kernels.triton_search import heuristic_config
 
@@ -198,7 +198,7 @@ def test_programmatic_dependent_launch_changes_no_bit(kernels: tuple, path: str,
     w, s = random_problem(n, k, device="cuda")
     counters = tg.fixup_counters(n, torch.device("cuda"))
     for m in (1, 5, 16):  # the M launched with PDL
-        cfg = replace(heuristic_config(n, k, m, path), SPLIT_K=split, FIXUP=fixup)
+        cfg = replace(heuristic_config(n, k, m, path), SPLIT_K=split, FIXUP=fixup, TMA=0 if path == "fused" else tma)
         x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 
         def chain(x: torch.Tensor, cfg: Any = cfg) -> torch.Tensor:
