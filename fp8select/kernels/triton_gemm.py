@@ -25,7 +25,6 @@ try:  # host-side TMA descriptors (triton >= 3.4); without them the TMA configs 
 except ImportError:  # pragma: no cover - older triton
     TensorDescriptor = None  # type: ignore[assignment,misc]
 
-from . import triton_pdl
 from .quant import DEFAULT_EPS, M_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_swap_kernel
@@ -166,7 +165,6 @@ def _launch(
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
     pdl = pdl_launch(_w8a8_block_kernel, out.device, m, n * k)
-    prefetch = triton_pdl.PREFETCH_TILES if pdl else 0
     a_arg: Any = a
     b_arg: Any = b
     if use_tma:
@@ -194,7 +192,6 @@ def _launch(
         a_arg,
         scale,
         b_arg,
-        b,
         b_scale,
         bias if bias is not None else b_scale,
         out,
@@ -224,7 +221,7 @@ def _launch(
         if quant_rows not in (1, cfg.BLOCK_M) and not _REPEAT_RESHAPE_OK[0]:
             quant_rows = cfg.BLOCK_M
         try:
-            _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=quant_rows, PREFETCH=prefetch, **common)
+            _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=quant_rows, **common)
         except Exception:
             # 1 < QUANT_ROWS < BLOCK_M repeats rows with a 3-D broadcast + reshape; should a
             # Triton version fail to compile that, quantize the whole (wrapped) tile instead:
@@ -232,10 +229,9 @@ def _launch(
             if quant_rows in (1, cfg.BLOCK_M):
                 raise
             _REPEAT_RESHAPE_OK[0] = False
-            _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=cfg.BLOCK_M, PREFETCH=prefetch,
-                                              **common)
+            _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=cfg.BLOCK_M, **common)
     else:
-        _w8a8_block_kernel[(grid0, split)](*args, FUSED_QUANT=quant, GROUP_M=cfg.GROUP_M, PREFETCH=prefetch, **common)
+        _w8a8_block_kernel[(grid0, split)](*args, FUSED_QUANT=quant, GROUP_M=cfg.GROUP_M, **common)
     if split > 1 and not fixup:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_pdl import pdl_enter, prefetch_rows_l2
+from .triton_pdl import pdl_enter
 from .triton_quant import fp8_group_quantize
 
 
@@ -123,7 +123,6 @@ def _w8a8_block_kernel(
     a_ptr,
     as_ptr,
     b_ptr,
-    b_raw_ptr,
     bs_ptr,
     bias_ptr,
     c_ptr,
@@ -163,7 +162,6 @@ def _w8a8_block_kernel(
     FP8_MIN_EXP_BIASED: tl.constexpr,
     FP8_NAN_BITS: tl.constexpr,
     PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = 0,
 ):
     """One program computes a ``[BLOCK_M, BLOCK_N]`` tile over its split's share of K.
 
@@ -174,6 +172,7 @@ def _w8a8_block_kernel(
     tensor descriptors (blocks ``[BLOCK_M, BLOCK_K]`` / ``[BLOCK_N, BLOCK_K]``) and the tiles
     come by the Hopper copy engine, zero-filled out of bounds (fp8 ``a`` only).
     """
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -194,9 +193,6 @@ def _w8a8_block_kernel(
     cols = (offs_n % N).to(tl.int64)
 
     kb_start, kb_end = _split_k_range(K, SPLIT_K, pid_k, BLOCK_K)
-    if PDL and PREFETCH > 0:
-        prefetch_rows_l2(b_raw_ptr, cols, stride_bn, stride_bk, kb_start, kb_end, PREFETCH, BLOCK_K)
-    pdl_enter(PDL)
 
     if not USE_TMA:
         a_ptrs = a_ptr + rows[:, None] * stride_am + (kb_start * BLOCK_K + offs_k)[None, :] * stride_ak
@@ -277,7 +273,6 @@ def _w8a8_swap_kernel(
     x_ptr,
     xs_ptr,
     w_ptr,
-    w_raw_ptr,
     ws_scale_ptr,
     bias_ptr,
     c_ptr,
@@ -317,7 +312,6 @@ def _w8a8_swap_kernel(
     FP8_MIN_EXP_BIASED: tl.constexpr,
     FP8_NAN_BITS: tl.constexpr,
     PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = 0,
 ):
     """Swap-AB: one program computes ``acc[BLOCK_N, BLOCK_M] = W[n-tile] @ Xq[m-tile]^T`` over
     its split's share of K, then stores ``acc^T`` (``BLOCK_N`` weight rows on the MMA's wide
@@ -331,6 +325,7 @@ def _w8a8_swap_kernel(
     ``B_SCALE_SCALAR`` (``SCALE_BN % BLOCK_N == 0``). ``USE_TMA``: ``w_ptr`` is a host tensor
     descriptor with ``[BLOCK_N, BLOCK_K]`` blocks (zero-filled out of bounds).
     """
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -344,9 +339,6 @@ def _w8a8_swap_kernel(
     xrows = ((pid_m * BLOCK_M + tl.arange(0, QUANT_ROWS)) % M).to(tl.int64)
 
     kb_start, kb_end = _split_k_range(K, SPLIT_K, pid_k, BLOCK_K)
-    if PDL and PREFETCH > 0:
-        prefetch_rows_l2(w_raw_ptr, cols, stride_wn, stride_wk, kb_start, kb_end, PREFETCH, BLOCK_K)
-    pdl_enter(PDL)
 
     x_ptrs = x_ptr + xrows[:, None] * stride_xm + (kb_start * BLOCK_K + offs_k)[None, :] * stride_xk
     if not USE_TMA:

@@ -28,8 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "PREFETCH_TILES", "pdl_enter", "pdl_launch", "prefetch_rows_l2",
-           "use_pdl"]
+__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_launch", "use_pdl"]
 
 ENV_PDL = "FP8SELECT_TRITON_PDL"
 
@@ -38,29 +37,6 @@ PDL_MAX_M = 16
 
 PDL_MAX_WEIGHT = 1 << 26
 """Largest weight (N x K elements) whose GEMM is launched with PDL (see the module docstring)."""
-
-
-PREFETCH_TILES = 2
-"""Weight tiles per program the GEMMs ask L2 for before their PDL wait (0: none)."""
-
-
-@triton.jit
-def prefetch_rows_l2(w_ptr, rows, stride_wn, stride_wk, kb_start, kb_end, TILES: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
-    """Ask L2 for K blocks ``kb_start .. kb_start + TILES - 1`` (clamped below ``kb_end``) of weight
-    rows ``rows``: one ``prefetch.global.L2`` of each row's first byte of each block (a
-    128-element fp8 block row is one 128-byte line when the rows are 128-byte aligned).
-
-    A hint, issued before :func:`pdl_enter`'s wait, so a GEMM launched early streams its first
-    weight tiles while the kernel before it finishes. Weights are only ever written by kernels
-    that do not let dependents launch early (copies, loaders, fp8select's weight quantizer has
-    no PDL), so what lands in L2 is what the loads after the wait read.
-    """
-    for t in tl.static_range(TILES):
-        kb = tl.minimum(kb_start + t, kb_end - 1)
-        addr = (w_ptr + rows * stride_wn + kb * BLOCK_K * stride_wk).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr], dtype=tl.int32,
-                                  is_pure=False, pack=1)
 
 
 @triton.jit
