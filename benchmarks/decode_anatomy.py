@@ -9,8 +9,8 @@ graph, median of the replays, weights rotated past the L2):
    contiguous share into one word), and torch's copy of them (read plus write): what any kernel streaming that
    many bytes reaches at that size, next to the HBM floor (weight and scale bytes / 4.3 TB/s).
 2. ``modes``: at each M the Triton op (bf16 in) with the shipped table's configuration, and run 15's sweep best
-   where that differs, under four launch modes: no PDL, PDL, and PDL with 2 or 8 weight tiles per program asked
-   of L2 before the wait. Each is timed back to back (each op may overlap the one before, as consecutive
+   where that differs, without PDL and with PDL at every weight size (run 16 also tried an L2 prefetch of the first
+   weight tiles before the PDL wait: never faster, removed). Each is timed back to back (each op may overlap the one before, as consecutive
    fp8select ops do) and isolated (a one-element torch kernel, which never lets a dependent launch early, between
    the ops; its own time, measured alone, subtracted). Every configuration and mode is checked against the fp64
    reference first.
@@ -34,7 +34,7 @@ from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
 
 RUN15 = Path(__file__).resolve().parent / "results" / "h200-run15" / "limits_decode.json"
-MODES = {"off": (False, 0), "pdl": (True, 0), "pdl+prefetch2": (True, 2), "pdl+prefetch8": (True, 8)}
+MODES = {"off": False, "pdl": True}
 READ_CONFIGS = [(g, block, stages, warps) for g in (132, 264, 528) for block in (4096, 8192)
                 for stages in (2, 4) for warps in (4, 8)]
 
@@ -90,12 +90,11 @@ def read_ceiling(weights: list[Any], replays: int) -> dict[str, Any]:
     return {"read": best, "copy_us": round(copy_us, 3)}
 
 
-def set_mode(pdl: bool, prefetch: int) -> None:
+def set_mode(pdl: bool) -> None:
     from fp8select.kernels import triton_pdl
 
     triton_pdl._device_has_pdl = lambda index, on=pdl: on  # type: ignore[assignment]
     triton_pdl.PDL_MAX_WEIGHT = 1 << 40
-    triton_pdl.PREFETCH_TILES = prefetch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "floor_us": round(floor, 3)}
                 run = functools.partial(triton_gemm.linear, block_size=(128, 128), out_dtype=torch.bfloat16,
                                         config=cfg, counters=counters)
-                for mode, (pdl, prefetch) in MODES.items():
-                    set_mode(pdl, prefetch)
+                for mode, pdl in MODES.items():
+                    set_mode(pdl)
                     try:
                         if bench.checked_call(functools.partial(run, b=w, b_scale=s), x, ref) is None:
                             raise ValueError("wrong result")

@@ -26,6 +26,10 @@
 #                                                     # GPU tests (run 15)
 #   bash benchmarks/h200_run.sh anatomy OUTDIR        # GPU 0: decode anatomy (read ceiling, PDL, weight
 #                                                     # prefetch); GPU 1: kernel GPU tests (run 16)
+#   bash benchmarks/h200_run.sh pdl-rule OUTDIR       # GPU 0: the M <= 16 Triton rows of weights over 2^26
+#                                                     # elements re-tuned with PDL for the in-kernel quantizing
+#                                                     # GEMMs, merged where faster, decode limits with them;
+#                                                     # GPU 1: numerics sweep, every GPU test (run 17)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -312,7 +316,23 @@ anatomy() {
   wait
 }
 
+pdl_rule() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 250 $py -m fp8select tune --shapes 7168,16384,7168,18432,36864,7168,13824,5120 \
+       --m 1,2,4,8,16 --backends triton --force --max-configs 8 --replays 20 --budget-s 225 \
+       --out "$work/tuning_big.json" >>"$work/lane0.log" 2>&1
+   $py benchmarks/merge_tuning.py fp8select/data/tuning-nvidia-h200.json "$work/tuning_big.json" \
+       "$work/tuning_merged.json" >"$work/merge.txt" 2>&1 && cp "$work/tuning_merged.json" fp8select/data/tuning-nvidia-h200.json
+   CUDA_VISIBLE_DEVICES=0 timeout 140 $py benchmarks/limits.py --phases floor,decode --budget-s 115 \
+       --out "$work/limits_decode.json" >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+       --budget-s 170 >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 280 $py -m pytest -q -n 4 -m gpu tests -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+   log "d1: done") &
+  wait
+}
+
 case $stage in
+  pdl-rule) pdl_rule ;;
   anatomy) anatomy ;;
   final-decode) final_decode ;;
   final-pdl) final_pdl ;;

@@ -607,3 +607,21 @@ def test_programmatic_dependent_launch_is_off_on_the_cpu_and_in_the_interpreter(
         assert not triton_pdl._device_has_pdl(0)  # off before the device is even asked
     finally:
         triton_pdl._device_has_pdl.cache_clear()
+
+
+@pytest.mark.parametrize(("path", "weight_limited"), [("decode", False), ("fused", False), ("swap", True), ("gemm", True)])
+def test_the_pdl_weight_limit_applies_only_behind_the_quantizer(monkeypatch: pytest.MonkeyPatch, path: str,
+                                                              weight_limited: bool) -> None:
+    """A GEMM that quantizes in the kernel asks for PDL at any weight size (H200 run 16); one behind
+    the quantization kernel gives its weight, which PDL_MAX_WEIGHT caps."""
+    asked: list[tuple[int, int]] = []
+
+    def record(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> dict[str, bool]:
+        asked.append((m, weight_elements))
+        return {}
+
+    monkeypatch.setattr(tg, "pdl_launch", record)
+    n, k = 64, 256
+    w, s = _weight(n, k, 128)
+    tg.linear(torch.randn(3, k), w, s, (128, 128), out_dtype=torch.float32, config=_cfg(path))
+    assert asked == [(3, n * k if weight_limited else 0)]

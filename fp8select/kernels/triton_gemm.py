@@ -164,7 +164,7 @@ def _launch(
         counters = _fixup_counters(out.device, grid0)
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
-    pdl = pdl_launch(_w8a8_block_kernel, out.device, m, n * k)
+    pdl = pdl_launch(_w8a8_block_kernel, out.device, m, 0 if quant else n * k)  # the weight limit: behind the quantizer
     a_arg: Any = a
     b_arg: Any = b
     if use_tma:

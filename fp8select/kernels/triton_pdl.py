@@ -8,11 +8,13 @@ of a decode GEMM of a few microseconds). Every fp8select kernel waits before it 
 at all (weights included: the previous kernel may be the one that wrote them), then lets its
 own dependents launch. A kernel launched without PDL, or followed by one, behaves as before.
 
-Used where it was measured to help (H200, runs 13 and 14): launches of at most :data:`PDL_MAX_M`
-tokens, and for the GEMMs weights of at most :data:`PDL_MAX_WEIGHT` elements (the decode GEMMs
-of 16-38M-element weights 2-10% faster; those of 117-264M elements 2-7% slower, and at M 128-512
-the tuned times 3-5% slower), where it exists (NVIDIA, compute capability 9.0 or more, compiled
-kernels). ``FP8SELECT_TRITON_PDL=0`` (read once per process, at the first launch) turns it off.
+Used where it was measured to help (H200, runs 13, 14 and 16): launches of at most
+:data:`PDL_MAX_M` tokens (at M 128-512 the tuned times were 3-5% slower), where it exists (NVIDIA,
+compute capability 9.0 or more, compiled kernels). A GEMM behind the quantization kernel only for
+weights of at most :data:`PDL_MAX_WEIGHT` elements (2-10% faster at 16-38M elements, 2-8% slower
+at 117-264M); a GEMM that quantizes in the kernel (one launch per op) at every weight size (run
+16: 2-7% faster at 16-38M elements, and up to 4% faster, never slower by more than the noise, at
+117-264M). ``FP8SELECT_TRITON_PDL=0`` (read once per process, at the first launch) turns it off.
 
 The gain measured replays one op back to back, so each op's first kernel overlaps the previous
 op's last; in a model that holds where the kernel before also lets its dependents launch early
@@ -36,7 +38,8 @@ PDL_MAX_M = 16
 """Largest M launched with PDL (decode; see the module docstring)."""
 
 PDL_MAX_WEIGHT = 1 << 26
-"""Largest weight (N x K elements) whose GEMM is launched with PDL (see the module docstring)."""
+"""Largest weight (N x K elements) whose GEMM behind the quantization kernel is launched with PDL
+(see the module docstring)."""
 
 
 @triton.jit
@@ -48,8 +51,9 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 def use_pdl(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
-    """Whether ``kernel`` launched on ``device`` for ``m`` tokens (and a weight of ``weight_elements``,
-    0 for the quantizer) uses PDL (:func:`pdl_launch` gives the keywords that say so)."""
+    """Whether ``kernel`` launched on ``device`` for ``m`` tokens uses PDL (:func:`pdl_launch` gives
+    the keywords that say so). ``weight_elements``: the weight of a GEMM that runs behind the
+    quantization kernel; 0 for the quantizer and for GEMMs that quantize in the kernel."""
     if m > PDL_MAX_M or weight_elements > PDL_MAX_WEIGHT:
         return False
     if device.type != "cuda" or type(kernel).__name__ == "InterpretedFunction":
