@@ -30,8 +30,6 @@
 #                                                     # elements re-tuned with PDL for the in-kernel quantizing
 #                                                     # GEMMs, merged where faster, decode limits with them;
 #                                                     # GPU 1: numerics sweep, every GPU test (run 17)
-#   bash benchmarks/h200_run.sh fold OUTDIR           # GPU 0: prefill limits with the FOLD tile configs;
-#                                                     # GPU 1: every GPU test, file group by file group (run 18)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -333,22 +331,7 @@ pdl_rule() {
   wait
 }
 
-gpu_tests() {  # every GPU test, in the groups that do not share a process with the interpreter tests
-  CUDA_VISIBLE_DEVICES=$1 timeout 150 $py -m pytest -q -n 4 -m gpu tests/test_kernels_gpu.py tests/test_verify_chain.py \
-      tests/test_gpu.py tests/test_gpu_vendors.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
-  CUDA_VISIBLE_DEVICES=$1 timeout 130 $py -m pytest -q -n 6 -m gpu tests/test_compile_gpu.py \
-      tests/test_transformers_gpu.py -p no:cacheprovider >"$work/compile_gpu_tests.log" 2>&1
-}
-
-fold() {
-  (CUDA_VISIBLE_DEVICES=0 timeout 330 $py benchmarks/limits.py --phases floor,prefill --budget-s 300 \
-       --out "$work/limits_prefill.json" >>"$work/lane0.log" 2>&1; log "d0: done") &
-  (gpu_tests 1; log "d1: done") &
-  wait
-}
-
 case $stage in
-  fold) fold ;;
   pdl-rule) pdl_rule ;;
   anatomy) anatomy ;;
   final-decode) final_decode ;;

@@ -451,8 +451,7 @@ def test_backend_runs_the_given_config(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = TritonBackend()
     caps = Capabilities(torch_version="2.13.0")
     prepared = backend.prepare(w, ws, (128, 128), caps)
-    # its own split-K counters and whether its scales allow FOLD; no side channel: the configuration comes with each call
-    assert set(prepared.extra) == {"fixup_counters", "fold_ok"} and prepared.extra["fold_ok"] is True
+    assert set(prepared.extra) == {"fixup_counters"}  # its own split-K counters; no side channel: the configuration comes with each call
     seen = _launched(monkeypatch)
     decode = _cfg("decode", split_k=2)
     out = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps, config=decode)
@@ -626,50 +625,3 @@ def test_the_pdl_weight_limit_applies_only_behind_the_quantizer(monkeypatch: pyt
     w, s = _weight(n, k, 128)
     tg.linear(torch.randn(3, k), w, s, (128, 128), out_dtype=torch.float32, config=_cfg(path))
     assert asked == [(3, n * k if weight_limited else 0)]
-
-
-@pytest.mark.parametrize("path", ["gemm", "fused"])
-@pytest.mark.parametrize(("block", "block_n"), [((128, 128), 64), ((128, 128), 256), ((1, 128), 64)])
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_fold_matches_the_scaled_accumulation(path: str, block: tuple[int, int], block_n: int, split_k: int) -> None:
-    """FOLD (the accumulator kept in units of the current block's scales) computes the same product:
-    per-tile weight scales (BLOCK_N <= 128 with 128-row blocks) and per-column ones (BLOCK_N 256,
-    and 1x128 blocks), unsplit and split-K, with ragged N and K, bias and scales spread over
-    four orders of magnitude; a NaN in a token's group still makes only its row NaN."""
-    m, n, k = 19, 300, 704
-    x = _activation(m, k)
-    x[3, 130] = float("nan")
-    w, ws = _weight(n, k, block[0])
-    ws = ws * torch.exp(4 * torch.rand(ws.shape, generator=torch.Generator().manual_seed(5)))
-    bias = torch.randn(n)
-    xq, xs = quantize_per_token_group(x)
-    cfgs = [_cfg(path, 16, block_n, split_k, FOLD=fold) for fold in (0, 1)]
-    plain, fold = (tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=c) for c in cfgs)
-    rows = torch.arange(m) != 3
-    assert fold[3].isnan().all() and plain[3].isnan().all() and fold[rows].isfinite().all()
-    _check(fold[rows].contiguous(), x[rows], xq[rows], xs[rows], w, ws, block[0], bias, torch.float32)
-    assert _rel(fold[rows], plain[rows].double()) < 1e-6
-
-
-def test_fold_is_dropped_where_a_scale_may_be_zero() -> None:
-    """The prequantized entry never folds (the caller's activation scales may hold a zero, which
-    the fold would divide by), and the backend drops FOLD for a weight with a zero block scale."""
-    from fp8select.backends.triton import TritonBackend
-    from fp8select.capabilities import Capabilities
-
-    m, n, k = 4, 128, 384
-    x = _activation(m, k)
-    xq, xs = quantize_per_token_group(x)
-    xq[1, 128:256] = 0
-    xs[1, 1] = 0.0  # an all-zero group scaled by 0: a valid input for a plain GEMM
-    w, ws = _weight(n, k, 128)
-    out = tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg(FOLD=1))
-    ref = _dequant64(xq, xs, 1) @ _dequant64(w, ws, 128).t()
-    assert out.isfinite().all() and _rel(out, ref) < 1e-5
-    ws[0, 2] = 0.0
-    w[:128, 256:] = 0
-    backend = TritonBackend()
-    caps = Capabilities(torch_version="2.13.0")
-    prepared = backend.prepare(w, ws, (128, 128), caps)
-    y = backend.run(prepared, x, input_scale=None, bias=None, out_dtype=torch.float32, caps=caps, config=_cfg(FOLD=1))
-    assert y.isfinite().all() and _rel(y, _dequant64(*quantize_per_token_group(x), 1) @ _dequant64(w, ws, 128).t()) < 1e-5

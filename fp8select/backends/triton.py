@@ -11,7 +11,6 @@ the kernels' heuristic for the shape and M.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -86,8 +85,6 @@ class TritonBackend(Backend):
         else:
             prepared = super().prepare(weight, weight_scale, block_size, caps)
         prepared.extra["fixup_counters"] = fixup_counters(prepared.n, weight.device)
-        # FOLD divides by the weight scales: only where none is zero or non-finite (one check at load).
-        prepared.extra["fold_ok"] = bool((prepared.scale.isfinite() & (prepared.scale != 0)).all())
         return prepared
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
@@ -95,13 +92,10 @@ class TritonBackend(Backend):
             config: TritonConfig | None = None) -> torch.Tensor:
         """The forward with launch configuration ``config`` (None: the kernels' heuristic for
         this shape and M). On a pre-quantized ``x`` a configuration whose path quantizes in the
-        kernel runs its prequantized sibling with the same tiles (fused -> gemm, decode -> swap);
-        ``FOLD`` is dropped for a weight whose scales hold a zero or a non-finite value."""
+        kernel runs its prequantized sibling with the same tiles (fused -> gemm, decode -> swap)."""
         from fp8select.kernels import triton_gemm
 
         counters = prepared.extra.get("fixup_counters")
-        if config is not None and config.FOLD and not prepared.extra.get("fold_ok", False):
-            config = replace(config, FOLD=0)
         if input_scale is None:
             return triton_gemm.linear(x, prepared.weight, prepared.scale, prepared.block_size,
                                       out_dtype=out_dtype, bias=bias, config=config, counters=counters)

@@ -56,9 +56,9 @@ PREQUANT_PATHS = ("gemm", "swap")
 LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
 """Keys every configuration must give (positive ints)."""
 
-OPTIONAL_KEYS = ("path", "FIXUP", "TMA", "FOLD")
+OPTIONAL_KEYS = ("path", "FIXUP", "TMA")
 """Keys :meth:`TritonConfig.from_dict` fills when absent, always with the same defaults: ``path``
-``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0; ``FOLD`` 0."""
+``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0."""
 
 _PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap"}
 
@@ -94,10 +94,6 @@ class TritonConfig:
             launch), 0 in a second kernel; bitwise equal results either way.
         TMA: 1 loads the weight (and, in the tile kernel, the fp8 activation) tiles through
             Hopper TMA descriptors where one can be built (pointer loads otherwise); 0 never.
-        FOLD: tile kernel only (``gemm``, ``fused``): 1 keeps the accumulator in units of the
-            current K block's scales, so each block's MMA accumulates in place (rescaled by the
-            ratio of consecutive scales) instead of into a second tile of registers; 0 scales
-            each block's product into the accumulator.
     """
 
     BLOCK_M: int
@@ -110,7 +106,6 @@ class TritonConfig:
     path: str
     FIXUP: int
     TMA: int
-    FOLD: int = 0
 
     def __post_init__(self) -> None:
         for key in LAUNCH_KEYS:
@@ -126,10 +121,8 @@ class TritonConfig:
                 raise ValueError(f"TritonConfig {key!r} must be >= 16 (the tl.dot minimum), got {getattr(self, key)}")
         if self.path not in PATHS:
             raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {self.path!r}")
-        for key in ("FIXUP", "TMA", "FOLD"):
+        for key in ("FIXUP", "TMA"):
             _check_flag(key, getattr(self, key))
-        if self.FOLD and self.path in SWAP_PATHS:
-            raise ValueError(f"TritonConfig 'FOLD' is for the tile kernel (paths gemm, fused), got path {self.path!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TritonConfig:
@@ -151,7 +144,7 @@ class TritonConfig:
             raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {path!r}")
         fixup = data.get("FIXUP", 1 if path in SWAP_PATHS else 0)
         return cls(**{key: data[key] for key in LAUNCH_KEYS}, path=path, FIXUP=_check_flag("FIXUP", fixup),
-                   TMA=_check_flag("TMA", data.get("TMA", 0)), FOLD=_check_flag("FOLD", data.get("FOLD", 0)))
+                   TMA=_check_flag("TMA", data.get("TMA", 0)))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, launch keys first (what tables store; :meth:`from_dict` reads it back)."""
@@ -184,10 +177,9 @@ class TritonConfig:
         return split
 
     def describe(self) -> str:
-        """Short human form, e.g. ``decode 16x128 sk4f w4 s4 tma`` (``fold`` last when FOLD)."""
+        """Short human form, e.g. ``decode 16x128 sk4f w4 s4 tma``."""
         fixup = "f" if self.FIXUP and self.SPLIT_K > 1 else ""
         group = f" g{self.GROUP_M}" if self.GROUP_M != 8 else ""
         tma = " tma" if self.TMA else ""
-        fold = " fold" if self.FOLD else ""
         return (f"{self.path} {self.BLOCK_M}x{self.BLOCK_N} sk{self.SPLIT_K}{fixup} "
-                f"w{self.num_warps} s{self.num_stages}{group}{tma}{fold}")
+                f"w{self.num_warps} s{self.num_stages}{group}{tma}")

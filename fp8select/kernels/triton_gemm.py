@@ -15,7 +15,6 @@ the same rule (:mod:`.quant`). Rows without non-finite values are unaffected.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -232,7 +231,7 @@ def _launch(
             _REPEAT_RESHAPE_OK[0] = False
             _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=cfg.BLOCK_M, **common)
     else:
-        _w8a8_block_kernel[(grid0, split)](*args, FUSED_QUANT=quant, GROUP_M=cfg.GROUP_M, FOLD=bool(cfg.FOLD), **common)
+        _w8a8_block_kernel[(grid0, split)](*args, FUSED_QUANT=quant, GROUP_M=cfg.GROUP_M, **common)
     if split > 1 and not fixup:
         block = 1024
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
@@ -290,8 +289,7 @@ def w8a8_block_gemm(
         config: the launch configuration; ``None``: the gemm path's heuristic for this shape
             and M. The activation is quantized already, so a path that quantizes in the kernel
             runs as its prequantized sibling with the same tiles
-            (:meth:`TritonConfig.prequantized`: ``fused -> gemm``, ``decode -> swap``), and
-            without ``FOLD`` (the caller's scales may hold a zero).
+            (:meth:`TritonConfig.prequantized`: ``fused -> gemm``, ``decode -> swap``).
         counters: split-K counters the caller owns (:func:`fixup_counters`); None: a buffer
             per device and stream, made at first use.
 
@@ -310,8 +308,7 @@ def w8a8_block_gemm(
     _check_common(a, b, {"a": a, "a_scale": a_scale, "b": b, "b_scale": b_scale, "bias": bias}, out_dtype, bias)
     _check_config(config)
     n = b.shape[0]
-    # FOLD divides by the scales: not on activation scales fp8select did not make (one may be 0).
-    cfg = replace((config if config is not None else heuristic_config(n, k, m, "gemm")).prequantized(), FOLD=0)
+    cfg = (config if config is not None else heuristic_config(n, k, m, "gemm")).prequantized()
     if m == 0 or n == 0:
         return torch.empty((m, n), dtype=out_dtype, device=a.device)
     if k == 0:
@@ -347,8 +344,7 @@ def linear(
         x: ``[M, K]`` bf16/fp16/fp32, any strides.
         b, b_scale, block_size, out_dtype, bias: as in :func:`w8a8_block_gemm`.
         config: the launch configuration; ``None``: the gemm path's heuristic for this
-            shape and M (:func:`.triton_search.heuristic_config`). ``FOLD`` needs finite,
-            non-zero weight scales (the Triton backend checks them once at load time).
+            shape and M (:func:`.triton_search.heuristic_config`).
         counters: as in :func:`w8a8_block_gemm`.
 
     Returns:

@@ -162,7 +162,6 @@ def _w8a8_block_kernel(
     FP8_MIN_EXP_BIASED: tl.constexpr,
     FP8_NAN_BITS: tl.constexpr,
     PDL: tl.constexpr = False,
-    FOLD: tl.constexpr = False,
 ):
     """One program computes a ``[BLOCK_M, BLOCK_N]`` tile over its split's share of K.
 
@@ -172,13 +171,6 @@ def _w8a8_block_kernel(
     scale per K block (``SCALE_BN % BLOCK_N == 0``). ``USE_TMA``: ``a_ptr``/``b_ptr`` are host
     tensor descriptors (blocks ``[BLOCK_M, BLOCK_K]`` / ``[BLOCK_N, BLOCK_K]``) and the tiles
     come by the Hopper copy engine, zero-filled out of bounds (fp8 ``a`` only).
-
-    ``FOLD``: the accumulator holds the sum so far divided by the current K block's scales
-    (``a_scale[m] * b_scale[n]``). Each step rescales it by the ratio of the previous block's
-    scales to this one's and lets the MMA accumulate into it, so no second tile of registers
-    holds the block's product (larger tiles fit without spilling); the end multiplies the
-    last block's scales back. Needs finite, non-zero scales (a zero scale would turn the ratio
-    into inf): the host turns it off for scales it did not make or check.
     """
     pdl_enter(PDL)
     pid = tl.program_id(0)
@@ -215,9 +207,6 @@ def _w8a8_block_kernel(
     if not FUSED_QUANT:
         a_scale_next = tl.load(as_base + kb_start * stride_ask)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FOLD:  # the units the accumulator is in (any finite value while it is zero)
-        a_unit = tl.full((BLOCK_M,), 1.0, tl.float32)
-        b_unit = tl.load(bs_base + kb_start * stride_bsk)
     for kb in range(kb_start, kb_end):
         kb_next = tl.minimum(kb + 1, kb_end - 1)
         b_scale = b_scale_next
@@ -240,14 +229,7 @@ def _w8a8_block_kernel(
         else:
             a_scale = a_scale_next
             a_scale_next = tl.load(as_base + kb_next * stride_ask)
-        if FOLD:
-            if B_SCALE_SCALAR:
-                acc = tl.dot(a, b, acc * ((a_unit / a_scale) * (b_unit / b_scale))[:, None])
-            else:
-                acc = tl.dot(a, b, acc * (a_unit / a_scale)[:, None] * (b_unit / b_scale)[None, :])
-            a_unit = a_scale
-            b_unit = b_scale
-        elif B_SCALE_SCALAR:
+        if B_SCALE_SCALAR:
             # One multiply-add per accumulator element per K step instead of two (the
             # [BLOCK_M] x scalar product is formed once): the promotion of each K block's
             # MMA result is what the tensor cores wait on at large M.
@@ -257,11 +239,6 @@ def _w8a8_block_kernel(
         if not USE_TMA:
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-    if FOLD:
-        if B_SCALE_SCALAR:
-            acc = acc * (a_unit * b_unit)[:, None]
-        else:
-            acc = acc * a_unit[:, None] * b_unit[None, :]
 
     _store_tile(acc, offs_m, offs_n, pid_k, pid, M, N, SPLIT_K, c_ptr, stride_cm, stride_cn, ws_ptr, cnt_ptr,
                 bias_ptr, stride_bias, IS_SPLIT, FIXUP, HAS_BIAS)
