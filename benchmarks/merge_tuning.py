@@ -1,26 +1,52 @@
 """Fold a narrower re-tune into a tuning table (schema 2), keeping only improvements.
 
-    python benchmarks/merge_tuning.py BASE.json NEW.json OUT.json
+    python benchmarks/merge_tuning.py BASE.json NEW.json OUT.json [--margin 0.02]
 
 A row of NEW replaces BASE's row for the same backend, versions, shape and M bucket only where
-NEW's measured whole-op time is lower (both tables measure it the same way), so a narrower
-re-tune never makes a shipped row worse; rows BASE lacks are added.
+NEW's measured whole-op time is lower by more than ``--margin`` (a fraction; default 0) (both measure the whole op the same way: CUDA graph,
+median, weights rotated past the L2), so a narrower re-tune never makes a shipped row worse;
+rows BASE lacks are added. NEW is a tuning table, or a distilled ``benchmarks/limits.py``
+report (``benchmarks/results/*/limits_*.json``): then its sweep-best Triton configurations
+replace BASE's rows where they beat the table's configuration timed in the same report by
+more than the margin (times of two runs differ by a few percent: the comparison stays within
+one run), at the versions of its ``environment``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fp8select.buckets import m_bucket
 from fp8select.tuning.table import check_table, merge_tables, save_table
 
+VERSION_KEYS = ("torch", "cuda", "triton")  # what the Triton rows' speed depends on (tuning.table.backend_versions)
 
-def improvements(base: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """NEW's rows that beat BASE's (as a table), and a line per row taken."""
+
+def from_limits(report: dict[str, Any], margin: float) -> dict[str, Any]:
+    """A distilled limits report as a table: a Triton row per point whose sweep's best beat the
+    table's configuration (timed in the same run) by more than ``margin``."""
+    env = report["environment"]
+    shapes: dict[str, dict[str, Any]] = {}
+    for phase in ("decode", "prefill"):
+        for row in report.get(phase, []):
+            if row["sweep_us"] >= row["table_us"] * (1 - margin):
+                continue
+            shapes.setdefault(f"{row['n']},{row['k']}", {})[str(m_bucket(row["m"]))] = {
+                "us": row["sweep_us"], "config": row["sweep_config"]}
+    versions = {key: env[key] for key in VERSION_KEYS}
+    return {"schema": 2, "device_name": env["device"], "groups": [{"backend": "triton", "versions": versions,
+                                                                  "shapes": shapes}]}
+
+
+def improvements(base: dict[str, Any], new: dict[str, Any], margin: float = 0.0) -> tuple[dict[str, Any], list[str]]:
+    """NEW's rows that beat BASE's by more than ``margin`` (as a table), and a line per row taken."""
     if base["device_name"] != new["device_name"]:
         raise SystemExit(f"devices differ: {base['device_name']} != {new['device_name']}")
     rows = {(g["backend"], tuple(sorted(g["versions"].items())), shape, bucket): row["us"]
@@ -33,7 +59,7 @@ def improvements(base: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, A
         for shape, buckets in group["shapes"].items():
             for bucket, row in buckets.items():
                 old = rows.get((group["backend"], versions, shape, bucket))
-                if old is None or row["us"] < old:
+                if old is None or row["us"] < old * (1 - margin):
                     shapes.setdefault(shape, {})[bucket] = row
                     taken.append(f"{group['backend']} {shape} M<={bucket}: {old} -> {row['us']} us")
         if shapes:
@@ -42,7 +68,17 @@ def improvements(base: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, A
 
 
 if __name__ == "__main__":
-    base, new = (check_table(json.loads(Path(p).read_text()), p) for p in sys.argv[1:3])
-    kept, taken = improvements(base, new)
-    save_table(sys.argv[3], merge_tables(base, kept))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base")
+    parser.add_argument("new")
+    parser.add_argument("out")
+    parser.add_argument("--margin", type=float, default=0.0)
+    args = parser.parse_args()
+    base = check_table(json.loads(Path(args.base).read_text()), args.base)
+    new = json.loads(Path(args.new).read_text())
+    if "environment" in new:  # a limits report: compared within its run already
+        kept, taken = improvements(base, check_table(from_limits(new, args.margin), args.new), -math.inf)
+    else:
+        kept, taken = improvements(base, check_table(new, args.new), args.margin)
+    save_table(args.out, merge_tables(base, kept))
     print("\n".join(taken) or "no row improved")
