@@ -30,6 +30,8 @@
 #                                                     # elements re-tuned with PDL for the in-kernel quantizing
 #                                                     # GEMMs, merged where faster, decode limits with them;
 #                                                     # GPU 1: numerics sweep, every GPU test (run 17)
+#   bash benchmarks/h200_run.sh probe OUTDIR          # GPU 0: persistent tile GEMM probe at prefill; GPU 1:
+#                                                     # the kernels' limits with the shipped table (run 19)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -331,7 +333,16 @@ pdl_rule() {
   wait
 }
 
+probe() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 300 $py benchmarks/persistent_probe.py --out "$work/persistent_probe.json" \
+       >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 330 $py benchmarks/limits.py --budget-s 300 --out "$work/limits.json" \
+       >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
 case $stage in
+  probe) probe ;;
   pdl-rule) pdl_rule ;;
   anatomy) anatomy ;;
   final-decode) final_decode ;;
