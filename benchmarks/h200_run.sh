@@ -32,6 +32,9 @@
 #                                                     # GPU 1: numerics sweep, every GPU test (run 17)
 #   bash benchmarks/h200_run.sh probe OUTDIR          # GPU 0: persistent tile GEMM probe at prefill; GPU 1:
 #                                                     # the kernels' limits with the shipped table (run 19)
+#   bash benchmarks/h200_run.sh persistent OUTDIR     # GPU 0: prefill sweep with persistent launches, its
+#                                                     # winners merged into the table, then the kernels' limits
+#                                                     # (decode, quantization, prefill); GPU 1: GPU tests (run 20)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -341,7 +344,28 @@ probe() {
   wait
 }
 
+gpu_tests() {  # every GPU test, in the groups that do not share a process with the interpreter tests
+  CUDA_VISIBLE_DEVICES=$1 timeout 200 $py -m pytest -q -n 4 -m gpu tests/test_kernels_gpu.py tests/test_verify_chain.py \
+      tests/test_gpu.py tests/test_gpu_vendors.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$1 timeout 130 $py -m pytest -q -n 6 -m gpu tests/test_compile_gpu.py \
+      tests/test_transformers_gpu.py -p no:cacheprovider >"$work/compile_gpu_tests.log" 2>&1
+}
+
+persistent() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/limits.py --phases floor,prefill --budget-s 170 \
+       --out "$work/limits_prefill_sweep.json" >>"$work/lane0.log" 2>&1
+   $py benchmarks/distill_limits.py "$work/limits_prefill_sweep.json" "$work/prefill_sweep.json" \
+       && $py benchmarks/merge_tuning.py fp8select/data/tuning-nvidia-h200.json "$work/prefill_sweep.json" \
+       "$work/tuning_merged.json" --margin 0.02 >"$work/merge.txt" 2>&1 \
+       && cp "$work/tuning_merged.json" fp8select/data/tuning-nvidia-h200.json
+   CUDA_VISIBLE_DEVICES=0 timeout 290 $py benchmarks/limits.py --budget-s 260 --out "$work/limits.json" \
+       >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (gpu_tests 1; log "d1: done") &
+  wait
+}
+
 case $stage in
+  persistent) persistent ;;
   probe) probe ;;
   pdl-rule) pdl_rule ;;
   anatomy) anatomy ;;

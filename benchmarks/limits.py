@@ -59,10 +59,12 @@ _DECODE_RANKED = (  # (path, BLOCK_N, num_warps, num_stages, FIXUP, TMA): beyond
     ("decode", 256, 8, 4, 1, 1), ("swap", 64, 4, 8, 1, 1), ("gemm", 64, 4, 6, 1, 1), ("decode", 128, 2, 5, 1, 1),
     ("fused", 64, 4, 5, 1, 0), ("decode", 64, 8, 6, 0, 1), ("gemm", 128, 8, 5, 1, 1), ("decode", 16, 2, 8, 1, 0),
 )
-_PREFILL_RANKED = (  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, TMA) of the gemm path
-    (128, 256, 8, 3, 8, 1), (256, 128, 8, 3, 8, 1), (128, 128, 8, 5, 8, 1), (128, 256, 8, 4, 8, 1),
-    (128, 128, 8, 4, 16, 1), (64, 256, 8, 4, 8, 1), (256, 128, 8, 4, 16, 1), (128, 128, 8, 3, 8, 1),
-    (128, 256, 8, 3, 16, 0), (128, 128, 8, 4, 8, 0), (256, 64, 8, 4, 8, 1), (128, 128, 4, 4, 8, 1),
+_PREFILL_RANKED = (  # (BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, TMA, PERSISTENT) of the gemm path
+    (64, 128, 4, 4, 8, 1, 2), (128, 64, 4, 4, 8, 1, 2), (128, 128, 8, 3, 8, 1, 1), (128, 128, 8, 4, 8, 1, 1),
+    (128, 256, 8, 3, 8, 1, 0), (256, 128, 8, 3, 8, 1, 0), (128, 128, 8, 5, 8, 1, 0), (128, 256, 8, 4, 8, 1, 0),
+    (128, 128, 8, 4, 16, 1, 0), (64, 256, 8, 4, 8, 1, 0), (256, 128, 8, 4, 16, 1, 0), (128, 128, 8, 3, 8, 1, 0),
+    (128, 256, 8, 3, 16, 0, 0), (128, 128, 8, 4, 8, 0, 0), (256, 64, 8, 4, 8, 1, 0), (128, 128, 4, 4, 8, 1, 0),
+    (64, 128, 4, 3, 8, 1, 2), (128, 64, 4, 3, 8, 1, 3), (64, 128, 4, 5, 16, 1, 2), (256, 64, 8, 4, 8, 1, 1),
 )
 
 
@@ -74,9 +76,11 @@ def _geomean(values: list[float]) -> float | None:
     return round(math.exp(sum(math.log(v) for v in values) / len(values)), 4) if values else None
 
 
-def _cfg(path: str, bm: int, bn: int, warps: int, stages: int, fixup: int, tma: int, group: int = 8) -> TritonConfig:
+def _cfg(path: str, bm: int, bn: int, warps: int, stages: int, fixup: int, tma: int, group: int = 8,
+         persistent: int = 0) -> TritonConfig:
     return TritonConfig(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=SCALE_GROUP_K, GROUP_M=group, SPLIT_K=1, num_warps=warps,
-                        num_stages=stages, path=path, FIXUP=fixup, TMA=0 if path == "fused" else tma)
+                        num_stages=stages, path=path, FIXUP=fixup, TMA=0 if path == "fused" else tma,
+                        PERSISTENT=persistent)
 
 
 def _fits(cfg: TritonConfig) -> bool:
@@ -140,9 +144,11 @@ def plan_work(seed: int, random_families: int, random_prefill: int) -> Work:
         rest = list(dict.fromkeys(c for c in grid if c not in fams))
         random.Random(seed * 1000 + m).shuffle(rest)
         families[m] = list(dict.fromkeys(c for c in fams + rest[:random_families] if _fits(c)))
-    ranked = [_cfg("gemm", bm, bn, w, s, 0, t, g) for bm, bn, w, s, g, t in _PREFILL_RANKED]
-    rest = [c for bm, bn, w, s, g, t in product((64, 128, 256), (64, 128, 256), (4, 8), (3, 4, 5), (4, 8, 16), (0, 1))
-            if 128 * 128 <= bm * bn <= 128 * 256 and _fits(c := _cfg("gemm", bm, bn, w, s, 0, t, g)) and c not in ranked]
+    ranked = [_cfg("gemm", bm, bn, w, s, 0, t, g, p) for bm, bn, w, s, g, t, p in _PREFILL_RANKED]
+    rest = [c for bm, bn, w, s, g, t, p in product((64, 128, 256), (64, 128, 256), (4, 8), (3, 4, 5), (4, 8, 16), (0, 1),
+                                                   (0, 1, 2))
+            if 64 * 128 <= bm * bn <= 128 * 256 and (t or not p)
+            and _fits(c := _cfg("gemm", bm, bn, w, s, 0, t, g, p)) and c not in ranked]
     random.Random(seed).shuffle(rest)
     return Work(decode_shapes, shapes, table, families, [c for c in ranked if _fits(c)] + rest[:random_prefill])
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from fp64_reference import random_problem
+from fp64_reference import expected, random_problem, rel_err
 
 import fp8select
 from fp8select.kernels.nonfinite import propagate_nonfinite_rows
@@ -97,6 +97,31 @@ def test_quantizers_agree_on_non_finite_groups_with_the_hardware_cast(kernels: t
         assert q.float().isnan()[cols].all() and q_ref.float().isnan()[cols].all()
         assert set(q.view(torch.uint8)[cols].unique().tolist()) <= {0x7F, 0xFF}
         assert torch.equal(q.view(torch.uint8)[~cols], q_ref.view(torch.uint8)[~cols])
+
+
+@pytest.mark.parametrize(("block_m", "block_n", "warps", "stages", "per_sm"),
+                         [(64, 128, 4, 4, 2), (128, 64, 4, 4, 2), (128, 128, 8, 3, 1), (128, 256, 8, 3, 1)])
+def test_persistent_launch_on_the_gpu_equals_the_tile_kernel(kernels: tuple, block_m: int, block_n: int, warps: int,
+                                                            stages: int, per_sm: int) -> None:
+    """The persistent gemm launch compiled for the GPU (flattened tile and K loops, several tiles
+    per program at M 1100 and 4000): the tile kernel's bits with the same tiles, bias included, the
+    fp64 reference within 1e-2, NaN rows where a token's group is non-finite."""
+    from fp8select.kernels.triton_config import TritonConfig
+
+    _, tg = kernels
+    n = 1000
+    w, s = random_problem(n, K, device="cuda")
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    tile = TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=warps,
+                        num_stages=stages, path="gemm", FIXUP=0, TMA=1)
+    for m in (1100, 4000):
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        out = tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=replace(tile, PERSISTENT=per_sm))
+        assert torch.equal(out, tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=tile))
+        assert rel_err(out, expected(x, w, s, (128, 128), bias)) < 1e-2
+        bad, rows = _poison(x)
+        persistent = replace(tile, PERSISTENT=per_sm)
+        _check_rows(tg.linear(bad, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=persistent), out, rows)
 
 
 @pytest.mark.parametrize("path", ["gemm", "fused", "decode", "swap"])

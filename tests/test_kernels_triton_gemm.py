@@ -625,3 +625,42 @@ def test_the_pdl_weight_limit_applies_only_behind_the_quantizer(monkeypatch: pyt
     w, s = _weight(n, k, 128)
     tg.linear(torch.randn(3, k), w, s, (128, 128), out_dtype=torch.float32, config=_cfg(path))
     assert asked == [(3, n * k if weight_limited else 0)]
+
+
+@pytest.mark.parametrize(("block", "block_n"), [((128, 128), 64), ((128, 128), 256), ((1, 128), 64)])
+@pytest.mark.parametrize("programs_per_sm", [1, 3])
+def test_persistent_launch_equals_the_tile_kernel(block: tuple[int, int], block_n: int, programs_per_sm: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """PERSISTENT (a few programs looping over the tiles; one SM under the interpreter, so 1 or 3
+    programs take 2-3 row tiles x 2-5 column tiles each) gives the tile kernel's bits: per-tile and
+    per-column weight scales, ragged M, N and K (TMA zero-fills), bias, NaN rows kept."""
+    m, n, k = 40, 300, 704
+    x = _activation(m, k)
+    x[7, 5] = float("nan")
+    w, ws = _weight(n, k, block[0])
+    bias = torch.randn(n)
+    tile = _cfg("gemm", 16, block_n, TMA=1)
+    persistent = replace(tile, PERSISTENT=programs_per_sm)
+    grids: list[tuple[int, ...]] = []
+    kernel = tg._w8a8_persistent_kernel
+    monkeypatch.setattr(tg, "_w8a8_persistent_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: grids.append(grid) or kernel[grid]})())
+    out = tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=persistent)
+    assert grids == [(programs_per_sm,)]
+    ref = tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=tile)
+    assert len(grids) == 1  # the tile configuration runs the tile kernel
+    rows = torch.arange(m) != 7
+    assert out[7].isnan().all() and torch.equal(out[rows], ref[rows])
+    xq, xs = quantize_per_token_group(x[rows])
+    _check(out[rows].contiguous(), x[rows], xq, xs, w, ws, block[0], bias, torch.float32)
+
+
+def test_persistent_needs_the_gemm_path_tma_and_no_split() -> None:
+    for change in ({"path": "fused"}, {"path": "decode"}, {"SPLIT_K": 2}, {"TMA": 0}):
+        with pytest.raises(ValueError, match="PERSISTENT"):
+            TritonConfig.from_dict({**_cfg("gemm", 16, 64, TMA=1).to_dict(), "PERSISTENT": 2, **change})
+    with pytest.raises(ValueError, match=r"0\.\.4"):
+        _cfg("gemm", 16, 64, TMA=1, PERSISTENT=5)
+    cfg = _cfg("gemm", 16, 64, TMA=1, PERSISTENT=2)
+    assert TritonConfig.from_dict(cfg.to_dict()) == cfg and cfg.describe().endswith(" tma p2")
+    assert TritonConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "PERSISTENT"}).PERSISTENT == 0

@@ -167,3 +167,20 @@ def test_search_deadline_and_paths() -> None:
     assert {t.config.path for t in tried} == {"gemm"}
     _, _, tried = ts.search(2112, 7168, 1, lambda c: 1.0, max_configs=0)
     assert len(tried) == 1
+
+
+def test_large_m_search_reaches_persistent_launches_and_leaves_them_validly() -> None:
+    """At large M the first round holds persistent gemm configs and every gemm TMA config can step
+    to its persistent twin; a persistent config's neighbours are all valid (a step off the gemm
+    path, off TMA or to split-K drops PERSISTENT instead of raising)."""
+    from fp8select.kernels.triton_search import candidates, neighbours
+
+    first = candidates(7168, 2048, 4096, limit=64)
+    assert any(c.PERSISTENT for c in first)
+    plain = next(c for c in first if c.path == "gemm" and c.TMA and not c.PERSISTENT)
+    assert any(c.PERSISTENT and c.BLOCK_M == plain.BLOCK_M for c in neighbours(plain, 7168, 2048, 4096))
+    persistent = next(c for c in first if c.PERSISTENT)
+    steps = neighbours(persistent, 7168, 2048, 4096)
+    assert any(not c.PERSISTENT and c.BLOCK_N == persistent.BLOCK_N for c in steps)
+    assert all(c.PERSISTENT == 0 for c in steps if c.path != "gemm" or not c.TMA or c.SPLIT_K > 1)
+    assert not any(c.PERSISTENT for c in candidates(7168, 2048, 64, limit=64))

@@ -29,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "LAUNCH_KEYS",
+    "MAX_PERSISTENT",
     "OPTIONAL_KEYS",
     "PATHS",
     "PREQUANT_PATHS",
@@ -56,9 +57,13 @@ PREQUANT_PATHS = ("gemm", "swap")
 LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
 """Keys every configuration must give (positive ints)."""
 
-OPTIONAL_KEYS = ("path", "FIXUP", "TMA")
+OPTIONAL_KEYS = ("path", "FIXUP", "TMA", "PERSISTENT")
 """Keys :meth:`TritonConfig.from_dict` fills when absent, always with the same defaults: ``path``
-``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0."""
+``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0;
+``PERSISTENT`` 0."""
+
+MAX_PERSISTENT = 4
+"""Most programs per SM a persistent launch asks for."""
 
 _PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap"}
 
@@ -94,6 +99,10 @@ class TritonConfig:
             launch), 0 in a second kernel; bitwise equal results either way.
         TMA: 1 loads the weight (and, in the tile kernel, the fp8 activation) tiles through
             Hopper TMA descriptors where one can be built (pointer loads otherwise); 0 never.
+        PERSISTENT: 0 launches one program per output tile; n (1..4, ``gemm`` path with TMA and
+            no split-K only) launches n programs per SM that loop over the tiles, their tile and
+            K loops flattened into one pipeline (the tile kernel with the same tiles runs where
+            TMA descriptors cannot be built, or off CUDA).
     """
 
     BLOCK_M: int
@@ -106,6 +115,7 @@ class TritonConfig:
     path: str
     FIXUP: int
     TMA: int
+    PERSISTENT: int = 0
 
     def __post_init__(self) -> None:
         for key in LAUNCH_KEYS:
@@ -123,6 +133,11 @@ class TritonConfig:
             raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {self.path!r}")
         for key in ("FIXUP", "TMA"):
             _check_flag(key, getattr(self, key))
+        if isinstance(self.PERSISTENT, bool) or self.PERSISTENT not in range(MAX_PERSISTENT + 1):
+            raise ValueError(f"TritonConfig 'PERSISTENT' must be an int 0..{MAX_PERSISTENT}, got {self.PERSISTENT!r}")
+        if self.PERSISTENT and (self.path != "gemm" or self.SPLIT_K != 1 or not self.TMA):
+            raise ValueError("TritonConfig 'PERSISTENT' needs path 'gemm', SPLIT_K 1 and TMA 1, got "
+                             f"path {self.path!r}, SPLIT_K {self.SPLIT_K}, TMA {self.TMA}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TritonConfig:
@@ -144,7 +159,7 @@ class TritonConfig:
             raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {path!r}")
         fixup = data.get("FIXUP", 1 if path in SWAP_PATHS else 0)
         return cls(**{key: data[key] for key in LAUNCH_KEYS}, path=path, FIXUP=_check_flag("FIXUP", fixup),
-                   TMA=_check_flag("TMA", data.get("TMA", 0)))
+                   TMA=_check_flag("TMA", data.get("TMA", 0)), PERSISTENT=data.get("PERSISTENT", 0))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, launch keys first (what tables store; :meth:`from_dict` reads it back)."""
@@ -177,9 +192,10 @@ class TritonConfig:
         return split
 
     def describe(self) -> str:
-        """Short human form, e.g. ``decode 16x128 sk4f w4 s4 tma``."""
+        """Short human form, e.g. ``decode 16x128 sk4f w4 s4 tma`` (``p2``: two persistent programs per SM)."""
         fixup = "f" if self.FIXUP and self.SPLIT_K > 1 else ""
         group = f" g{self.GROUP_M}" if self.GROUP_M != 8 else ""
         tma = " tma" if self.TMA else ""
+        persistent = f" p{self.PERSISTENT}" if self.PERSISTENT else ""
         return (f"{self.path} {self.BLOCK_M}x{self.BLOCK_N} sk{self.SPLIT_K}{fixup} "
-                f"w{self.num_warps} s{self.num_stages}{group}{tma}")
+                f"w{self.num_warps} s{self.num_stages}{group}{tma}{persistent}")

@@ -15,6 +15,7 @@ the same rule (:mod:`.quant`). Rows without non-finite values are unaffected.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ except ImportError:  # pragma: no cover - older triton
 
 from .quant import DEFAULT_EPS, M_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
-from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_swap_kernel
+from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
 from .triton_pdl import pdl_launch
 from .triton_quant import fp8_constexprs, hw_rne, quantize_per_token_group_triton
 from .triton_search import heuristic_config
@@ -128,6 +129,23 @@ def _tma_ok(t: torch.Tensor) -> bool:
     )
 
 
+def _persistent_programs(cfg: TritonConfig, device: torch.device, tiles: int) -> int:
+    """Programs of a persistent launch: ``PERSISTENT`` per SM (one SM on the CPU interpreter, so
+    its tests loop over tiles), at most one per tile; 0 where it does not run (off CUDA)."""
+    if device.type == "cpu":
+        sms = 1
+    elif device.type == "cuda":
+        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    else:
+        return 0
+    return min(tiles, cfg.PERSISTENT * sms)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 _REPEAT_RESHAPE_OK = [True]
 """Cleared when the swap kernel's row repetition for 1 < QUANT_ROWS < BLOCK_M failed to compile."""
 
@@ -214,7 +232,15 @@ def _launch(
         out.stride(1),
         DEFAULT_EPS,
     )
-    if swap:
+    programs = _persistent_programs(cfg, out.device, grid0) if cfg.PERSISTENT and use_tma and not quant else 0
+    if programs:
+        _w8a8_persistent_kernel[(programs,)](
+            a_arg, scale, b_arg, b_scale, args[4], out, m, n, k, programs, scale.stride(0), scale.stride(1),
+            b_scale.stride(0), b_scale.stride(1), args[20], out.stride(0), out.stride(1), SCALE_BN=scale_bn,
+            B_SCALE_SCALAR=common["B_SCALE_SCALAR"], HAS_BIAS=bias is not None, BLOCK_M=cfg.BLOCK_M,
+            BLOCK_N=cfg.BLOCK_N, BLOCK_K=SCALE_GROUP_K, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps)
+    elif swap:
         # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
         # when M fits one tile (decode), else the whole tile.
         quant_rows = min(triton.next_power_of_2(m), cfg.BLOCK_M)

@@ -13,6 +13,8 @@ rescaled into an fp32 accumulator by ``a_scale[m, kb] * b_scale[n // bn, kb]``.
   orientation runs on the older mma.sync path) and the tokens its narrow side. With
   ``QUANT`` it quantizes the activation in its K loop, only ``next_pow2(M)`` rows, which are
   then repeated to the 16-row MMA tile: quantization work stops scaling with the padding.
+* ``_w8a8_persistent_kernel``: the ``gemm`` path's tiles at large M, a few programs per SM each
+  looping over tiles (no split-K, TMA only).
 * ``_splitk_reduce_kernel``: the second pass of a two-pass split-K.
 
 Split-K: each (tile, split) program stores its fp32 partial into a ``[SPLIT_K, M, N]``
@@ -113,6 +115,16 @@ def _weight_scale_base(bs_ptr, pid_n, cols, stride_bsn, SCALE_BN: tl.constexpr, 
     return base
 
 
+@triton.jit
+def _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of output tile ``tile`` in grouped order: GROUP_M row-tiles share each
+    weight column-tile while it is in L2."""
+    pids_per_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // pids_per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    return first_pid_m + (tile % pids_per_group) % group_rows, (tile % pids_per_group) // group_rows
+
+
 # Runtime values that change between calls of one layer (M, split count) or between scale
 # layouts (scale strides) are not specialized on, so one compiled kernel serves them all.
 _NOT_SPECIALIZED = ["M", "SPLIT_K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias", "eps"]
@@ -175,14 +187,7 @@ def _w8a8_block_kernel(
     pdl_enter(PDL)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Grouped tile order: GROUP_M row-tiles share each B column-tile while it is in L2.
-    pids_per_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // pids_per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
+    pid_m, pid_n = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -242,6 +247,65 @@ def _w8a8_block_kernel(
 
     _store_tile(acc, offs_m, offs_n, pid_k, pid, M, N, SPLIT_K, c_ptr, stride_cm, stride_cn, ws_ptr, cnt_ptr,
                 bias_ptr, stride_bias, IS_SPLIT, FIXUP, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias"])
+def _w8a8_persistent_kernel(
+    a_desc,
+    as_ptr,
+    b_desc,
+    bs_ptr,
+    bias_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    PROGRAMS,
+    stride_asm,
+    stride_ask,
+    stride_bsn,
+    stride_bsk,
+    stride_bias,
+    stride_cm,
+    stride_cn,
+    SCALE_BN: tl.constexpr,
+    B_SCALE_SCALAR: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """The ``gemm`` path's tiles, persistent: ``PROGRAMS`` programs (a few per SM) take the output
+    tiles in turn, in grouped order. The tile and K loops are flattened into one software-pipelined
+    loop, so the next tile's first TMA loads are in flight during a tile's epilogue, where
+    :func:`_w8a8_block_kernel` (one tile per program) refills its pipeline for every tile: a large
+    share of the time when K has 4-16 blocks. fp8 activation and weight come through TMA
+    descriptors (zero-filled out of bounds); no split-K. Each K step is the tile kernel's
+    (same products, same order: bitwise equal results).
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, PROGRAMS, flatten=True, num_stages=STAGES):
+        pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        as_base = as_ptr + (offs_m % M).to(tl.int64) * stride_asm
+        bs_base = _weight_scale_base(bs_ptr, pid_n, (offs_n % N).to(tl.int64), stride_bsn, SCALE_BN, BLOCK_N,
+                                     B_SCALE_SCALAR)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+            b = tl.trans(b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K]))
+            a_scale = tl.load(as_base + kb * stride_ask)
+            b_scale = tl.load(bs_base + kb * stride_bsk)
+            if B_SCALE_SCALAR:
+                acc += tl.dot(a, b) * (a_scale * b_scale)[:, None]
+            else:
+                acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+        _store_tile(acc, offs_m, offs_n, 0, tile, M, N, 1, c_ptr, stride_cm, stride_cn, c_ptr, c_ptr, bias_ptr,
+                    stride_bias, False, False, HAS_BIAS)
 
 
 @triton.jit

@@ -66,10 +66,11 @@ def fill_split(n: int, k: int, m: int, block_m: int, block_n: int, sms: int = NO
 
 
 def _make(path: str, block_m: int, block_n: int, warps: int, stages: int, split: int = 1, *,
-          group_m: int = 8, tma: int = 0) -> TritonConfig:
+          group_m: int = 8, tma: int = 0, persistent: int = 0) -> TritonConfig:
     """A configuration with the path's default split-K summation (FIXUP 1 on the swap-AB paths)."""
     return TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SCALE_GROUP_K, GROUP_M=group_m, SPLIT_K=split,
-                        num_warps=warps, num_stages=stages, path=path, FIXUP=1 if path in SWAP_PATHS else 0, TMA=tma)
+                        num_warps=warps, num_stages=stages, path=path, FIXUP=1 if path in SWAP_PATHS else 0, TMA=tma,
+                        PERSISTENT=persistent)
 
 
 def _swap_block_m(m: int) -> int:
@@ -110,8 +111,8 @@ def _fits(cfg: TritonConfig) -> bool:
     return smem_bytes(cfg) <= SMEM_LIMIT_BYTES and STAGES_MIN <= cfg.num_stages <= STAGES_MAX
 
 
-_Plan = tuple[str, int, int, int, int, int, int]
-"""(path, BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, TMA) of a ranked first-round config."""
+_Plan = tuple[str, int, int, int, int, int, int] | tuple[str, int, int, int, int, int, int, int]
+"""(path, BLOCK_M, BLOCK_N, num_warps, num_stages, GROUP_M, TMA[, PERSISTENT]) of a ranked first-round config."""
 
 
 def _small_m_plan(m: int) -> list[_Plan]:
@@ -178,7 +179,9 @@ def _large_m_plan(bucket: int) -> list[_Plan]:
         return plan
     return [  # TMA-fed tiles first: the run-10 sweep's winners at M >= 1024
         ("gemm", 128, 128, 8, 4, 8, 1),
+        ("gemm", 64, 128, 4, 4, 8, 1, 2),  # persistent, two per SM: the run-19 probe's winners at K <= 2048
         ("gemm", 256, 64, 8, 4, 8, 1),  # 2112 x 7168: 132 tiles at M 1024, one wave
+        ("gemm", 128, 64, 4, 4, 8, 1, 2),
         ("gemm", 256, 128, 8, 3, 8, 1),
         ("gemm", 128, 128, 8, 4, 16, 1),
         ("gemm", 128, 128, 8, 5, 8, 1),
@@ -213,9 +216,9 @@ def candidates(n: int, k: int, m: int, *, sms: int = NOMINAL_SMS, limit: int = 8
     else:
         plan = _large_m_plan(bucket)
     out: list[TritonConfig] = []
-    for path, bm, bn, warps, stages, group, tma in plan:
+    for path, bm, bn, warps, stages, group, tma, *persistent in plan:
         split = fill_split(n, k, m, bm, bn, sms) if bucket <= 512 else 1
-        cfg = _make(path, bm, bn, warps, stages, split, group_m=group, tma=tma)
+        cfg = _make(path, bm, bn, warps, stages, split, group_m=group, tma=tma, persistent=sum(persistent))
         if path in allowed and _fits(cfg) and cfg not in out:
             out.append(cfg)
     if not out:  # e.g. only paths the plan does not rank for this M: their default config
@@ -229,7 +232,9 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
 
     Steps: split-K x2 and /2 (M <= 512), pipeline depth +-1, BLOCK_N x2 and /2 (with the
     split refitted), warps 4 <-> 8 (and 2 for decode-sized tiles), GROUP_M 8 <-> 16 and BLOCK_M x2 / 2 for large M, the
-    other split-K summation mode, TMA loads on/off, and the sibling path with the same tiles
+    other split-K summation mode, persistent on/off (large M, gemm path with TMA: two programs per SM at 4 warps,
+    one at 8; a step that leaves that path, TMA or SPLIT_K 1 drops it), TMA loads on/off, and the sibling path with
+    the same tiles
     (decode <-> swap, gemm <-> fused for M <= 64), keeping only ``paths`` (default: all).
     A step that leaves SPLIT_K at 1 takes the path's default FIXUP; the fused path never
     uses TMA (it quantizes a bf16 tile).
@@ -241,6 +246,10 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
     out: list[TritonConfig] = []
 
     def add(**change: int | str) -> None:
+        change.setdefault("PERSISTENT", base.PERSISTENT)
+        if change.get("path", base.path) != "gemm" or change.get("SPLIT_K", base.SPLIT_K) != 1 \
+                or not change.get("TMA", base.TMA):
+            change["PERSISTENT"] = 0  # persistent launches are for the gemm path with TMA, unsplit
         new = replace(base, **change)  # type: ignore[arg-type]
         if new.SPLIT_K == 1:
             new = replace(new, FIXUP=1 if new.path in SWAP_PATHS else 0)
@@ -273,6 +282,8 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
                 add(BLOCK_M=bm)
     if split > 1:
         add(FIXUP=1 - base.FIXUP)
+    if bucket > 512 and base.path == "gemm" and base.TMA and split == 1:
+        add(PERSISTENT=0 if base.PERSISTENT else 2 if base.num_warps <= 4 else 1)
     if base.path != "fused":  # the fused path quantizes a bf16 tile: no TMA for it
         add(TMA=1 - base.TMA)
     sibling = {"decode": "swap", "swap": "decode", "gemm": "fused", "fused": "gemm"}[base.path]
