@@ -35,6 +35,8 @@
 #   bash benchmarks/h200_run.sh persistent OUTDIR     # GPU 0: prefill sweep with persistent launches, its
 #                                                     # winners merged into the table, then the kernels' limits
 #                                                     # (decode, quantization, prefill); GPU 1: GPU tests (run 20)
+#   bash benchmarks/h200_run.sh final-check2 OUTDIR   # GPU 0: numerics sweep of the final tree; GPU 1: the
+#                                                     # kernels' limits again, a second sample (run 21)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -364,7 +366,16 @@ persistent() {
   wait
 }
 
+final_check2() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+       --budget-s 170 >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 230 $py benchmarks/limits.py --budget-s 200 --out "$work/limits.json" \
+       >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
 case $stage in
+  final-check2) final_check2 ;;
   persistent) persistent ;;
   probe) probe ;;
   pdl-rule) pdl_rule ;;
