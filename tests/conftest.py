@@ -1,11 +1,32 @@
-"""Every test runs with its own home and cache directories, so nothing reads or writes the user's."""
+"""Every test runs with its own home and cache directories, so nothing reads or writes the user's.
+
+GPU tests need compiled Triton kernels; the CPU test modules that run Triton's interpreter set
+``TRITON_INTERPRET=1`` for their whole process, so on a GPU machine a GPU test that shares a
+process with them is skipped with the command that runs it, instead of failing inside the
+interpreter.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+GPU_ALONE = ("TRITON_INTERPRET=1 in this process (a CPU interpreter test module set it): run the GPU tests in a "
+             "process of their own, python -m pytest -m gpu tests/test_kernels_gpu.py tests/test_gpu.py "
+             "tests/test_gpu_vendors.py tests/test_verify_chain.py, then tests/test_compile_gpu.py "
+             "tests/test_transformers_gpu.py")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is None or os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip(GPU_ALONE)
 
 
 @pytest.fixture(autouse=True)
