@@ -135,7 +135,7 @@ class TritonConfig:
             _check_flag(key, getattr(self, key))
         if isinstance(self.PERSISTENT, bool) or self.PERSISTENT not in range(MAX_PERSISTENT + 1):
             raise ValueError(f"TritonConfig 'PERSISTENT' must be an int 0..{MAX_PERSISTENT}, got {self.PERSISTENT!r}")
-        if self.PERSISTENT and (self.path != "gemm" or self.SPLIT_K != 1 or not self.TMA):
+        if self.PERSISTENT and not self.can_run_persistent:
             raise ValueError("TritonConfig 'PERSISTENT' needs path 'gemm', SPLIT_K 1 and TMA 1, got "
                              f"path {self.path!r}, SPLIT_K {self.SPLIT_K}, TMA {self.TMA}")
 
@@ -169,6 +169,12 @@ class TritonConfig:
     def swap(self) -> bool:
         """Whether this path runs the swap-AB kernel."""
         return self.path in SWAP_PATHS
+
+    @property
+    def can_run_persistent(self) -> bool:
+        """Whether a launch of these tiles may be persistent (``PERSISTENT`` > 0): the ``gemm``
+        path with TMA and no split-K."""
+        return self.path == "gemm" and self.SPLIT_K == 1 and bool(self.TMA)
 
     @property
     def quantizes_in_kernel(self) -> bool:

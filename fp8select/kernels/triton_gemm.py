@@ -189,9 +189,20 @@ def _launch(
         b_arg = TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [cfg.BLOCK_N, SCALE_GROUP_K])
         if not swap:
             a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K])
+    b_scale_scalar = scale_bn % cfg.BLOCK_N == 0
+    bias_arg = bias if bias is not None else b_scale
+    stride_bias = bias.stride(0) if bias is not None else 0
+    programs = _persistent_programs(cfg, out.device, grid0) if cfg.PERSISTENT and use_tma and not quant else 0
+    if programs:
+        _w8a8_persistent_kernel[(programs,)](
+            a_arg, scale, b_arg, b_scale, bias_arg, out, m, n, k, programs, scale.stride(0), scale.stride(1),
+            b_scale.stride(0), b_scale.stride(1), stride_bias, out.stride(0), out.stride(1), SCALE_BN=scale_bn,
+            B_SCALE_SCALAR=b_scale_scalar, HAS_BIAS=bias is not None, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+            BLOCK_K=SCALE_GROUP_K, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+        return
     common = dict(
         SCALE_BN=scale_bn,
-        B_SCALE_SCALAR=scale_bn % cfg.BLOCK_N == 0,
+        B_SCALE_SCALAR=b_scale_scalar,
         USE_TMA=use_tma,
         HW_RNE=hw_rne(_w8a8_swap_kernel if swap else _w8a8_block_kernel, out.device, b.dtype),
         IS_SPLIT=split > 1,
@@ -211,7 +222,7 @@ def _launch(
         scale,
         b_arg,
         b_scale,
-        bias if bias is not None else b_scale,
+        bias_arg,
         out,
         ws,
         counters,
@@ -227,20 +238,12 @@ def _launch(
         b.stride(1),
         b_scale.stride(0),
         b_scale.stride(1),
-        bias.stride(0) if bias is not None else 0,
+        stride_bias,
         out.stride(0),
         out.stride(1),
         DEFAULT_EPS,
     )
-    programs = _persistent_programs(cfg, out.device, grid0) if cfg.PERSISTENT and use_tma and not quant else 0
-    if programs:
-        _w8a8_persistent_kernel[(programs,)](
-            a_arg, scale, b_arg, b_scale, args[4], out, m, n, k, programs, scale.stride(0), scale.stride(1),
-            b_scale.stride(0), b_scale.stride(1), args[20], out.stride(0), out.stride(1), SCALE_BN=scale_bn,
-            B_SCALE_SCALAR=common["B_SCALE_SCALAR"], HAS_BIAS=bias is not None, BLOCK_M=cfg.BLOCK_M,
-            BLOCK_N=cfg.BLOCK_N, BLOCK_K=SCALE_GROUP_K, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages,
-            num_warps=cfg.num_warps)
-    elif swap:
+    if swap:
         # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
         # when M fits one tile (decode), else the whole tile.
         quant_rows = min(triton.next_power_of_2(m), cfg.BLOCK_M)
@@ -266,7 +269,7 @@ def _launch(
             out,
             m * n,
             n,
-            bias.stride(0) if bias is not None else 0,
+            stride_bias,
             SPLIT_K=split,
             HAS_BIAS=bias is not None,
             BLOCK=block,

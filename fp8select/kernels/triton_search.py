@@ -246,15 +246,14 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
     out: list[TritonConfig] = []
 
     def add(**change: int | str) -> None:
-        change.setdefault("PERSISTENT", base.PERSISTENT)
-        if change.get("path", base.path) != "gemm" or change.get("SPLIT_K", base.SPLIT_K) != 1 \
-                or not change.get("TMA", base.TMA):
-            change["PERSISTENT"] = 0  # persistent launches are for the gemm path with TMA, unsplit
-        new = replace(base, **change)  # type: ignore[arg-type]
+        persistent = int(change.pop("PERSISTENT", base.PERSISTENT))
+        new = replace(base, **change, PERSISTENT=0)  # type: ignore[arg-type]
         if new.SPLIT_K == 1:
             new = replace(new, FIXUP=1 if new.path in SWAP_PATHS else 0)
         if new.path == "fused":
             new = replace(new, TMA=0)
+        if persistent and new.can_run_persistent:  # else the step leaves persistent launches behind
+            new = replace(new, PERSISTENT=persistent)
         if new.path in allowed and new != base and new not in out and _fits(new):
             out.append(new)
 
@@ -282,7 +281,7 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
                 add(BLOCK_M=bm)
     if split > 1:
         add(FIXUP=1 - base.FIXUP)
-    if bucket > 512 and base.path == "gemm" and base.TMA and split == 1:
+    if bucket > 512 and base.can_run_persistent:
         add(PERSISTENT=0 if base.PERSISTENT else 2 if base.num_warps <= 4 else 1)
     if base.path != "fused":  # the fused path quantizes a bf16 tile: no TMA for it
         add(TMA=1 - base.TMA)
