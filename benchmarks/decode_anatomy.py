@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp8select import bench, roofline
+from fp8select import bench
 from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, k in shapes:
         w, s = bench.random_weight(n, k, "cuda", gen)
         weights = [w] + [w.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
-        floor = roofline.weight_bytes(n, k) / roofline.HBM_BYTES_PER_S * 1e6
+        floor = limits.weight_floor_us(n, k)
         ceiling = read_ceiling(weights, args.replays)
         report["weights"].append({"n": n, "k": k, "floor_us": round(floor, 3), **ceiling,
                                   "read_frac_of_floor": round(floor / ceiling["read"]["us"], 4)})
