@@ -278,8 +278,14 @@ def _launch(
         )
 
 
-def _empty_k(m: int, n: int, bias: torch.Tensor | None, out_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Result for K == 0: the bias (or zeros) broadcast over M."""
+def _without_launch(m: int, n: int, k: int, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor | None:
+    """The result when there is nothing to multiply: M or N zero, an empty tensor; K zero, the
+    bias (or zeros) broadcast over M. None otherwise."""
+    if m == 0 or n == 0:
+        return torch.empty((m, n), dtype=out_dtype, device=device)
+    if k != 0:
+        return None
     out = torch.zeros((m, n), dtype=torch.float32, device=device)
     if bias is not None:
         out += bias.to(torch.float32)
@@ -338,10 +344,8 @@ def w8a8_block_gemm(
     _check_config(config)
     n = b.shape[0]
     cfg = (config if config is not None else heuristic_config(n, k, m, "gemm")).prequantized()
-    if m == 0 or n == 0:
-        return torch.empty((m, n), dtype=out_dtype, device=a.device)
-    if k == 0:
-        return _empty_k(m, n, bias, out_dtype, a.device)
+    if (done := _without_launch(m, n, k, bias, out_dtype, a.device)) is not None:
+        return done
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     _launch(a, a_scale, b, b_scale, scale_bn, bias, out, cfg, counters)
     return out
@@ -386,10 +390,8 @@ def linear(
     _check_config(config)
     n = b.shape[0]
     cfg = config if config is not None else heuristic_config(n, k, m, "gemm")
-    if m == 0 or n == 0:
-        return torch.empty((m, n), dtype=out_dtype, device=x.device)
-    if k == 0:
-        return _empty_k(m, n, bias, out_dtype, x.device)
+    if (done := _without_launch(m, n, k, bias, out_dtype, x.device)) is not None:
+        return done
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if cfg.quantizes_in_kernel:
         _launch(x, None, b, b_scale, scale_bn, bias, out, cfg, counters)
