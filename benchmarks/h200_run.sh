@@ -37,6 +37,11 @@
 #                                                     # (decode, quantization, prefill); GPU 1: GPU tests (run 20)
 #   bash benchmarks/h200_run.sh final-check2 OUTDIR   # GPU 0: numerics sweep of the final tree; GPU 1: the
 #                                                     # kernels' limits again, a second sample (run 21)
+#   bash benchmarks/h200_run.sh order OUTDIR          # GPU 0: JIT warm-up, timing order (rounds against
+#                                                     # interleaving); GPU 1: every GPU test, persistent probe (run 23)
+#   bash benchmarks/h200_run.sh fair OUTDIR           # GPU 0: the DeepSeek-V3 rows re-measured with interleaved timing
+#                                                     # (Triton's configurations kept), regret with that table; GPU 1:
+#                                                     # every GPU test, the kernels' limits (run 24)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -107,7 +112,7 @@ lane1_checks() {
       >>"$work/lane1.log" 2>&1
   log "gpu1: numerics"
   CUDA_VISIBLE_DEVICES=1 timeout 130 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
-      --budget-s 100 >>"$work/lane1.log" 2>      --budget-s 170 >>"$work/lane1.log" 2>&11
+      --budget-s 100 >>"$work/lane1.log" 2>&1
   log "gpu1: done"
 }
 
@@ -347,7 +352,7 @@ probe() {
 }
 
 gpu_tests() {  # every GPU test, in the groups that do not share a process with the interpreter tests
-  CUDA_VISIBLE_DEVICES=$1 timeout 200 $py -m pytest -q -n 4 -m gpu tests/test_kernels_gpu.py tests/test_verify_chain.py \
+  CUDA_VISIBLE_DEVICES=$1 timeout 200 $py -m pytest -q -n 4 -m gpu tests/test_kernels_gpu.py tests/test_verify_chain.py tests/test_bench.py \
       tests/test_gpu.py tests/test_gpu_vendors.py -p no:cacheprovider >"$work/gpu_tests.log" 2>&1
   CUDA_VISIBLE_DEVICES=$1 timeout 130 $py -m pytest -q -n 6 -m gpu tests/test_compile_gpu.py \
       tests/test_transformers_gpu.py -p no:cacheprovider >"$work/compile_gpu_tests.log" 2>&1
@@ -366,6 +371,34 @@ persistent() {
   wait
 }
 
+order() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 120 $py benchmarks/jit_warm.py --shapes deepseek-v3 --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm.json" >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 timeout 300 $py benchmarks/order_probe.py --out "$work/order_probe.json" \
+       >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (gpu_tests 1
+   CUDA_VISIBLE_DEVICES=1 timeout 200 $py benchmarks/persistent_probe.py --out "$work/persistent_probe.json" \
+       >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
+fair() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/jit_warm.py --shapes deepseek-v3 --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm.json" >>"$work/lane0.log" 2>&1
+   cp fp8select/data/tuning-nvidia-h200.json "$work/tuning.json"
+   log "d0: tune (re-measure, interleaved)"
+   CUDA_VISIBLE_DEVICES=0 timeout 260 $py -m fp8select tune --shapes deepseek-v3 --force --max-configs 1 --replays 30 \
+       --budget-s 240 --out "$work/tuning.json" >>"$work/lane0.log" 2>&1
+   log "d0: regret"
+   CUDA_VISIBLE_DEVICES=0 FP8SELECT_TUNING_TABLE="$work/tuning.json" timeout 190 $py benchmarks/regret.py \
+       --shapes deepseek-v3 --label vendors-interleaved --budget-s 160 --out "$work/regret_vendors.json" \
+       >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (gpu_tests 1; log "d1: limits"
+   CUDA_VISIBLE_DEVICES=1 timeout 300 $py benchmarks/limits.py --budget-s 270 --out "$work/limits.json" \
+       >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
 final_check2() {
   (CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
        --budget-s 170 >>"$work/lane0.log" 2>&1; log "d0: done") &
@@ -375,6 +408,8 @@ final_check2() {
 }
 
 case $stage in
+  order) order ;;
+  fair) fair ;;
   final-check2) final_check2 ;;
   persistent) persistent ;;
   probe) probe ;;

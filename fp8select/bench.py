@@ -5,16 +5,19 @@ dequantized reference below 1e-2, outputs poisoned with NaN beforehand); then CU
 replay of the whole linear op a user calls (bf16 in, activation quantization included, bf16
 out) and separately of the GEMM alone (pre-quantized input), median of >= 50 replays with
 min and max, weights rotated through enough copies to exceed the L2 several times. bf16
-``torch.matmul`` on the dequantized weight is timed in the same run as a yardstick.
+``torch.matmul`` on the dequantized weight is timed in the same run as a yardstick. A
+point's columns are timed together, their replays interleaved in shuffled order
+(:func:`time_graphs`), not one after another.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import random
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +37,8 @@ SHAPE_SETS: dict[str, tuple[tuple[int, int], ...]] = {
 DEFAULT_M: tuple[int, ...] = M_BUCKETS
 L2_BYTES = 60 * 2**20
 REL_ERR_MAX = 1e-2
+GEMM = " gemm"  # suffix of a backend's GEMM-alone column
+BF16 = "bf16-matmul"
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,64 @@ def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50, *, warm
 
     The calls first run ``warmups`` times on a side stream (which also compiles their kernels).
     """
+    return time_graphs({"": calls}, replays, warmups=warmups)[""]
+
+
+def time_graphs(columns: Mapping[str, Sequence[Callable[[], object]]], replays: int = 50, *,
+                warmups: int = 2, seed: int = 0, errors: dict[str, str] | None = None) -> dict[str, Timing]:
+    """Per-call time of each column's calls, each column captured into its own CUDA graph.
+
+    The graphs are replayed interleaved: every step replays each column once, in an order
+    shuffled anew each step (:func:`replay_order`), and each replay is timed alone. Clock,
+    power and heat drift then reach every column alike: timed one after another, the same
+    work measured up to 11% apart by its place in the order (H200 run 23). With ``errors``, a
+    column whose warm-up or capture raises is left out and its error recorded there; without,
+    the error propagates.
+    """
+    graphs = {}
+    for name, calls in columns.items():
+        try:
+            graphs[name] = _capture(calls, warmups)
+        except PASS_THROUGH:
+            raise
+        except BaseException as exc:
+            if errors is None:
+                raise
+            errors[name] = error_text(exc)
+    for graph in graphs.values():
+        for _ in range(3):
+            graph.replay()
+    events: dict[str, list[tuple[Any, Any]]] = {name: [] for name in graphs}
+    for order in replay_order(list(graphs), replays, seed):
+        for name in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    out = {}
+    for name, pairs in events.items():
+        per_call = [start.elapsed_time(end) * 1e3 / len(columns[name]) for start, end in pairs]
+        out[name] = Timing(statistics.median(per_call), min(per_call), max(per_call))
+    del graphs
+    return out
+
+
+def replay_order(names: Sequence[str], steps: int, seed: int = 0) -> list[list[str]]:
+    """``steps`` orders of ``names``, each shuffled anew (seeded: the same every run)."""
+    rng = random.Random(seed)
+    return [rng.sample(list(names), len(names)) for _ in range(steps)]
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters of it), for a result row."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _capture(calls: Sequence[Callable[[], object]], warmups: int) -> Any:
+    """``calls`` captured into one CUDA graph, after ``warmups`` runs on a side stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -97,18 +160,7 @@ def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50, *, warm
     with torch.cuda.graph(graph):
         for call in calls:
             call()
-    for _ in range(3):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends, strict=True):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    per_call = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in zip(starts, ends, strict=True)]
-    del graph
-    return Timing(statistics.median(per_call), min(per_call), max(per_call))
+    return graph
 
 
 def synchronize(device: torch.device) -> None:
@@ -178,17 +230,17 @@ def single_backend(selection: Selection, backend: Backend) -> Selection:
 def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequence[int], *,
             backends: Sequence[str] | None = None, replays: int = 50, block: tuple[int, int] = (128, 128),
             progress: Callable[[str], None] | None = None, seed: int = 0, auto: bool = True,
-            budget_s: float = math.inf, rounds: int = 2, bf16: bool = True, gemm_alone: bool = True,
+            budget_s: float = math.inf, bf16: bool = True, gemm_alone: bool = True,
             device: torch.device | str = "cuda") -> list[dict[str, Any]]:
     """One row per (N, K, M, backend): correctness, whole-op and GEMM-alone timings, roofline.
 
     ``backends`` defaults to every backend the selection accepted except ``reference``
     (whose fp32 dequantization is for correctness, not speed). ``bf16`` rows time
     ``torch.matmul`` on the dequantized weight. ``auto`` rows time the layer a user gets from
-    ``selection.prepare`` (its plan), with the backend it ran in ``ran``. Whole-op times are
-    taken in ``rounds`` rounds of alternating column order, each column keeping its faster
-    round. ``gemm_alone`` adds the GEMM on a pre-quantized input; ``bf16`` the yardstick. No
-    new shape is started after ``budget_s`` seconds.
+    ``selection.prepare`` (its plan), with the backend it ran in ``ran``. ``gemm_alone`` adds
+    the GEMM on a pre-quantized input; ``bf16`` the yardstick. All of a point's columns are
+    timed together, interleaved (:func:`time_graphs`). No new shape is started after
+    ``budget_s`` seconds.
     """
     start = time.monotonic()
     from fp8select.backends.reference import dequantize_weight
@@ -224,7 +276,6 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
         if auto:
             try:
                 layers["auto"] = [selection.prepare(w, scale, block) for w in weights]
-                gemm_layers["auto"] = []
             except Fp8SelectError as exc:
                 skipped["auto"] = str(exc).splitlines()[0]
         bf16_weights: list[torch.Tensor] = []
@@ -253,44 +304,43 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 except PASS_THROUGH:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
-                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            # Two rounds in opposite orders, each column keeping its faster round, so that drift
-            # and heat hit every column alike (BENCHMARKING.md).
-            order = list(timed)
-            for round_order in (order, order[::-1])[:rounds]:
-                for name in round_order:
-                    row = timed[name]
+                    row["error"] = error_text(exc)
+            # Every column of the point in one interleaved timing (whole ops, GEMMs alone, the bf16
+            # yardstick), so that drift and heat reach them alike (BENCHMARKING.md).
+            columns = {name: [functools.partial(layer, x) for layer in layers[name]] for name in timed}
+            for name, row in timed.items():
+                if gemm_layers.get(name):
                     try:
-                        whole = time_graph([functools.partial(layer, x) for layer in layers[name]], replays)
+                        xq, xs = _quantize_for(by_name[name], x)
                     except PASS_THROUGH:
                         raise
                     except BaseException as exc:  # noqa: BLE001
-                        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                        row["gemm_error"] = error_text(exc)
                         continue
-                    if "whole" not in row or whole.median_us < row["whole"]["median_us"]:
-                        row["whole"] = whole.to_dict()
+                    columns[name + GEMM] = [functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]]
+            if bf16:
+                columns[BF16] = [functools.partial(torch.matmul, x, w.t()) for w in bf16_weights]
+            errors: dict[str, str] = {}
+            times = time_graphs(columns, replays, errors=errors)
             for name, row in timed.items():
-                if "whole" not in row:
+                if name + GEMM in errors:
+                    row["gemm_error"] = errors[name + GEMM]
+                elif name + GEMM in times:
+                    row["gemm"] = times[name + GEMM].to_dict()
+                if name in errors:
+                    row["error"] = errors[name]
                     continue
-                median = row["whole"]["median_us"]
+                median = times[name].median_us
+                row["whole"] = times[name].to_dict()
                 row["hbm_fraction"] = round(hbm_us / median, 4)
                 row["tflops"] = round(2 * m * n * k / median / 1e6, 2)
                 if name == "auto":
                     row["ran"] = layers[name][0].plan(m).name
-                    continue
-                if name not in gemm_layers:
-                    continue
-                try:
-                    xq, xs = _quantize_for(by_name[name], x)
-                    gemm = time_graph([functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]], replays)
-                    row["gemm"] = gemm.to_dict()
-                except PASS_THROUGH:
-                    raise
-                except BaseException as exc:  # noqa: BLE001
-                    row["gemm_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            if bf16:
-                bf = time_graph([functools.partial(torch.matmul, x, w.t()) for w in bf16_weights], replays)
-                rows.append({**common, "backend": "bf16-matmul", "whole": bf.to_dict(), "gemm": bf.to_dict(),
+            if BF16 in errors:
+                rows.append({**common, "backend": BF16, "error": errors[BF16]})
+            elif BF16 in times:
+                bf = times[BF16]
+                rows.append({**common, "backend": BF16, "whole": bf.to_dict(), "gemm": bf.to_dict(),
                              "hbm_fraction": round((n * k * 2 + m * (k + n) * 2) / HBM_BYTES_PER_S * 1e6 / bf.median_us, 4)})
             if progress is not None:
                 progress(_progress_line(n, k, m, rows))
@@ -322,7 +372,7 @@ def winners(rows: Sequence[dict[str, Any]], candidates: Sequence[str] | None = N
     """The fastest correct backend (whole op, median) per (N, K, M), among ``candidates``."""
     best: dict[tuple[int, int, int], tuple[float, str]] = {}
     for r in rows:
-        if "whole" not in r or r["backend"] in ("bf16-matmul", "auto") or (candidates is not None and r["backend"] not in candidates):
+        if "whole" not in r or r["backend"] in (BF16, "auto") or (candidates is not None and r["backend"] not in candidates):
             continue
         key = (r["n"], r["k"], r["m"])
         t = r["whole"]["median_us"]
@@ -422,7 +472,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     small: list[float] = []
     large: list[float] = []
     for (_, _, m), t in times.items():
-        real = {b: v for b, v in t.items() if b not in ("auto", "bf16-matmul")}
+        real = {b: v for b, v in t.items() if b not in ("auto", BF16)}
         if "auto" in t and real:
             auto_ratio.append(t["auto"] / min(real.values()))
             if "triton" in t:

@@ -1,10 +1,11 @@
-"""The pure parts of bench: parsing, byte counts, winners and the target figures (no GPU needed)."""
+"""The pure parts of bench (parsing, byte counts, winners, the target figures, the replay order) on the CPU; the interleaved timer on a GPU."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
 from fp8select import Fp8SelectError, bench
 
@@ -53,3 +54,33 @@ def test_summary_states_the_targets() -> None:
     assert bench.winners(rows) == {(7168, 16384, 1): "triton", (7168, 16384, 4096): "cuda-scaled-mm"}
     table = bench.format_table([*rows, {"n": 1, "k": 1, "m": 1, "backend": "x", "error": "boom"}])
     assert "WINNER" in table and "boom" in table
+
+
+def test_replay_order_shuffles_every_step_the_same_way_every_run() -> None:
+    names = ["deepgemm", "cuda-scaled-mm", "triton", "auto"]
+    orders = bench.replay_order(names, 50)
+    assert len(orders) == 50 and all(sorted(o) == sorted(names) for o in orders)  # each column once per step
+    assert {o[0] for o in orders} == set(names)  # no column always first
+    assert orders == bench.replay_order(names, 50) and orders != bench.replay_order(names, 50, seed=1)
+
+
+def test_error_text_is_the_type_and_the_first_line() -> None:
+    assert bench.error_text(ValueError("bad shape\nmore")) == "ValueError: bad shape"
+    assert bench.error_text(RuntimeError()) == "RuntimeError: "
+    assert len(bench.error_text(KeyError("x" * 1000))) == len("KeyError: ") + 300
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_time_graphs_times_every_column_and_sets_a_failing_one_aside() -> None:
+    t = torch.zeros(1, device="cuda")
+
+    def broken() -> None:
+        raise ValueError("no kernel for this shape")
+
+    errors: dict[str, str] = {}
+    times = bench.time_graphs({"one": [t.zero_], "two": [t.zero_, t.zero_], "broken": [broken]}, 10, errors=errors)
+    assert set(times) == {"one", "two"} and errors == {"broken": "ValueError: no kernel for this shape"}
+    assert all(0 < x.min_us <= x.median_us <= x.max_us for x in times.values())
+    with pytest.raises(ValueError, match="no kernel"):
+        bench.time_graphs({"one": [t.zero_], "broken": [broken]}, 10)
