@@ -1,11 +1,12 @@
 """Measure the backends of a chain on this GPU and write the rows of a tuning table (``fp8select tune``).
 
 Per layer shape (N, K) and M (one per bucket), each backend of the chain except ``reference``
-is checked against an fp64 reference and then timed as the whole op a user calls (bf16 in,
-activation quantization included), CUDA-graph replay with the weights rotated past the L2
-(:func:`fp8select.bench.time_graph`). Triton is timed over a search of launch configurations
-(:mod:`fp8select.kernels.triton_search`), starting from the configurations already known for
-that point (any version's row, or the nearest measured shape's). A row goes into the group of
+is checked against an fp64 reference; Triton's launch configuration is found by timing a
+search (:mod:`fp8select.kernels.triton_search`), starting from the configurations already
+known for that point (any version's row, or the nearest measured shape's). Then the correct
+backends are timed together as the whole op a user calls (bf16 in, activation quantization
+included), CUDA-graph replay with the weights rotated past the L2, their replays interleaved
+(:func:`fp8select.bench.time_graphs`): those times are the table's. A row goes into the group of
 its backend at the versions installed here (:func:`~fp8select.tuning.table.backend_versions`);
 rows the ``known`` table has for the same backend, versions, shape and bucket are skipped
 unless ``force``: ``tune`` measures only what is missing.
@@ -106,21 +107,33 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
                 continue
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
             ref = reference(x)
+            found = {}
             for b in wanted:
-                us, config = _measure(b, prepared[b.name], x, ref, n, k, m, caps, replays=replays, sms=sms,
-                                      max_configs=max_configs, deadline=deadline, rows=rows, seeds=seeds)
-                if us is None:
+                candidate = _candidate(b, prepared[b.name], x, ref, n, k, m, caps, replays=replays, sms=sms,
+                                       max_configs=max_configs, deadline=deadline, rows=rows, seeds=seeds)
+                if candidate is not None:
+                    found[b.name] = candidate
+            # The table's times: the point's correct backends (Triton at the configuration its search found)
+            # timed together, interleaved, so that no backend gains from its place in the order.
+            errors: dict[str, str] = {}
+            times = bench.time_graphs({name: [functools.partial(call, x) for call in calls]
+                                       for name, (calls, _) in found.items()}, replays, errors=errors)
+            for name, (_, config) in found.items():
+                if name in errors:
+                    rows.append({"n": n, "k": k, "m": m, "backend": name, "error": errors[name]})
                     continue
-                group = groups.get(b.name)
-                if group is None:
-                    group = groups[b.name] = {"backend": b.name, "versions": versions[b.name], "shapes": {}}
-                    table["groups"].append(group)
+                us = times[name].median_us
                 row: dict[str, Any] = {"us": round(us, 3)}
                 if config is not None:
                     row["config"] = config.to_dict()
+                rows.append({"n": n, "k": k, "m": m, "backend": name, **row, "correct": True, "final": True})
+                group = groups.get(name)
+                if group is None:
+                    group = groups[name] = {"backend": name, "versions": versions[name], "shapes": {}}
+                    table["groups"].append(group)
                 group["shapes"].setdefault(shape_key(n, k), {})[str(m_bucket(m))] = row
             if progress is not None:
-                done = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("us")]
+                done = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("final")]
                 progress(f"N={n} K={k} M={m}: " + ", ".join(f"{r['backend']} {r['us']:.1f}us" for r in done))
         del prepared, weights, reference
         if device.type == "cuda":
@@ -130,37 +143,44 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
     return table, rows
 
 
-def _measure(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torch.Tensor, n: int, k: int, m: int,
-             caps: Any, *, replays: int, sms: int, max_configs: int, deadline: float, rows: list[dict[str, Any]],
-             seeds: Measurements | None) -> tuple[float | None, Any]:
-    """One backend at one point: (median us or None, the Triton configuration or None)."""
+def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torch.Tensor, n: int, k: int, m: int,
+               caps: Any, *, replays: int, sms: int, max_configs: int, deadline: float, rows: list[dict[str, Any]],
+               seeds: Measurements | None) -> tuple[list[Callable[[torch.Tensor], torch.Tensor]], Any] | None:
+    """One backend at one point: its calls (one per weight copy) and Triton's configuration, when correct."""
 
-    def timed(config: Any = None) -> float | None:
+    def calls(config: Any = None) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         extra = {} if config is None else {"config": config}
-        layers = [functools.partial(backend.run, p, input_scale=None, bias=None, out_dtype=torch.bfloat16, caps=caps,
-                                    **extra) for p in per_copy]
+        return [functools.partial(backend.run, p, input_scale=None, bias=None, out_dtype=torch.bfloat16, caps=caps,
+                                  **extra) for p in per_copy]
+
+    def timed(config: Any) -> float | None:
+        layers = calls(config)
         if bench.checked_call(layers[0], x, ref) is None:
             return None
         return bench.time_graph([functools.partial(layer, x) for layer in layers], replays).median_us
 
-    if backend.name != "triton":
-        try:
-            us = timed()
-        except PASS_THROUGH:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - recorded, the others go on
-            rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-            return None, None
-        rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "us": us, "correct": us is not None})
-        return us, None
-    return _search_triton(backend, timed, n, k, m, sms=sms, max_configs=max_configs, deadline=deadline, rows=rows,
-                          seeds=seeds)
+    if backend.name == "triton":
+        config = _search_triton(backend, timed, n, k, m, sms=sms, max_configs=max_configs, deadline=deadline, rows=rows,
+                                seeds=seeds)
+        return None if config is None else (calls(config), config)
+    try:
+        correct = bench.checked_call(calls()[0], x, ref) is not None
+    except PASS_THROUGH:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, the others go on
+        rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "error": bench.error_text(exc)})
+        return None
+    if not correct:
+        rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "correct": False})
+        return None
+    return calls(), None
 
 
 def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: int, k: int, m: int, *, sms: int,
                    max_configs: int, deadline: float, rows: list[dict[str, Any]],
-                   seeds: Measurements | None) -> tuple[float | None, Any]:
-    """The fastest Triton configuration: the known ones for this point first, then the search's."""
+                   seeds: Measurements | None) -> Any:
+    """The fastest Triton configuration (None when none ran correctly): the known ones for this point first,
+    then the search's."""
     from fp8select.kernels import triton_search
     from fp8select.kernels.triton_config import TritonConfig
 
@@ -185,10 +205,7 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
         time_config(TritonConfig.from_dict(known.config))
     if max_configs > len(results):
         triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs - len(results), deadline=deadline)
-    if not results:
-        return None, None
-    us, config = min(results, key=lambda r: r[0])
-    return us, config
+    return min(results, key=lambda r: r[0])[1] if results else None
 
 
 def tune_on_one_rank(selection: Any, shapes: Sequence[tuple[int, int]], group: Any = None, src: int = 0,
