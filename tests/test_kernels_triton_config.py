@@ -25,8 +25,11 @@ def test_from_dict_fills_optional_keys_with_fixed_defaults() -> None:
 def test_to_dict_writes_every_key_and_round_trips_through_json() -> None:
     cfg = TritonConfig.from_dict({**LAUNCH, "path": "swap", "TMA": 1})
     data = cfg.to_dict()
-    assert list(data) == [*LAUNCH_KEYS, *OPTIONAL_KEYS]
+    assert list(data) == [*LAUNCH_KEYS, *(k for k in OPTIONAL_KEYS if k != "PERSISTENT")]  # only when set
     assert TritonConfig.from_dict(json.loads(json.dumps(data))) == cfg
+    persistent = TritonConfig.from_dict({**LAUNCH, "SPLIT_K": 1, "TMA": 1, "PERSISTENT": 2})
+    assert persistent.to_dict()["PERSISTENT"] == 2
+    assert TritonConfig.from_dict(json.loads(json.dumps(persistent.to_dict()))) == persistent
     # a missing optional key never inherits another configuration's value
     without_tma = {k: v for k, v in data.items() if k != "TMA"}
     assert TritonConfig.from_dict(without_tma).TMA == 0

@@ -162,8 +162,13 @@ class TritonConfig:
                    TMA=_check_flag("TMA", data.get("TMA", 0)), PERSISTENT=data.get("PERSISTENT", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, launch keys first (what tables store; :meth:`from_dict` reads it back)."""
-        return asdict(self)
+        """Every field, launch keys first (what tables store; :meth:`from_dict` reads it back);
+        ``PERSISTENT`` only when set, so that a table without persistent launches stays readable
+        by fp8select releases that predate the key."""
+        data = asdict(self)
+        if not data["PERSISTENT"]:
+            del data["PERSISTENT"]
+        return data
 
     @property
     def swap(self) -> bool:
