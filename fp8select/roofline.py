@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["FP8_PEAK_FLOPS", "HBM_BYTES_PER_S", "floor_us", "floors_us", "min_bytes", "weight_bytes"]
+__all__ = ["FP8_PEAK_FLOPS", "HBM_BYTES_PER_S", "floor_us", "floors_us", "min_bytes", "quant_bytes", "weight_bytes"]
 
 HBM_BYTES_PER_S = 4.3e12
 """Device-to-device copy rate measured on the lent H200 (reads plus writes)."""
@@ -28,6 +28,12 @@ def weight_bytes(n: int, k: int) -> int:
 def min_bytes(n: int, k: int, m: int) -> int:
     """The fewest bytes one call must move: fp8 weight, its 128x128 scales, bf16 input and output."""
     return weight_bytes(n, k) + m * k * 2 + m * n * 2
+
+
+def quant_bytes(m: int, k: int, group: int = 128) -> int:
+    """What a separate activation quantizer moves: the bf16 input read, fp8 values and fp32 group scales
+    written (a GEMM that quantizes in its prologue moves none of it)."""
+    return m * k * 2 + m * k + m * math.ceil(k / group) * 4
 
 
 def floors_us(n: int, k: int, m: int) -> tuple[float, float]:

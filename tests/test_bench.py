@@ -24,13 +24,15 @@ def test_parse_shapes_mixes_sets_and_pairs() -> None:
 
 
 def test_byte_and_time_floors() -> None:
-    from fp8select.roofline import floor_us, floors_us, min_bytes
+    from fp8select.roofline import floor_us, floors_us, min_bytes, quant_bytes
 
     n, k, m = 7168, 16384, 16
     assert min_bytes(n, k, m) == n * k + 56 * 128 * 4 + m * k * 2 + m * n * 2
     hbm_us, flop_us = floors_us(n, k, m)
     assert math.isclose(hbm_us, min_bytes(n, k, m) / 4.3e12 * 1e6) and floor_us(n, k, m) == hbm_us
     assert flop_us < hbm_us  # decode is memory-bound
+    assert quant_bytes(1024, 7168) == 1024 * 7168 * 3 + 1024 * 56 * 4  # bf16 read, fp8 and scales written
+    assert quant_bytes(2, 200) == 2 * 200 * 3 + 2 * 2 * 4  # a partial last group has its scale
     assert bench.rotation_copies(15 * 2**20) == 12 and bench.rotation_copies(2**30) == 1
 
 
