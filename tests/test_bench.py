@@ -1,4 +1,4 @@
-"""The pure parts of bench (parsing, byte counts, winners, the target figures, the replay order) on the CPU; the interleaved timer on a GPU."""
+"""The pure parts of bench (parsing, byte counts, winners, targets, replay order); on a GPU, the interleaved timer."""
 
 from __future__ import annotations
 

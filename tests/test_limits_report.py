@@ -1,0 +1,49 @@
+"""benchmarks/limits.py's figures from measured times (pure Python, no GPU): the prefill ratio is the
+Triton layer's against the vendors' of the same timing, and the quantization floor."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import distill_limits
+import limits
+
+from fp8select import roofline
+
+
+def _vendors(n: int, k: int, m: int, **whole_gemm: tuple[float, float]) -> dict:
+    return {(n, k, m): {b: {"whole": w, "gemm": g} for b, (w, g) in whole_gemm.items()}}
+
+
+def test_prefill_compares_the_layer_with_the_vendors_of_the_same_timing() -> None:
+    cfg = {"BLOCK_M": 128}
+    h = SimpleNamespace(points={(4096, 7168, 1024): {"tried": 3, "failed": 0, "table": {"us": 90.0, "config": cfg},
+                                                     "best": {"us": 80.0, "config": cfg}}})
+    vendors = _vendors(4096, 7168, 1024, triton=(100.0, 95.0), **{"cuda-scaled-mm": (75.0, 70.0)}, deepgemm=(60.0, 50.0))
+    (point,) = limits.points(h, vendors, decode=False)
+    assert point["triton_layer_us"] == 100.0 and point["sweep_gain"] == pytest.approx(90 / 80, abs=1e-4)
+    assert point["layer_speed_vs"] == {"cuda-scaled-mm": 0.75, "deepgemm": 0.6}
+    assert "speed_vs_cuda-scaled-mm" not in point["sweep"]  # a time of another phase is not set against them
+    summary = limits.summarize({"prefill": {"points": [point]}})["prefill"]
+    assert summary["layer_speed_vs_cublas_geomean"] == 0.75 and not summary["layer_reaches_0_85"]
+    assert summary["sweep_projected_vs_cublas_geomean"] == pytest.approx(0.75 * 90 / 80, abs=1e-3)
+
+
+def test_quantization_points_carry_the_floor_a_separate_quantizer_cannot_beat() -> None:
+    n, k, m = 2112, 7168, 4096
+    (point,) = limits.quant_points(_vendors(n, k, m, deepgemm=(133.0, 106.0), triton=(170.0, 190.0)))
+    quant_us = roofline.quant_bytes(m, k) / roofline.HBM_BYTES_PER_S * 1e6  # about 20.7 us
+    assert point["fastest"] == "deepgemm" and point["fastest_ratio"] == pytest.approx(133 / 106, abs=1e-4)
+    assert point["floor_ratio"] == pytest.approx((106 + quant_us) / 106, abs=1e-4) and point["floor_ratio"] > 1.05
+    (small,) = limits.quant_points(_vendors(32768, 512, 1024, deepgemm=(41.0, 38.0)))
+    quant = limits.summarize({"quant": {"points": [point, small]}})["quant"]
+    assert (quant["fastest_within_5pct"], quant["floor_within_5pct"]) == (0, 1)
+    report = {"environment": {}, "args": {"out": "x"}, "summary": {"quant": quant}, "quant": {"points": [point, small]}}
+    assert json.loads(distill_limits.distill(report))["quant"][0]["floor_ratio"] == point["floor_ratio"]
