@@ -78,6 +78,18 @@ def entry_points_gate(problem: Problem, verdict: Verdict, module: str, *entry_po
     return verdict
 
 
+def e4m3fn_gate(verdict: Verdict, problem: Problem, module: str, *entry_points: Sequence[str],
+                why: str = "") -> Verdict:
+    """The gate of a kernel taking e4m3fn weights and pre-quantized inputs: ``verdict`` (the
+    shared gate's) when it rejects, then :func:`dtypes_ok`, then :func:`entry_points_gate`."""
+    if not verdict.ok:
+        return verdict
+    rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
+    if rejected is not None:
+        return rejected
+    return entry_points_gate(problem, verdict, module, *entry_points, why=why)
+
+
 def multiple_of(problem: Problem, *, n: int = 1, k: int = 1, why: str = "") -> Verdict | None:
     """A rejection when N or K is not a multiple of ``n`` / ``k`` (``why`` explains the gate), else None."""
     note = f" ({why})" if why else ""

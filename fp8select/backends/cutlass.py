@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from fp8select.backends._vendor import EntryPoint, add_bias, dtypes_ok, entry_points_gate, quantized_input, require
+from fp8select.backends._vendor import EntryPoint, add_bias, e4m3fn_gate, quantized_input, require
 from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
@@ -66,13 +66,7 @@ class CutlassBackend(Backend):
 
     def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
         """The shared gate with e4m3fn operands; at load time, the entry point."""
-        verdict = super().supports(problem, caps)
-        if not verdict.ok:
-            return verdict
-        rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
-        if rejected is not None:
-            return rejected
-        return entry_points_gate(problem, verdict, MODULE, (ENTRY_POINT,))
+        return e4m3fn_gate(super().supports(problem, caps), problem, MODULE, (ENTRY_POINT,))
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

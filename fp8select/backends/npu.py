@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from fp8select.backends._vendor import EntryPoint, dtypes_ok, entry_points_gate, require
+from fp8select.backends._vendor import EntryPoint, e4m3fn_gate, require
 from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.probes import DeviceKind, Package, Probe
@@ -79,13 +79,7 @@ class NpuBackend(Backend):
 
     def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
         """The shared gate with e4m3fn operands; at load time, both torch_npu ops."""
-        verdict = super().supports(problem, caps)
-        if not verdict.ok:
-            return verdict
-        rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
-        if rejected is not None:
-            return rejected
-        return entry_points_gate(problem, verdict, MODULE, (QUANT,), (MATMUL,), why=WHY)
+        return e4m3fn_gate(super().supports(problem, caps), problem, MODULE, (QUANT,), (MATMUL,), why=WHY)
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
