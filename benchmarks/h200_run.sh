@@ -42,6 +42,9 @@
 #   bash benchmarks/h200_run.sh fair OUTDIR           # GPU 0: the DeepSeek-V3 rows re-measured with interleaved timing
 #                                                     # (Triton's configurations kept), regret with that table; GPU 1:
 #                                                     # every GPU test, the kernels' limits (run 24)
+#   bash benchmarks/h200_run.sh final-fair OUTDIR     # GPU 0: the kernels' limits, a second interleaved sample;
+#                                                     # GPU 1: every GPU test, regret with the vendors on other
+#                                                     # models' shapes, by the model and measured at load (run 26)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -399,6 +402,20 @@ fair() {
   wait
 }
 
+final_fair() {
+  (CUDA_VISIBLE_DEVICES=0 timeout 300 $py benchmarks/limits.py --budget-s 270 --out "$work/limits.json" \
+       >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (gpu_tests 1
+   CUDA_VISIBLE_DEVICES=1 timeout 100 $py benchmarks/jit_warm.py --shapes "$OTHER" --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm_other.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 timeout 80 $py benchmarks/regret.py --shapes "$OTHER" --label vendors-other-model \
+       --budget-s 60 --out "$work/regret_vendors_other_model.json" >>"$work/lane1.log" 2>&1
+   CUDA_VISIBLE_DEVICES=1 FP8SELECT_TUNE=load FP8SELECT_CACHE_DIR=/tmp/fp8cache-load timeout 80 $py benchmarks/regret.py \
+       --shapes "$OTHER" --label vendors-other-load --budget-s 60 --out "$work/regret_vendors_other_load.json" \
+       >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
 final_check2() {
   (CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
        --budget-s 170 >>"$work/lane0.log" 2>&1; log "d0: done") &
@@ -410,6 +427,7 @@ final_check2() {
 case $stage in
   order) order ;;
   fair) fair ;;
+  final-fair) final_fair ;;
   final-check2) final_check2 ;;
   persistent) persistent ;;
   probe) probe ;;
