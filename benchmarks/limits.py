@@ -402,7 +402,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     pf: dict[str, Any] = {"points": len(pre), **_stats(list(layer.values()), "layer_speed_vs_cublas"),
                           **_stats(list(gain.values()), "sweep_gain"),
                           # the sweep's best config in the layer: the layer's ratio times the sweep's gain over the table
-                          **_stats([r * gain[key] for key, r in layer.items() if key in gain], "sweep_projected_vs_cublas")}
+                          **_stats([round(r * gain[key], 4) for key, r in layer.items() if key in gain],
+                                   "sweep_projected_vs_cublas")}
     pf["layer_reaches_0_85"] = (pf["layer_speed_vs_cublas_geomean"] or 0) >= 0.85
     return {"decode": d, "quant": q, "prefill": pf}
 
