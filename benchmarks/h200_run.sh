@@ -45,6 +45,9 @@
 #   bash benchmarks/h200_run.sh final-fair OUTDIR     # GPU 0: the kernels' limits, a second interleaved sample;
 #                                                     # GPU 1: every GPU test, regret with the vendors on other
 #                                                     # models' shapes, by the model and measured at load (run 26)
+#   bash benchmarks/h200_run.sh grid-fair OUTDIR      # the table's five other shapes re-timed interleaved (GPU 0);
+#                                                     # then regret on other models' shapes by the model with that
+#                                                     # table, with (GPU 0) and without (GPU 1) the vendors (run 27)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -416,6 +419,25 @@ final_fair() {
   wait
 }
 
+grid_fair() {
+  cp fp8select/data/tuning-nvidia-h200.json "$work/tuning.json"
+  (CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/jit_warm.py --shapes "$GRID_A,$GRID_B" --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm_grid.json" >>"$work/lane0.log" 2>&1
+   log "d0: tune the grid (re-measure, interleaved)"
+   CUDA_VISIBLE_DEVICES=0 timeout 150 $py -m fp8select tune --shapes "$GRID_A,$GRID_B" --force --max-configs 1 \
+       --replays 30 --budget-s 130 --out "$work/tuning.json" >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 100 $py benchmarks/jit_warm.py --shapes "$OTHER" --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm_other.json" >>"$work/lane1.log" 2>&1; log "d1: warm") &
+  wait
+  install_project_deps
+  CUDA_VISIBLE_DEVICES=0 FP8SELECT_TUNING_TABLE="$work/tuning.json" timeout 80 $py benchmarks/regret.py --shapes "$OTHER" \
+      --label vendors-other-model --budget-s 60 --out "$work/regret_vendors_other_model.json" >>"$work/lane0.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS FP8SELECT_TUNING_TABLE="$work/tuning.json" timeout 80 $py \
+      benchmarks/regret.py --shapes "$OTHER" --label novendors-other-model --budget-s 60 \
+      --out "$work/regret_novendors_other_model.json" >>"$work/lane1.log" 2>&1 &
+  wait
+}
+
 final_check2() {
   (CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
        --budget-s 170 >>"$work/lane0.log" 2>&1; log "d0: done") &
@@ -428,6 +450,7 @@ case $stage in
   order) order ;;
   fair) fair ;;
   final-fair) final_fair ;;
+  grid-fair) grid_fair ;;
   final-check2) final_check2 ;;
   persistent) persistent ;;
   probe) probe ;;
