@@ -94,10 +94,12 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
 
 
 def _portable(source: str) -> str:
-    """A table's path relative to the working directory (the repository) when it lies inside it:
-    results name the file, not the machine they were measured on."""
-    inside = os.path.isabs(source) and os.path.commonpath([source, os.getcwd()]) == os.getcwd()
-    return os.path.relpath(source) if inside else source
+    """A table's path relative to the working directory (the repository) when it lies inside it,
+    else its file name after ``.../``: results name the file, not the machine they were measured on."""
+    if not os.path.isabs(source):
+        return source
+    inside = os.path.commonpath([source, os.getcwd()]) == os.getcwd()
+    return os.path.relpath(source) if inside else ".../" + os.path.basename(source)
 
 
 def main() -> None:

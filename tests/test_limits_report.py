@@ -1,5 +1,5 @@
-"""benchmarks/limits.py's figures from measured times (pure Python, no GPU): the prefill ratio is the
-Triton layer's against the vendors' of the same timing, and the quantization floor."""
+"""The benchmark reports from measured times (pure Python, no GPU): limits.py's prefill ratio (the Triton
+layer's against the vendors' of the same timing) and quantization floor; regret.py's table names."""
 
 from __future__ import annotations
 
@@ -47,3 +47,12 @@ def test_quantization_points_carry_the_floor_a_separate_quantizer_cannot_beat() 
     assert (quant["fastest_within_5pct"], quant["floor_within_5pct"]) == (0, 1)
     report = {"environment": {}, "args": {"out": "x"}, "summary": {"quant": quant}, "quant": {"points": [point, small]}}
     assert json.loads(distill_limits.distill(report))["quant"][0]["floor_ratio"] == point["floor_ratio"]
+
+
+def test_regret_names_tables_without_the_machines_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import regret
+
+    monkeypatch.chdir(tmp_path)
+    assert regret._portable(str(tmp_path / "fp8select" / "data" / "t.json")) == "fp8select/data/t.json"
+    assert regret._portable("/elsewhere/work/tuning.json") == ".../tuning.json"
+    assert regret._portable("relative/t.json") == "relative/t.json"
