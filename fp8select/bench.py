@@ -101,14 +101,17 @@ def time_graphs(columns: Mapping[str, Sequence[Callable[[], object]]], replays: 
     The graphs are replayed interleaved: every step replays each column once, in an order
     shuffled anew each step (:func:`replay_order`), and each replay is timed alone. Clock,
     power and heat drift then reach every column alike: timed one after another, the same
-    work measured up to 11% apart by its place in the order (H200 run 23). With ``errors``, a
-    column whose warm-up or capture raises is left out and its error recorded there; without,
-    the error propagates.
+    work measured up to 11% apart by its place in the order (H200 run 23). The graphs share one
+    memory pool, so they hold the largest column's memory, not the sum: their replays never
+    overlap, and a column must keep nothing in memory it allocates from one replay to the next
+    (what its calls return is dropped). With ``errors``, a column whose warm-up or capture raises
+    is left out and its error recorded there; without, the error propagates.
     """
     graphs = {}
+    pool = torch.cuda.graph_pool_handle()
     for name, calls in columns.items():
         try:
-            graphs[name] = _capture(calls, warmups)
+            graphs[name] = _capture(calls, warmups, pool)
         except PASS_THROUGH:
             raise
         except BaseException as exc:
@@ -147,8 +150,8 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
 
-def _capture(calls: Sequence[Callable[[], object]], warmups: int) -> Any:
-    """``calls`` captured into one CUDA graph, after ``warmups`` runs on a side stream."""
+def _capture(calls: Sequence[Callable[[], object]], warmups: int, pool: Any) -> Any:
+    """``calls`` captured into one CUDA graph (memory from ``pool``), after ``warmups`` runs on a side stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -157,7 +160,7 @@ def _capture(calls: Sequence[Callable[[], object]], warmups: int) -> Any:
                 call()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         for call in calls:
             call()
     return graph

@@ -86,3 +86,23 @@ def test_time_graphs_times_every_column_and_sets_a_failing_one_aside() -> None:
     assert all(0 < x.min_us <= x.median_us <= x.max_us for x in times.values())
     with pytest.raises(ValueError, match="no kernel"):
         bench.time_graphs({"one": [t.zero_], "broken": [broken]}, 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_time_graphs_columns_sharing_one_pool_keep_their_own_results() -> None:
+    """Each column's temporaries come from the shared pool, and each call adds its product to memory
+    outside the pool: after the shuffled replays every column holds a whole number of its own products,
+    the same number in every column."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.rand(64, 256, device="cuda", generator=gen)
+    weights = [torch.rand(256, 128, device="cuda", generator=gen) for _ in range(3)]
+    sums = [torch.zeros(64, 128, device="cuda", dtype=torch.float64) for _ in weights]
+    columns = {f"c{i}": [lambda w=w, acc=acc: acc.add_((x @ w).relu())] for i, (w, acc) in enumerate(zip(weights, sums, strict=True))}
+    bench.time_graphs(columns, 7)
+    counts = []
+    for w, acc in zip(weights, sums, strict=True):
+        ratio = acc / (x @ w).relu().double()
+        counts.append(round(ratio[0, 0].item()))
+        assert torch.allclose(ratio, torch.full_like(ratio, counts[-1]), rtol=1e-9)
+    assert counts[0] >= 7 and counts == [counts[0]] * 3
