@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp8select import bench
+from fp8select import bench, timing
 from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
 
@@ -82,11 +82,11 @@ def read_ceiling(weights: list[Any], replays: int) -> dict[str, Any]:
                  warps: int = warps) -> None:
             kernel[(grid,)](src, out, elems, per_prog, BLOCK=block, STAGES=stages, num_warps=warps)
 
-        us = bench.time_graph([functools.partial(call, src) for src in words], replays).median_us
+        us = timing.time_graph([functools.partial(call, src) for src in words], replays).median_us
         if us < best["us"]:
             best = {"us": round(us, 3), "grid": grid, "block_words": block, "stages": stages, "warps": warps}
     dsts = [torch.empty_like(w) for w in weights[:2]]
-    copy_us = bench.time_graph([functools.partial(dsts[i % 2].copy_, w) for i, w in enumerate(weights)], replays).median_us
+    copy_us = timing.time_graph([functools.partial(dsts[i % 2].copy_, w) for i, w in enumerate(weights)], replays).median_us
     return {"read": best, "copy_us": round(copy_us, 3)}
 
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [s for s in bench.SHAPE_SETS["deepseek-v3"] if s[0] * s[1] >= 16 * 2**20]
     flag = torch.zeros(1, device="cuda")
     barrier = functools.partial(flag.add_, 1)
-    barrier_us = bench.time_graph([barrier] * 8, args.replays).median_us
+    barrier_us = timing.time_graph([barrier] * 8, args.replays).median_us
     report: dict[str, Any] = {"source": "benchmarks/decode_anatomy.py", "barrier_us": round(barrier_us, 3),
                               "weights": [], "points": []}
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -145,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         if bench.checked_call(functools.partial(run, b=w, b_scale=s), x, ref) is None:
                             raise ValueError("wrong result")
-                        b2b = bench.time_graph([functools.partial(run, x, wi, s) for wi in weights], args.replays)
+                        b2b = timing.time_graph([functools.partial(run, x, wi, s) for wi in weights], args.replays)
                         iso_calls = [c for wi in weights for c in (functools.partial(run, x, wi, s), barrier)]
-                        iso = bench.time_graph(iso_calls, args.replays)
+                        iso = timing.time_graph(iso_calls, args.replays)
                         row[mode] = {"b2b_us": round(b2b.median_us, 3),
                                      "isolated_us": round(2 * iso.median_us - barrier_us, 3)}
                     except Exception as exc:  # noqa: BLE001 - a failing mode is data

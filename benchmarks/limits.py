@@ -38,7 +38,7 @@ from typing import Any
 _T0 = time.monotonic()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp8select import bench, roofline  # noqa: E402
+from fp8select import bench, roofline, timing  # noqa: E402
 from fp8select.buckets import m_bucket  # noqa: E402
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig  # noqa: E402
 from fp8select.kernels.triton_search import SMEM_LIMIT_BYTES, fill_split, smem_bytes  # noqa: E402
@@ -243,7 +243,7 @@ class Harness:
         try:
             if bench.checked_call(lambda x: run(x, unit["w"][0], unit["s"]), unit["x"][m], unit["ref"][m]) is None:
                 raise ValueError(f"relative error >= {bench.REL_ERR_MAX} (or not finite)")
-            us = bench.time_graph([functools.partial(run, unit["x"][m], w, unit["s"]) for w in unit["w"]], self.replays).median_us
+            us = timing.time_graph([functools.partial(run, unit["x"][m], w, unit["s"]) for w in unit["w"]], self.replays).median_us
         except Exception as exc:  # noqa: BLE001 - a config that fails to compile or is wrong is data
             point["failed"] += 1
             self.errors[f"{cfg.describe()}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:200]] += 1
@@ -465,8 +465,8 @@ def run(args: argparse.Namespace, work: Work, report: dict[str, Any], write: Any
     _log(f"warm-up: {done}/{len(tasks)} compile jobs done; chain {report['chain']}")
     if "floor" in phases:
         t = torch.zeros(1, device="cuda")
-        report["launch_floor"] = {"graph_of_1_kernel": bench.time_graph([t.zero_], args.replays).to_dict(),
-                                  "per_kernel_in_graph_of_16": bench.time_graph([t.zero_] * 16, args.replays).to_dict()}
+        report["launch_floor"] = {"graph_of_1_kernel": timing.time_graph([t.zero_], args.replays).to_dict(),
+                                  "per_kernel_in_graph_of_16": timing.time_graph([t.zero_] * 16, args.replays).to_dict()}
     write()
     end, errors, order = _T0 + args.budget_s - RESERVE_S, Counter[str](), [p for p in PHASE_WEIGHTS if p.split("-")[0] in phases]
     report["skipped_backends"] = {}

@@ -4,7 +4,7 @@
 
 At each point, the same columns are timed by both methods, twice each, alternating: ``rounds`` (each column
 captured and replayed alone, in two rounds of opposite order, keeping each column's faster round: what
-``bench.measure`` did up to run 22) and ``interleaved`` (:func:`fp8select.bench.time_graphs`). Columns:
+``bench.measure`` did up to run 22) and ``interleaved`` (:func:`fp8select.timing.time_graphs`). Columns:
 DeepGEMM pinned, a twin of it (a second layer list on the same weights: the same work, so any difference
 between the two is the method's), cuBLAS and Triton pinned, the automatic layer, and DeepGEMM's GEMM alone.
 In ``rounds`` the twin runs where the automatic layer ran in ``bench.measure``, next to it.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 import fp8select
-from fp8select import bench
+from fp8select import bench, timing
 
 POINTS = ((32768, 512, 4096), (24576, 1536, 2048), (7168, 16384, 1024), (7168, 2048, 4096), (4096, 7168, 4096),
           (7168, 16384, 4096), (7168, 16384, 1))
@@ -37,7 +37,7 @@ def rounds(columns: dict[str, list[Any]], replays: int) -> dict[str, float]:
     order = list(columns)
     for round_order in (order, order[::-1]):
         for name in round_order:
-            us = bench.time_graph(columns[name], replays).median_us
+            us = timing.time_graph(columns[name], replays).median_us
             best[name] = min(us, best.get(name, us))
     return best
 
@@ -77,7 +77,7 @@ def main() -> int:
                                  "rel_err": {k_: round(v, 5) for k_, v in errors.items()}, "samples": []}
         for _ in range(args.repeats):
             point["samples"].append({"method": "rounds", "us": {k_: round(v, 2) for k_, v in rounds(columns, args.replays).items()}})
-            inter = bench.time_graphs(columns, args.replays)
+            inter = timing.time_graphs(columns, args.replays)
             point["samples"].append({"method": "interleaved", "us": {k_: round(v.median_us, 2) for k_, v in inter.items()}})
         point["seconds"] = round(time.monotonic() - t0, 1)
         report["points"].append(point)

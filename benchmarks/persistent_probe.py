@@ -29,10 +29,10 @@ PROBES = [(128, 128, 8, 3, 1), (128, 128, 8, 4, 1), (128, 128, 4, 3, 2), (128, 6
 
 def _median_us(gemm: Any, weights: list[Any], scale: Any, config: Any, replays: int) -> float:
     """Median microseconds of ``gemm`` with ``config``, rotating through ``weights``."""
-    from fp8select import bench
+    from fp8select import timing
 
     calls = [functools.partial(gemm, wi, scale, config=config) for wi in weights]
-    return round(bench.time_graph(calls, replays).median_us, 3)
+    return round(timing.time_graph(calls, replays).median_us, 3)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,11 +26,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp8select.bench import time_graph
 from fp8select.kernels import triton_gemm
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR
 from fp8select.kernels.triton_quant import quantize_per_token_group_triton
 from fp8select.kernels.triton_search import heuristic_config
+from fp8select.timing import time_graph
 
 QUANT_SHAPES = ((1, 7168), (16, 7168), (1024, 7168), (4096, 7168), (4096, 16384))
 LINEAR_POINTS = (  # (N, K, M, path)

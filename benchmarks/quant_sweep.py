@@ -15,9 +15,9 @@ import statistics
 
 import torch
 
-from fp8select.bench import time_graph
 from fp8select.kernels import triton_quant
 from fp8select.kernels.quant import ScaleLayout
+from fp8select.timing import time_graph
 
 SHAPES = [(m, k) for m in (1024, 4096) for k in (512, 1536, 2048, 7168, 16384, 18432)]
 PROGRAMS = [(rows, warps) for rows in (8, 16, 32, 64) for warps in (2, 4, 8)]

@@ -5,7 +5,7 @@
 Times, as BENCHMARKING.md says, every accepted backend pinned (a selection whose chain is that
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
 (N, K, M): whole op with quantization, CUDA-graph replay, weights rotated past the L2, all of
-a point's columns timed together with their replays interleaved (``bench.time_graphs``).
+a point's columns timed together with their replays interleaved (``timing.time_graphs``).
 Writes the distilled figures: per point every backend's median, what auto ran and its regret
 (auto time / fastest pinned time), and the summary: regret geomean and worst, and how the
 ideal per-point choice compares with always running one backend.

@@ -71,7 +71,7 @@ RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 # ---------------------------------------------------------------------------------------------
 # Pure helpers (no CUDA): parsing. Candidate configs and the search live in
 # fp8select.kernels.triton_search (shared with the tune command), the shape set and CUDA-graph
-# timing in fp8select.bench, roofline figures in fp8select.roofline.
+# timing in fp8select.timing, roofline figures in fp8select.roofline.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -155,7 +155,7 @@ class Sweeper:
         import torch
         import torch.nn.functional as F
 
-        from fp8select import bench, roofline
+        from fp8select import bench, roofline, timing
         from fp8select.backends.reference import dequantize_activation, dequantize_weight
         from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
@@ -171,6 +171,7 @@ class Sweeper:
         self.l2_bytes = l2_bytes
         self.budget = Budget(args.budget_s)
         self.bench = bench
+        self.timing = timing
         self.roofline = roofline
         self.dequantize_weight = dequantize_weight
         self.dequantize_activation = dequantize_activation
@@ -192,7 +193,7 @@ class Sweeper:
     def time_calls(self, calls: Sequence[Callable[[], object]]) -> dict[str, float]:
         """Per-call microseconds: median/min/max over ``replays`` replays of all ``calls``.
 
-        On CUDA :func:`fp8select.bench.time_graph` (one warm-up on a side stream, which also
+        On CUDA :func:`fp8select.timing.time_graph` (one warm-up on a side stream, which also
         compiles every kernel, then the calls captured once into a graph, each replay timed
         with events); on the CPU smoke test, wall-clock time.
         """
@@ -206,9 +207,9 @@ class Sweeper:
                 for call in calls:
                     call()
                 per_call.append((time.perf_counter() - t0) * 1e6 / len(calls))
-            timing = self.bench.Timing(statistics.median(per_call), min(per_call), max(per_call))
+            timing = self.timing.Timing(statistics.median(per_call), min(per_call), max(per_call))
         else:
-            timing = self.bench.time_graph(calls, replays, warmups=1)
+            timing = self.timing.time_graph(calls, replays, warmups=1)
         return {
             "median_us": round(timing.median_us, 2),
             "min_us": round(timing.min_us, 2),

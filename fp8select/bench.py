@@ -7,26 +7,25 @@ out) and separately of the GEMM alone (pre-quantized input), median of >= 50 rep
 min and max, weights rotated through enough copies to exceed the L2 several times. bf16
 ``torch.matmul`` on the dequantized weight is timed in the same run as a yardstick. A
 point's columns are timed together, their replays interleaved in shuffled order
-(:func:`time_graphs`), not one after another.
+(:func:`fp8select.timing.time_graphs`), not one after another.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
-import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from fp8select import timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.errors import Fp8SelectError
-from fp8select.guard import PASS_THROUGH
+from fp8select.guard import PASS_THROUGH, describe
 from fp8select.roofline import HBM_BYTES_PER_S, floors_us
 from fp8select.selection import Selection
 
@@ -39,16 +38,6 @@ L2_BYTES = 60 * 2**20
 REL_ERR_MAX = 1e-2
 GEMM = " gemm"  # suffix of a backend's GEMM-alone column
 BF16 = "bf16-matmul"
-
-
-@dataclass(frozen=True)
-class Timing:
-    median_us: float
-    min_us: float
-    max_us: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {"median_us": round(self.median_us, 3), "min_us": round(self.min_us, 3), "max_us": round(self.max_us, 3)}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -84,86 +73,6 @@ def parse_ms(text: str) -> list[int]:
 def rotation_copies(weight_bytes: int, l2_bytes: int = L2_BYTES, cap: int = 32, *, l2_passes: int = 3) -> int:
     """Weight copies to cycle through so one graph replay reads at least ``l2_passes`` times the L2 from HBM."""
     return max(1, min(cap, math.ceil(l2_passes * l2_bytes / max(weight_bytes, 1))))
-
-
-def time_graph(calls: Sequence[Callable[[], object]], replays: int = 50, *, warmups: int = 2) -> Timing:
-    """Per-call time of ``calls`` captured into one CUDA graph, over ``replays`` replays.
-
-    The calls first run ``warmups`` times on a side stream (which also compiles their kernels).
-    """
-    return time_graphs({"": calls}, replays, warmups=warmups)[""]
-
-
-def time_graphs(columns: Mapping[str, Sequence[Callable[[], object]]], replays: int = 50, *,
-                warmups: int = 2, seed: int = 0, errors: dict[str, str] | None = None) -> dict[str, Timing]:
-    """Per-call time of each column's calls, each column captured into its own CUDA graph.
-
-    The graphs are replayed interleaved: every step replays each column once, in an order
-    shuffled anew each step (:func:`replay_order`), and each replay is timed alone. Clock,
-    power and heat drift then reach every column alike: timed one after another, the same
-    work measured up to 11% apart by its place in the order (H200 run 23). The graphs share one
-    memory pool, so they hold the largest column's memory, not the sum: their replays never
-    overlap, and a column must keep nothing in memory it allocates from one replay to the next
-    (what its calls return is dropped). With ``errors``, a column whose warm-up or capture raises
-    is left out and its error recorded there; without, the error propagates.
-    """
-    graphs = {}
-    pool = torch.cuda.graph_pool_handle()
-    for name, calls in columns.items():
-        try:
-            graphs[name] = _capture(calls, warmups, pool)
-        except PASS_THROUGH:
-            raise
-        except BaseException as exc:
-            if errors is None:
-                raise
-            errors[name] = error_text(exc)
-    for graph in graphs.values():
-        for _ in range(3):
-            graph.replay()
-    events: dict[str, list[tuple[Any, Any]]] = {name: [] for name in graphs}
-    for order in replay_order(list(graphs), replays, seed):
-        for name in order:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[name].replay()
-            end.record()
-            events[name].append((start, end))
-    torch.cuda.synchronize()
-    out = {}
-    for name, pairs in events.items():
-        per_call = [start.elapsed_time(end) * 1e3 / len(columns[name]) for start, end in pairs]
-        out[name] = Timing(statistics.median(per_call), min(per_call), max(per_call))
-    del graphs
-    return out
-
-
-def replay_order(names: Sequence[str], steps: int, seed: int = 0) -> list[list[str]]:
-    """``steps`` orders of ``names``, each shuffled anew (seeded: the same every run)."""
-    rng = random.Random(seed)
-    return [rng.sample(list(names), len(names)) for _ in range(steps)]
-
-
-def error_text(exc: BaseException) -> str:
-    """``Type: first line of the message`` (at most 300 characters of it), for a result row."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
-
-
-def _capture(calls: Sequence[Callable[[], object]], warmups: int, pool: Any) -> Any:
-    """``calls`` captured into one CUDA graph (memory from ``pool``), after ``warmups`` runs on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            for call in calls:
-                call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        for call in calls:
-            call()
-    return graph
 
 
 def synchronize(device: torch.device) -> None:
@@ -242,8 +151,8 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
     ``torch.matmul`` on the dequantized weight. ``auto`` rows time the layer a user gets from
     ``selection.prepare`` (its plan), with the backend it ran in ``ran``. ``gemm_alone`` adds
     the GEMM on a pre-quantized input; ``bf16`` the yardstick. All of a point's columns are
-    timed together, interleaved (:func:`time_graphs`). No new shape is started after
-    ``budget_s`` seconds.
+    timed together, interleaved (:func:`fp8select.timing.time_graphs`). No new shape is started
+    after ``budget_s`` seconds.
     """
     start = time.monotonic()
     from fp8select.backends.reference import dequantize_weight
@@ -307,7 +216,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 except PASS_THROUGH:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
-                    row["error"] = error_text(exc)
+                    row["error"] = describe(exc)
             # Every column of the point in one interleaved timing (whole ops, GEMMs alone, the bf16
             # yardstick), so that drift and heat reach them alike (BENCHMARKING.md).
             columns = {name: [functools.partial(layer, x) for layer in layers[name]] for name in timed}
@@ -318,13 +227,13 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                     except PASS_THROUGH:
                         raise
                     except BaseException as exc:  # noqa: BLE001
-                        row["gemm_error"] = error_text(exc)
+                        row["gemm_error"] = describe(exc)
                         continue
                     columns[name + GEMM] = [functools.partial(layer, xq, input_scale=xs) for layer in gemm_layers[name]]
             if bf16:
                 columns[BF16] = [functools.partial(torch.matmul, x, w.t()) for w in bf16_weights]
             errors: dict[str, str] = {}
-            times = time_graphs(columns, replays, errors=errors)
+            times = timing.time_graphs(columns, replays, errors=errors)
             for name, row in timed.items():
                 if name + GEMM in errors:
                     row["gemm_error"] = errors[name + GEMM]

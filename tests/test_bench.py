@@ -1,4 +1,5 @@
-"""The pure parts of bench (parsing, byte counts, winners, targets, replay order); on a GPU, the interleaved timer."""
+"""The pure parts of bench and timing (parsing, byte counts, winners, targets, replay order); on a GPU, the
+interleaved timer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fp8select import Fp8SelectError, bench
+from fp8select import Fp8SelectError, bench, timing
 
 
 def test_parse_shapes_mixes_sets_and_pairs() -> None:
@@ -60,16 +61,10 @@ def test_summary_states_the_targets() -> None:
 
 def test_replay_order_shuffles_every_step_the_same_way_every_run() -> None:
     names = ["deepgemm", "cuda-scaled-mm", "triton", "auto"]
-    orders = bench.replay_order(names, 50)
+    orders = timing.replay_order(names, 50)
     assert len(orders) == 50 and all(sorted(o) == sorted(names) for o in orders)  # each column once per step
     assert {o[0] for o in orders} == set(names)  # no column always first
-    assert orders == bench.replay_order(names, 50) and orders != bench.replay_order(names, 50, seed=1)
-
-
-def test_error_text_is_the_type_and_the_first_line() -> None:
-    assert bench.error_text(ValueError("bad shape\nmore")) == "ValueError: bad shape"
-    assert bench.error_text(RuntimeError()) == "RuntimeError: "
-    assert len(bench.error_text(KeyError("x" * 1000))) == len("KeyError: ") + 300
+    assert orders == timing.replay_order(names, 50) and orders != timing.replay_order(names, 50, seed=1)
 
 
 @pytest.mark.gpu
@@ -81,11 +76,11 @@ def test_time_graphs_times_every_column_and_sets_a_failing_one_aside() -> None:
         raise ValueError("no kernel for this shape")
 
     errors: dict[str, str] = {}
-    times = bench.time_graphs({"one": [t.zero_], "two": [t.zero_, t.zero_], "broken": [broken]}, 10, errors=errors)
+    times = timing.time_graphs({"one": [t.zero_], "two": [t.zero_, t.zero_], "broken": [broken]}, 10, errors=errors)
     assert set(times) == {"one", "two"} and errors == {"broken": "ValueError: no kernel for this shape"}
     assert all(0 < x.min_us <= x.median_us <= x.max_us for x in times.values())
     with pytest.raises(ValueError, match="no kernel"):
-        bench.time_graphs({"one": [t.zero_], "broken": [broken]}, 10)
+        timing.time_graphs({"one": [t.zero_], "broken": [broken]}, 10)
 
 
 @pytest.mark.gpu
@@ -99,7 +94,7 @@ def test_time_graphs_columns_sharing_one_pool_keep_their_own_results() -> None:
     weights = [torch.rand(256, 128, device="cuda", generator=gen) for _ in range(3)]
     sums = [torch.zeros(64, 128, device="cuda", dtype=torch.float64) for _ in weights]
     columns = {f"c{i}": [lambda w=w, acc=acc: acc.add_((x @ w).relu())] for i, (w, acc) in enumerate(zip(weights, sums, strict=True))}
-    bench.time_graphs(columns, 7)
+    timing.time_graphs(columns, 7)
     counts = []
     for w, acc in zip(weights, sums, strict=True):
         ratio = acc / (x @ w).relu().double()

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from fp8select import Capabilities, bench, hookimpl, resolve
+from fp8select import Capabilities, bench, hookimpl, resolve, timing
 from fp8select.backends.reference import ReferenceBackend
-from fp8select.bench import Timing
+from fp8select.timing import Timing
 from fp8select.tuning.table import merge_tables, new_table, validate_table
 from fp8select.tuning.tune import tune
 
@@ -61,7 +61,7 @@ class Plugin:
 
 @pytest.fixture
 def clocked(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(bench, "time_graphs", fake_clock)
+    monkeypatch.setattr(timing, "time_graphs", fake_clock)
     monkeypatch.setattr(bench, "rotation_copies", lambda *a, **k: 2)
     return resolve(CPU, plugins=[Plugin()], tuning=False)
 

@@ -6,7 +6,7 @@ search (:mod:`fp8select.kernels.triton_search`), starting from the configuration
 known for that point (any version's row, or the nearest measured shape's). Then the correct
 backends are timed together as the whole op a user calls (bf16 in, activation quantization
 included), CUDA-graph replay with the weights rotated past the L2, their replays interleaved
-(:func:`fp8select.bench.time_graphs`): those times are the table's. A row goes into the group of
+(:func:`fp8select.timing.time_graphs`): those times are the table's. A row goes into the group of
 its backend at the versions installed here (:func:`~fp8select.tuning.table.backend_versions`);
 rows the ``known`` table has for the same backend, versions, shape and bucket are skipped
 unless ``force``: ``tune`` measures only what is missing.
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from fp8select import bench
+from fp8select import bench, timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import m_bucket
-from fp8select.guard import PASS_THROUGH
+from fp8select.guard import PASS_THROUGH, describe
 from fp8select.plan import gate
 from fp8select.problem import Problem
 from fp8select.tuning.model import Measurements
@@ -116,7 +116,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
             # The table's times: the point's correct backends (Triton at the configuration its search found)
             # timed together, interleaved, so that no backend gains from its place in the order.
             errors: dict[str, str] = {}
-            times = bench.time_graphs({name: [functools.partial(call, x) for call in calls]
+            times = timing.time_graphs({name: [functools.partial(call, x) for call in calls]
                                        for name, (calls, _) in found.items()}, replays, errors=errors)
             for name, (_, config) in found.items():
                 if name in errors:
@@ -157,7 +157,7 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
         layers = calls(config)
         if bench.checked_call(layers[0], x, ref) is None:
             return None
-        return bench.time_graph([functools.partial(layer, x) for layer in layers], replays).median_us
+        return timing.time_graph([functools.partial(layer, x) for layer in layers], replays).median_us
 
     if backend.name == "triton":
         config = _search_triton(backend, timed, n, k, m, sms=sms, max_configs=max_configs, deadline=deadline, rows=rows,
@@ -168,7 +168,7 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
     except PASS_THROUGH:
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, the others go on
-        rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "error": bench.error_text(exc)})
+        rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "error": describe(exc)})
         return None
     if not correct:
         rows.append({"n": n, "k": k, "m": m, "backend": backend.name, "correct": False})
