@@ -1,5 +1,6 @@
 """The benchmark reports from measured times (pure Python, no GPU): limits.py's prefill ratio (the Triton
-layer's against the vendors' of the same timing) and quantization floor; regret.py's table names."""
+layer's against the vendors' of the same timing) and quantization floor; regret.py's table names;
+model_check.py's scoring of the model's choices."""
 
 from __future__ import annotations
 
@@ -56,3 +57,24 @@ def test_regret_names_tables_without_the_machines_paths(monkeypatch: pytest.Monk
     assert regret._portable(str(tmp_path / "fp8select" / "data" / "t.json")) == "fp8select/data/t.json"
     assert regret._portable("/elsewhere/work/tuning.json") == ".../tuning.json"
     assert regret._portable("relative/t.json") == "relative/t.json"
+
+
+def test_model_check_scores_the_models_choice_against_measured_times() -> None:
+    import model_check
+
+    # Two backends on three shapes: "a" twice as fast below N 4096, "b" 1.5x faster from there on.
+    def rows(fast: bool) -> dict:
+        return {"1": {"us": 10.0 if fast else 20.0}}
+
+    shapes = {"a": {}, "b": {}}
+    for n in (1024, 2048, 8192):
+        shapes["a"][f"{n},4096"], shapes["b"][f"{n},4096"] = rows(n < 4096), rows(n >= 4096)
+    shapes["b"]["8192,4096"]["1"]["us"] = 10.0 / 1.5
+    table = {"device_name": "gpu", "schema": 2, "groups": [{"backend": b, "versions": {"torch": "2"}, "shapes": s}
+                                                          for b, s in shapes.items()]}
+    loo = model_check.summary(model_check.choice_regret(
+        model_check._table_truth(table), lambda n, k: model_check._measurements(table, (n, k))))
+    # 2048 left out: planned from 1024 (a fast) and 8192 (b fast), nearer 1024: a, right. 8192 left out: only
+    # a-fast shapes remain: a, 3x slower than b there. 1024 left out: nearer 2048: a, right.
+    assert (loo["points"], loo["over_8pct"], loo["worst"]) == (3, 1, 3.0)
+    assert loo["worst_point"] == {"n": 8192, "k": 4096, "m": 1, "pick": "a", "best": "b"}
