@@ -6,8 +6,8 @@ search (:mod:`fp8select.kernels.triton_search`), starting from the configuration
 known for that point (any version's row, or the nearest measured shape's). Then the correct
 backends are timed together as the whole op a user calls (bf16 in, activation quantization
 included), CUDA-graph replay with the weights rotated past the L2, their replays interleaved
-(:func:`fp8select.timing.time_graphs`): those times are the table's. A row goes into the group of
-its backend at the versions installed here (:func:`~fp8select.tuning.table.backend_versions`);
+(:func:`fp8select.timing.time_graphs`): those times are the table's. A row goes into the
+group of its backend at the versions installed here (:func:`~fp8select.tuning.table.backend_versions`);
 rows the ``known`` table has for the same backend, versions, shape and bucket are skipped
 unless ``force``: ``tune`` measures only what is missing.
 """
