@@ -218,7 +218,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 except BaseException as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
                     row["error"] = describe(exc)
             # Every column of the point in one interleaved timing (whole ops, GEMMs alone, the bf16
-            # yardstick), so that drift and heat reach them alike (BENCHMARKING.md).
+            # yardstick), so that drift and heat reach them alike (fp8select.timing).
             columns = {name: [functools.partial(layer, x) for layer in layers[name]] for name in timed}
             for name, row in timed.items():
                 if gemm_layers.get(name):

@@ -21,7 +21,7 @@ from fp8select.verdict import Candidate
 SOURCES = ("argument", "environment", "auto")
 
 VERIFIED_FIELDS = ("backend", "verdicts", "chain", "notes")
-"""The fields a background verification decides: read, they wait for it (:mod:`fp8select.pending`)."""
+"""The fields a background verification decides: read, they wait for it (:mod:`fp8select.verify_chain`)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Selection:
     # measurement code sits above this module), and the shapes measured so far: (N, K) -> their rows.
     load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
     measured_at_load: dict[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, repr=False, compare=False)
-    # The verification still running, if any (fp8select.pending.PendingVerification); cleared once settled.
+    # The verification still running, if any (fp8select.verify_chain.PendingVerification); cleared once settled.
     pending: Any = field(default=None, repr=False, compare=False)
 
     def __getattribute__(self, name: str) -> Any:
