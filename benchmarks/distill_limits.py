@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +33,23 @@ def _prefill(point: dict[str, Any]) -> dict[str, Any]:
             "layer_us": point.get("triton_layer_us"), "vendors_us": point.get("vendors_us")}
 
 
+def json_lines(head: Mapping[str, Any], lists: Mapping[str, Sequence[Any]]) -> str:
+    """JSON text of ``head`` and ``lists`` (empty lists left out) with a header key per line and a
+    list item per line: the form results are kept in (small diffs, one point per line)."""
+    lines = [f' "{k}": {json.dumps(v)}' for k, v in head.items()]
+    lines += [f' "{k}": [\n' + ",\n".join("  " + json.dumps(item) for item in items) + "\n ]"
+              for k, items in lists.items() if items]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def distill(report: dict[str, Any]) -> str:
     """The distilled report as JSON text: a header key per line, a point per line."""
     head = {"source": report.get("source", "benchmarks/limits.py"), "environment": report["environment"],
             "args": {k: v for k, v in report["args"].items() if k != "out"}, "launch_floor": report.get("launch_floor"),
             "summary": report["summary"]}
-    lines = [f' "{k}": {json.dumps(v)}' for k, v in head.items()]
-    for phase, row in (("decode", _decode), ("quant", dict), ("prefill", _prefill)):
-        points = [row(p) for p in (report.get(phase) or {}).get("points") or [] if phase == "quant" or "sweep" in p]
-        if points:
-            lines.append(f' "{phase}": [\n' + ",\n".join("  " + json.dumps(p) for p in points) + "\n ]")
-    return "{\n" + ",\n".join(lines) + "\n}\n"
+    return json_lines(head, {phase: [row(p) for p in (report.get(phase) or {}).get("points") or []
+                                     if phase == "quant" or "sweep" in p]
+                             for phase, row in (("decode", _decode), ("quant", dict), ("prefill", _prefill))})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from distill_limits import json_lines
+
 import fp8select
 from fp8select import bench
 
@@ -122,11 +124,11 @@ def main() -> None:
     points = distill(rows)
     summary = summarize(points)
     print(json.dumps(summary, indent=1), flush=True)
+    head = {"label": args.label, "environment": bench.environment(), "chain": [b.name for b in selection.chain],
+            "tuning_sources": [_portable(source) for source in selection.tuning_sources],
+            "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
     with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump({"label": args.label, "environment": bench.environment(), "chain": [b.name for b in selection.chain],
-                   "tuning_sources": [_portable(source) for source in selection.tuning_sources],
-                   "seconds": round(time.monotonic() - start, 1),
-                   "load_time_tuning": load_time, "summary": summary, "points": points}, fh, indent=1)
+        fh.write(json_lines(head, {"points": points}))
 
 
 if __name__ == "__main__":
