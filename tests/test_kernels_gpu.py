@@ -124,6 +124,45 @@ def test_persistent_launch_on_the_gpu_equals_the_tile_kernel(kernels: tuple, blo
         _check_rows(tg.linear(bad, w, s, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=persistent), out, rows)
 
 
+@pytest.mark.parametrize(("block_m", "block_n", "warps", "stages"),
+                         [(64, 128, 4, 4), (128, 128, 8, 4), (64, 64, 4, 6), (128, 64, 4, 3)])
+def test_wgmma_path_runs_the_gluon_kernel_on_hopper(kernels: tuple, monkeypatch: pytest.MonkeyPatch, block_m: int,
+                                                    block_n: int, warps: int, stages: int) -> None:
+    """The wgmma path on compute capability 9.x runs :mod:`fp8select.kernels.gluon_gemm` (not the
+    tile kernel it falls back to elsewhere): the fp64 reference within 1e-2 at ragged N and K
+    (bias; M 1 to 4000; bf16, fp16 and fp32 out; 128x128 and 1x128 weight scales), NaN rows where a
+    token's group is non-finite and the other rows unchanged, and the same bits replayed from a
+    CUDA graph."""
+    from fp8select.kernels import gluon_gemm
+    from fp8select.kernels.triton_config import TritonConfig
+
+    _, tg = kernels
+    if not tg.wgmma_runs(torch.device("cuda")):
+        pytest.skip("the wgmma path runs its own kernel on compute capability 9.x with Triton >= 3.6 only")
+    launches: list[int] = []
+    launch = gluon_gemm.launch
+    monkeypatch.setattr(gluon_gemm, "launch", lambda *args: (launches.append(1), launch(*args))[1])
+    cfg = TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=warps,
+                       num_stages=stages, path="wgmma", FIXUP=0, TMA=1)
+    n = 1000
+    for block in ((128, 128), (1, 128)):
+        w, s = random_problem(n, K, block, device="cuda")
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        for m, out_dtype in ((1, torch.bfloat16), (77, torch.float16), (1100, torch.bfloat16), (4000, torch.float32)):
+            x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+            out = tg.linear(x, w, s, block, out_dtype=out_dtype, bias=bias, config=cfg)
+            assert out.dtype == out_dtype and rel_err(out, expected(x, w, s, block, bias)) < 1e-2
+        bad, rows = _poison(x)
+        _check_rows(tg.linear(bad, w, s, block, out_dtype=torch.float32, bias=bias, config=cfg), out, rows)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = tg.linear(x, w, s, block, out_dtype=torch.float32, bias=bias, config=cfg)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)
+    assert len(launches) == 11  # every call above, the captured one included
+
+
 @pytest.mark.parametrize("path", ["gemm", "fused", "decode", "swap"])
 @pytest.mark.parametrize(("fixup", "tma"), [(0, 0), (1, 1)])
 def test_every_path_gives_nan_rows_and_leaves_the_others(kernels: tuple, path: str, fixup: int, tma: int) -> None:

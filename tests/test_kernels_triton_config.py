@@ -15,7 +15,7 @@ LAUNCH = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K"
 
 def test_from_dict_fills_optional_keys_with_fixed_defaults() -> None:
     assert TritonConfig.from_dict(LAUNCH) == TritonConfig(**LAUNCH, path="gemm", FIXUP=0, TMA=0)
-    for path in PATHS:
+    for path in (p for p in PATHS if p != "wgmma"):  # wgmma: TMA always (its limits below)
         cfg = TritonConfig.from_dict({**LAUNCH, "path": path})
         assert cfg.FIXUP == (1 if path in ("decode", "swap") else 0) and cfg.TMA == 0
     explicit = TritonConfig.from_dict({**LAUNCH, "path": "decode", "FIXUP": 0, "TMA": 1})
@@ -77,8 +77,35 @@ def test_prequantized_maps_in_kernel_quantizing_paths_only() -> None:
     for given, runs in (("fused", "gemm"), ("decode", "swap"), ("gemm", "gemm"), ("swap", "swap")):
         cfg = replace(base, path=given)
         assert cfg.prequantized() == replace(base, path=runs)
-    assert [replace(base, path=p).quantizes_in_kernel for p in PATHS] == [False, True, True, False]
-    assert [replace(base, path=p).swap for p in PATHS] == [False, False, True, True]
+    wgmma = replace(base, BLOCK_M=64, SPLIT_K=1, FIXUP=0, path="wgmma")
+    assert wgmma.prequantized() == wgmma and not wgmma.quantizes_in_kernel and not wgmma.swap
+    four = PATHS[:4]
+    assert [replace(base, path=p).quantizes_in_kernel for p in four] == [False, True, True, False]
+    assert [replace(base, path=p).swap for p in four] == [False, False, True, True]
+
+
+WGMMA = {**LAUNCH, "BLOCK_M": 128, "BLOCK_N": 128, "SPLIT_K": 1, "num_warps": 8, "path": "wgmma", "TMA": 1}
+
+
+def test_wgmma_limits() -> None:
+    """The wgmma path: 64 rows per warpgroup, one MMA wide, three accumulators in registers, TMA, no split-K."""
+    ok = TritonConfig.from_dict(WGMMA)
+    assert ok.describe() == "wgmma 128x128 sk1 w8 s3 tma"
+    assert TritonConfig.from_dict(json.loads(json.dumps(ok.to_dict()))) == ok
+    for fine in ({"BLOCK_M": 64, "num_warps": 4}, {"BLOCK_M": 256, "BLOCK_N": 64}, {"BLOCK_N": 16}):
+        TritonConfig.from_dict({**WGMMA, **fine})
+    bad = {
+        "BLOCK_M": ({"BLOCK_M": 64}, "BLOCK_M >= 16 per warp"),  # two warpgroups need 128 rows
+        "warps": ({"num_warps": 2, "BLOCK_M": 64, "BLOCK_N": 64}, "4 or 8 warps"),
+        "registers": ({"num_warps": 4}, "per warp"),  # 128x128 on one warpgroup: 128 registers an accumulator
+        "wide": ({"BLOCK_M": 128, "BLOCK_N": 512, "num_warps": 8}, "BLOCK_N <= 256"),
+        "split": ({"SPLIT_K": 2}, "SPLIT_K 1"),
+        "tma": ({"TMA": 0}, "TMA 1"),
+        "persistent": ({"PERSISTENT": 1}, "PERSISTENT"),
+    }
+    for change, message in bad.values():
+        with pytest.raises(ValueError, match=message):
+            TritonConfig.from_dict({**WGMMA, **change})
 
 
 def test_describe() -> None:

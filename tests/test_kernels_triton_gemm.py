@@ -57,7 +57,12 @@ UNQUANTIZED_TOL = 4e-2
 
 
 def _cfg(path: str = "gemm", block_m: int = 16, block_n: int = 64, split_k: int = 1, **more: int) -> TritonConfig:
-    """A small configuration (the interpreter ignores warps and stages); FIXUP/TMA as given or defaulted."""
+    """A small configuration (the interpreter ignores warps and stages); FIXUP/TMA as given or defaulted.
+    The wgmma path's smallest instead (its limits: 64 rows per warpgroup, TMA, no split-K); off an H100/H200
+    it runs the gemm path with those tiles."""
+    if path == "wgmma":
+        return TritonConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=2,
+                            path="wgmma", FIXUP=0, TMA=1)
     return TritonConfig.from_dict({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 128, "GROUP_M": 8,
                                    "SPLIT_K": split_k, "num_warps": 4, "num_stages": 2, "path": path, **more})
 
@@ -356,7 +361,7 @@ def test_decode_falls_back_to_whole_tile_when_row_repeat_fails(monkeypatch: pyte
     _check(got, x, xq, xs, w, ws, 128, None, torch.float32)
 
 
-@pytest.mark.parametrize("path", tg.PATHS)
+@pytest.mark.parametrize("path", [p for p in tg.PATHS if p != "wgmma"])  # wgmma: always TMA
 @pytest.mark.parametrize(("m", "block"), [(1, (128, 128)), (17, (1, 128))])
 def test_tma_loads_equal_pointer_loads(path: str, m: int, block: tuple[int, int]) -> None:
     """TMA descriptors zero-fill the ragged N and K edges: same bits as the masked pointer loads."""
@@ -664,3 +669,19 @@ def test_persistent_needs_the_gemm_path_tma_and_no_split() -> None:
     cfg = _cfg("gemm", 16, 64, TMA=1, PERSISTENT=2)
     assert TritonConfig.from_dict(cfg.to_dict()) == cfg and cfg.describe().endswith(" tma p2")
     assert TritonConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "PERSISTENT"}).PERSISTENT == 0
+
+
+def test_wgmma_path_off_hopper_runs_the_gemm_path_with_its_tiles() -> None:
+    """Where the Gluon kernel cannot run (here: the CPU interpreter) the wgmma path is the gemm path with
+    the same tiles, bit for bit, on either entry point."""
+    assert not tg.wgmma_runs(torch.device("cpu"))
+    m, n, k = 5, 200, 320
+    x = _activation(m, k)
+    xq, xs = quantize_per_token_group(x)
+    w, ws = _weight(n, k, 128)
+    wgmma = _cfg("wgmma")
+    gemm = replace(wgmma, path="gemm")
+    assert torch.equal(tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=wgmma),
+                       tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=gemm))
+    assert torch.equal(tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.bfloat16, config=wgmma),
+                       tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.bfloat16, config=gemm))

@@ -54,7 +54,7 @@ def test_candidates_are_valid_distinct_and_fit(n: int, k: int) -> None:
         if m <= 16:
             assert paths[0] == "decode" and {"gemm", "decode", "swap", "fused"} <= set(paths)
         if m >= 1024:
-            assert set(paths) == {"gemm"} and any(c.TMA for c in cands)
+            assert paths[0] == "wgmma" and set(paths) == {"gemm", "wgmma"} and any(c.TMA for c in cands)
             tiles = {(c.BLOCK_M, c.BLOCK_N, c.num_warps) for c in ts.candidates(n, k, m, limit=20)}
             assert {(128, 128, 8), (128, 256, 8), (256, 128, 8), (64, 256, 8)} <= tiles
 
@@ -184,3 +184,28 @@ def test_large_m_search_reaches_persistent_launches_and_leaves_them_validly() ->
     assert any(not c.PERSISTENT and c.BLOCK_N == persistent.BLOCK_N for c in steps)
     assert all(c.PERSISTENT == 0 for c in steps if c.path != "gemm" or not c.TMA or c.SPLIT_K > 1)
     assert not any(c.PERSISTENT for c in candidates(7168, 2048, 64, limit=64))
+
+
+def test_wgmma_path_in_the_search() -> None:
+    """The wgmma path: ranked first at M >= 1024, one step from the gemm path's tiles above M 64 (and back),
+    never split or pointer-fed, and its neighbours stay within its limits."""
+    assert [c.path for c in ts.candidates(7168, 16384, 4096)[:2]] == ["wgmma", "wgmma"]
+    assert "wgmma" in {c.path for c in ts.candidates(7168, 16384, 256)}
+    assert "wgmma" not in {c.path for m in (1, 16, 64) for c in ts.candidates(7168, 16384, m, limit=64)}
+    for m in (128, 4096):
+        heuristic = ts.heuristic_config(7168, 16384, m, "wgmma")
+        assert heuristic.path == "wgmma" and heuristic.TMA == 1 and heuristic.SPLIT_K == 1
+        near = ts.neighbours(heuristic, 7168, 16384, m)
+        assert any(c.path == "gemm" and (c.BLOCK_M, c.BLOCK_N) == (heuristic.BLOCK_M, heuristic.BLOCK_N) for c in near)
+        assert all(c.SPLIT_K == 1 and c.TMA == 1 for c in near if c.path == "wgmma")
+        assert any(c.path == "wgmma" and c.num_stages != heuristic.num_stages for c in near)
+        gemm = replace(heuristic, path="gemm", TMA=0)
+        assert replace(heuristic, TMA=1) in ts.neighbours(gemm, 7168, 16384, m)  # the sibling, TMA-fed
+    small = ts.neighbours(ts.heuristic_config(7168, 16384, 32, "gemm"), 7168, 16384, 32)
+    assert "wgmma" not in {c.path for c in small}
+    # 128 x 128 on one warpgroup would need 128 registers per accumulator: the warp step skips it
+    two = ts.heuristic_config(7168, 16384, 4096, "wgmma")
+    assert (two.BLOCK_M, two.BLOCK_N, two.num_warps) == (128, 128, 8)
+    assert not any(c.path == "wgmma" and c.num_warps == 4 and c.BLOCK_M * c.BLOCK_N > 8192
+                   for c in ts.neighbours(two, 7168, 16384, 4096))
+    assert ts.smem_bytes(two) == 4 * (128 + 128) * 128 + 128 * 128 * 2  # + the output tile of the TMA store

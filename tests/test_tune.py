@@ -173,3 +173,19 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
 
     assert wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
     assert not wants_load_time_tuning(CPU)
+
+
+@pytest.mark.parametrize("runs", [False, True])
+def test_the_triton_search_tries_the_wgmma_path_only_where_it_runs(monkeypatch: pytest.MonkeyPatch, runs: bool) -> None:
+    """Where the wgmma path would fall back to the gemm path's kernel, tuning does not time it again."""
+    pytest.importorskip("triton")
+    from fp8select.kernels import triton_gemm
+    from fp8select.tuning.tune import _search_triton
+
+    monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: runs)
+    timed: list[Any] = []
+    best = _search_triton(None, lambda cfg: timed.append(cfg) or 10.0 - len(timed), 7168, 16384, 4096, sms=132,
+                          max_configs=6, deadline=float("inf"), rows=[], seeds=None, device=torch.device("cpu"))
+    paths = {cfg.path for cfg in timed}
+    assert len(timed) == 6 and best == timed[-1]
+    assert ("wgmma" in paths) == runs and "gemm" in paths

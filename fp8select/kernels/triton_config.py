@@ -15,6 +15,12 @@ every launch parameter; nothing is filled in later from another table. The paths
     tokens on its narrow side) and quantizes the activation inside its K loop. One launch.
 ``swap``
     Triton quantization kernel, then the swap-AB GEMM on the fp8 activation.
+``wgmma``
+    Triton quantization kernel, then the Hopper GEMM of :mod:`.gluon_gemm` (written in Gluon,
+    Triton's explicit-layout language), whose per-block scaling runs under the next K block's
+    MMA. TMA-fed, no split-K; tiles that fit three fp32 accumulators in registers. Where it
+    cannot run (not a CUDA GPU of compute capability 9.x, Triton before 3.6, the interpreter,
+    tensors no TMA descriptor can describe) the ``gemm`` path runs with the same tiles.
 
 A caller that already quantized its activation (``w8a8_block_gemm``) cannot run an in-kernel
 quantizing path: :meth:`TritonConfig.prequantized` maps ``fused -> gemm`` and ``decode -> swap``
@@ -37,12 +43,13 @@ __all__ = [
     "SCALE_GROUP_K",
     "SWAP_PATHS",
     "TritonConfig",
+    "WGMMA_ACC_REGISTERS",
 ]
 
 SCALE_GROUP_K = 128
 """K elements per activation and weight scale; also every kernel's BLOCK_K."""
 
-PATHS = ("gemm", "fused", "decode", "swap")
+PATHS = ("gemm", "fused", "decode", "swap", "wgmma")
 """Ways to run a linear on an unquantized activation (see the module docstring)."""
 
 SWAP_PATHS = ("decode", "swap")
@@ -51,7 +58,7 @@ SWAP_PATHS = ("decode", "swap")
 QUANT_FUSED_PATHS = ("fused", "decode")
 """Paths that quantize the activation inside the GEMM (one kernel, no fp8 activation in memory)."""
 
-PREQUANT_PATHS = ("gemm", "swap")
+PREQUANT_PATHS = ("gemm", "swap", "wgmma")
 """Paths that run on an already-quantized activation (after the quantization kernel)."""
 
 LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
@@ -65,7 +72,11 @@ OPTIONAL_KEYS = ("path", "FIXUP", "TMA", "PERSISTENT")
 MAX_PERSISTENT = 4
 """Most programs per SM a persistent launch asks for."""
 
-_PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap"}
+_PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap", "wgmma": "wgmma"}
+
+WGMMA_ACC_REGISTERS = 64
+"""fp32 registers per thread of one ``wgmma`` path accumulator at most: the kernel keeps three
+(the sum and two K blocks' MMA results) within the 255 a thread can have."""
 
 
 def _check_int(key: str, value: object) -> int:
@@ -94,7 +105,7 @@ class TritonConfig:
         SPLIT_K: K splits (programs per output tile); the launch uses at most the K-block count.
         num_warps: warps per program, a power of two.
         num_stages: software-pipeline depth.
-        path: ``gemm``, ``fused``, ``decode`` or ``swap`` (see the module docstring).
+        path: ``gemm``, ``fused``, ``decode``, ``swap`` or ``wgmma`` (see the module docstring).
         FIXUP: with ``SPLIT_K > 1``, 1 sums the partials in the last-arriving program (one
             launch), 0 in a second kernel; bitwise equal results either way.
         TMA: 1 loads the weight (and, in the tile kernel, the fp8 activation) tiles through
@@ -138,6 +149,26 @@ class TritonConfig:
         if self.PERSISTENT and not self.can_run_persistent:
             raise ValueError("TritonConfig 'PERSISTENT' needs path 'gemm', SPLIT_K 1 and TMA 1, got "
                              f"path {self.path!r}, SPLIT_K {self.SPLIT_K}, TMA {self.TMA}")
+        if self.path == "wgmma":
+            self._check_wgmma()
+
+    def _check_wgmma(self) -> None:
+        """The ``wgmma`` path's limits: one warpgroup per 64 rows (4 or 8 warps, BLOCK_M at least
+        16 rows per warp), BLOCK_N at most 256 (one MMA), three accumulators in registers,
+        TMA loads, no split-K."""
+        problems = []
+        if self.num_warps not in (4, 8) or self.BLOCK_M < 16 * self.num_warps:
+            problems.append(f"4 or 8 warps and BLOCK_M >= 16 per warp, got {self.num_warps} warps, "
+                            f"BLOCK_M {self.BLOCK_M}")
+        if self.BLOCK_N > 256:
+            problems.append(f"BLOCK_N <= 256, got {self.BLOCK_N}")
+        if self.BLOCK_M * self.BLOCK_N > WGMMA_ACC_REGISTERS * 32 * self.num_warps:
+            problems.append(f"BLOCK_M * BLOCK_N <= {WGMMA_ACC_REGISTERS * 32} per warp, got "
+                            f"{self.BLOCK_M}x{self.BLOCK_N} on {self.num_warps} warps")
+        if self.SPLIT_K != 1 or not self.TMA or self.PERSISTENT:
+            problems.append(f"SPLIT_K 1, TMA 1, PERSISTENT 0, got {self.SPLIT_K}, {self.TMA}, {self.PERSISTENT}")
+        if problems:
+            raise ValueError("TritonConfig path 'wgmma' needs " + "; ".join(problems))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TritonConfig:

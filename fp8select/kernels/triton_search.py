@@ -67,7 +67,10 @@ def fill_split(n: int, k: int, m: int, block_m: int, block_n: int, sms: int = NO
 
 def _make(path: str, block_m: int, block_n: int, warps: int, stages: int, split: int = 1, *,
           group_m: int = 8, tma: int = 0, persistent: int = 0) -> TritonConfig:
-    """A configuration with the path's default split-K summation (FIXUP 1 on the swap-AB paths)."""
+    """A configuration with the path's default split-K summation (FIXUP 1 on the swap-AB paths);
+    the ``wgmma`` path always with TMA and no split-K."""
+    if path == "wgmma":
+        split, tma = 1, 1
     return TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SCALE_GROUP_K, GROUP_M=group_m, SPLIT_K=split,
                         num_warps=warps, num_stages=stages, path=path, FIXUP=1 if path in SWAP_PATHS else 0, TMA=tma,
                         PERSISTENT=persistent)
@@ -91,6 +94,8 @@ def heuristic_config(n: int, k: int, m: int, path: str = "gemm", *, sms: int = N
     bucket = m_bucket(m)
     if path in SWAP_PATHS:
         block_m, block_n, warps, stages = _swap_block_m(m), 128, 4, 4
+    elif path == "wgmma":  # the run-28 probe's winners: one warpgroup of 64x128 up to K 2048, else two
+        block_m, block_n, warps, stages = (64, 128, 4, 4) if bucket <= 512 or k <= 2048 else (128, 128, 8, 4)
     else:
         block_m, block_n, warps, stages = next(tile for top, *tile in _HEURISTIC_TILES if bucket <= top)
     split = fill_split(n, k, m, block_m, block_n, sms)
@@ -104,6 +109,8 @@ def smem_bytes(cfg: TritonConfig) -> int:
     k = SCALE_GROUP_K
     if cfg.path in QUANT_FUSED_PATHS:
         return stages * (bm * k * 2 + bn * k) + bm * k
+    if cfg.path == "wgmma":  # plus the output tile, staged for its TMA store (2-byte outputs)
+        return stages * (bm * k + bn * k) + bm * bn * 2
     return stages * (bm * k + bn * k)
 
 
@@ -166,6 +173,7 @@ def _large_m_plan(bucket: int) -> list[_Plan]:
     if bucket <= 512:
         plan: list[_Plan] = [
             ("gemm", 64, 128, 4, 3, 8, 0),
+            ("wgmma", 64, 128, 4, 4, 8, 1),
             ("gemm", 128, 128, 8, 3, 8, 0),
             ("gemm", 64, 64, 4, 3, 8, 0),
             ("gemm", 64, 256, 8, 3, 8, 0),
@@ -177,8 +185,11 @@ def _large_m_plan(bucket: int) -> list[_Plan]:
         if bucket <= 128:
             plan.insert(3, ("swap", 64, 128, 4, 4, 8, 0))
         return plan
-    return [  # TMA-fed tiles first: the run-10 sweep's winners at M >= 1024
+    return [  # the wgmma path first (run 28's probe), then the TMA-fed tiles: run 10's sweep winners
+        ("wgmma", 128, 128, 8, 4, 8, 1),
+        ("wgmma", 64, 128, 4, 4, 8, 1),
         ("gemm", 128, 128, 8, 4, 8, 1),
+        ("wgmma", 64, 128, 4, 3, 8, 1),
         ("gemm", 64, 128, 4, 4, 8, 1, 2),  # persistent, two per SM: the run-19 probe's winners at K <= 2048
         ("gemm", 256, 64, 8, 4, 8, 1),  # 2112 x 7168: 132 tiles at M 1024, one wave
         ("gemm", 128, 64, 4, 4, 8, 1, 2),
@@ -233,9 +244,8 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
     Steps: split-K x2 and /2 (M <= 512), pipeline depth +-1, BLOCK_N x2 and /2 (with the
     split refitted), warps 4 <-> 8 (and 2 for decode-sized tiles), GROUP_M 8 <-> 16 and BLOCK_M x2 / 2 for large M, the
     other split-K summation mode, persistent on/off (large M, gemm path with TMA: two programs per SM at 4 warps,
-    one at 8; a step that leaves that path, TMA or SPLIT_K 1 drops it), TMA loads on/off, and the sibling path with
-    the same tiles
-    (decode <-> swap, gemm <-> fused for M <= 64), keeping only ``paths`` (default: all).
+    one at 8; a step that leaves that path, TMA or SPLIT_K 1 drops it), TMA loads on/off, and the sibling paths with
+    the same tiles (:data:`_SIBLINGS`), keeping only ``paths`` (default: all) and the steps the path allows.
     A step that leaves SPLIT_K at 1 takes the path's default FIXUP; the fused path never
     uses TMA (it quantizes a bf16 tile).
     """
@@ -247,7 +257,10 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
 
     def add(**change: int | str) -> None:
         persistent = int(change.pop("PERSISTENT", base.PERSISTENT))
-        new = replace(base, **change, PERSISTENT=0)  # type: ignore[arg-type]
+        try:
+            new = replace(base, **change, PERSISTENT=0)  # type: ignore[arg-type]
+        except ValueError:  # outside the path's limits (the wgmma path's tiles, split, TMA)
+            return
         if new.SPLIT_K == 1:
             new = replace(new, FIXUP=1 if new.path in SWAP_PATHS else 0)
         if new.path == "fused":
@@ -285,10 +298,16 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
         add(PERSISTENT=0 if base.PERSISTENT else 2 if base.num_warps <= 4 else 1)
     if base.path != "fused":  # the fused path quantizes a bf16 tile: no TMA for it
         add(TMA=1 - base.TMA)
-    sibling = {"decode": "swap", "swap": "decode", "gemm": "fused", "fused": "gemm"}[base.path]
-    if sibling in SWAP_PATHS or bucket <= 64:
-        add(path=sibling, FIXUP=base.FIXUP)
+    for sibling in _SIBLINGS[base.path]:
+        if sibling in SWAP_PATHS or (bucket <= 64 if "fused" in (sibling, base.path) else bucket > 64):
+            add(path=sibling, FIXUP=base.FIXUP, **({"TMA": 1} if sibling == "wgmma" else {}))
     return out
+
+
+_SIBLINGS = {"decode": ("swap",), "swap": ("decode",), "gemm": ("fused", "wgmma"), "fused": ("gemm",),
+             "wgmma": ("gemm",)}
+"""The paths one step from each, with the same tiles: decode <-> swap at any M, gemm <-> fused for
+M <= 64, gemm <-> wgmma above."""
 
 
 def _allowed(paths: Sequence[str] | None) -> tuple[str, ...]:

@@ -161,7 +161,7 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
 
     if backend.name == "triton":
         config = _search_triton(backend, timed, n, k, m, sms=sms, max_configs=max_configs, deadline=deadline, rows=rows,
-                                seeds=seeds)
+                                seeds=seeds, device=x.device)
         return None if config is None else (calls(config), config)
     try:
         correct = bench.checked_call(calls()[0], x, ref) is not None
@@ -178,11 +178,15 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
 
 def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: int, k: int, m: int, *, sms: int,
                    max_configs: int, deadline: float, rows: list[dict[str, Any]],
-                   seeds: Measurements | None) -> Any:
+                   seeds: Measurements | None, device: torch.device) -> Any:
     """The fastest Triton configuration (None when none ran correctly): the known ones for this point first,
-    then the search's."""
+    then the search's (the wgmma path only where it runs its own kernel: elsewhere it would time the gemm
+    path's again)."""
     from fp8select.kernels import triton_search
-    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.kernels.triton_config import PATHS, TritonConfig
+    from fp8select.kernels.triton_gemm import wgmma_runs
+
+    paths = None if wgmma_runs(device) else tuple(p for p in PATHS if p != "wgmma")
 
     results: list[tuple[float, TritonConfig]] = []
 
@@ -204,7 +208,8 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
     if known is not None and known.config is not None:
         time_config(TritonConfig.from_dict(known.config))
     if max_configs > len(results):
-        triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs - len(results), deadline=deadline)
+        triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs - len(results), deadline=deadline,
+                             paths=paths)
     return min(results, key=lambda r: r[0])[1] if results else None
 
 

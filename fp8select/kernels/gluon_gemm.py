@@ -1,0 +1,220 @@
+"""A Hopper block-FP8 GEMM in Gluon (Triton's explicit-layout language) whose per-block scaling
+overlaps the tensor cores.
+
+``C[M, N] = dequant(A) @ dequant(B).T (+ bias)``, A fp8 ``[M, K]`` with one fp32 scale per token
+per 128 K elements, B fp8 ``[N, K]`` with one scale per 128x128 (or 1x128) block: the operands
+of :func:`.triton_gemm.w8a8_block_gemm`, same products in the same order per output element.
+
+Why a second kernel: each K block's MMA result has to be scaled before it is added to the
+accumulator, and the ``tl.dot`` kernels wait for every ``wgmma`` before that scaling (the sm90
+PTX has ``wgmma.wait_group 0`` after each block), so the tensor cores idle while the CUDA cores
+scale. Here each K block's ``wgmma`` is issued into a fresh register accumulator and left in
+flight while the previous block's result is waited for (``wait_group 1``), scaled and added:
+the scaling of block k-1 runs under the MMA of block k. Operands come by TMA into a ring of
+``STAGES`` shared-memory slots; the slot of block k-1 is refilled (block k+STAGES-1) as soon as
+its MMA is known complete. The output tile leaves through shared memory by a TMA store.
+
+Hopper only (``wgmma``), CUDA only, no interpreter: the ``wgmma`` path of :mod:`.triton_gemm` launches
+it where :func:`.triton_gemm.wgmma_runs`, and the tile kernel with the same tiles elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .triton_config import SCALE_GROUP_K, TritonConfig
+
+# Names that changed after Triton 3.6 (the TMA copies' old names raise from then on).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+_GL_DTYPES = {
+    torch.float8_e4m3fn: gl.float8e4nv,
+    torch.float8_e5m2: gl.float8e5,
+    torch.bfloat16: gl.bfloat16,
+    torch.float16: gl.float16,
+    torch.float32: gl.float32,
+}
+
+
+@gluon.jit
+def _promote(acc, d, a_scale, b_scale, B_SCALE_SCALAR: gl.constexpr):
+    """``acc + d * a_scale[m] * b_scale`` (one weight scale for the tile, or one per column)."""
+    if B_SCALE_SCALAR:
+        acc += d * (a_scale * b_scale)[:, None]
+    else:
+        acc += d * (a_scale[:, None] * b_scale[None, :])
+    return acc
+
+
+@gluon.jit
+def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_scale, as_ptrs, bs_ptrs, kb, k_blocks,
+          off_m, off_n, stride_ask, stride_bsk, B_SCALE_SCALAR: gl.constexpr, STAGES: gl.constexpr,
+          num_warps: gl.constexpr):
+    """K block ``kb``: issue its MMA, then wait for block kb-1's (``prev``), refill that block's
+    slot with block kb+STAGES-1 and add ``prev`` scaled by block kb-1's scales (``a_scale``,
+    ``b_scale``) into ``acc`` while block kb's MMA runs. Returns block kb's pending result,
+    block kb-1's (spent) result, the accumulator and block kb's scales.
+
+    The MMA writes into ``spent``, block kb-2's result, already added (``use_acc=False``: its
+    values are not read). Handing it in ties the MMA's registers to it, so block kb-2's scaling
+    has to come before this MMA: the two pending results then alternate between two register
+    sets, where a fresh accumulator let the compiler sink that scaling past the MMA into a
+    third set and copy it back at the loop's end, an accumulator copy that makes ptxas wait
+    for the MMA in flight."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    slot = kb % STAGES
+    mbarrier.wait(ready.index(slot), (kb // STAGES) & 1)
+    cur = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), spent, use_acc=False, is_async=True)
+    a_scale_next = gl.load(as_ptrs + kb * stride_ask)
+    b_scale_next = gl.load(bs_ptrs + kb * stride_bsk)
+    prev = warpgroup_mma_wait(num_outstanding=1, deps=(prev, ))
+    if num_warps > 4:
+        _cta_barrier()  # every warpgroup's MMA kb-1 is done before its slot is overwritten
+    refill = kb + STAGES - 1
+    free = (kb - 1) % STAGES
+    pred = refill < k_blocks
+    mbarrier.expect(ready.index(free), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    _tma_load(a_desc, [off_m, refill * BLOCK_K], ready.index(free), a_bufs.index(free), pred)
+    _tma_load(b_desc, [off_n, refill * BLOCK_K], ready.index(free), b_bufs.index(free), pred)
+    acc = _promote(acc, prev, a_scale, b_scale, B_SCALE_SCALAR)
+    # Pin the scaling here: without an ordered use, LLVM sinks it below the next MMA's issue,
+    # which then needs a third register set and copies back (and ptxas waits on those).
+    acc = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
+    return cur, prev, acc, a_scale_next, b_scale_next
+
+
+@gluon.jit
+def _wgmma_block_kernel(
+    a_desc,
+    as_ptr,
+    b_desc,
+    bs_ptr,
+    bias_ptr,
+    c_desc,
+    M,
+    N,
+    K,
+    stride_asm,
+    stride_ask,
+    stride_bsn,
+    stride_bsk,
+    stride_bias,
+    SCALE_BN: gl.constexpr,
+    B_SCALE_SCALAR: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+
+    # Output tile in grouped order: GROUP_M row tiles share each weight column tile in L2.
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no * in Gluon
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+
+    k_blocks = gl.cdiv(K, BLOCK_K)
+    # Fill every slot; from block 1 on, each step refills the slot of the block before it.
+    for i in gl.static_range(STAGES):
+        pred = i < k_blocks
+        mbarrier.expect(ready.index(i), tile_bytes, pred=pred)
+        _tma_load(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_bufs.index(i), pred)
+        _tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(i), b_bufs.index(i), pred)
+
+    rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * stride_asm
+    if B_SCALE_SCALAR:
+        bs_ptrs = bs_ptr + (off_n // SCALE_BN) * stride_bsn
+    else:
+        cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        bs_ptrs = bs_ptr + (gl.where(cols < N, cols, 0) // SCALE_BN).to(gl.int64) * stride_bsn
+
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    # Block 0: issue its MMA; its scales are loaded while it runs.
+    mbarrier.wait(ready.index(0), 0)
+    s1 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    x0 = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), s1, use_acc=False, is_async=True)
+    a_scale = gl.load(as_ptrs)
+    b_scale = gl.load(bs_ptrs)
+    # Two blocks per iteration: the pending results x0 and x1 swap roles with no copy.
+    for kb in range(1, k_blocks - 1, 2):
+        x1, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
+                                              as_ptrs, bs_ptrs, kb, k_blocks, off_m, off_n, stride_ask, stride_bsk,
+                                              B_SCALE_SCALAR, STAGES, num_warps)
+        x0, s1, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x1, s0, acc, a_scale, b_scale,
+                                              as_ptrs, bs_ptrs, kb + 1, k_blocks, off_m, off_n, stride_ask,
+                                              stride_bsk, B_SCALE_SCALAR, STAGES, num_warps)
+    if k_blocks % 2 == 0:  # one block left after the pairs
+        last, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
+                                                as_ptrs, bs_ptrs, k_blocks - 1, k_blocks, off_m, off_n, stride_ask,
+                                                stride_bsk, B_SCALE_SCALAR, STAGES, num_warps)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(last, ))
+    else:
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(x0, ))
+    acc = _promote(acc, done, a_scale, b_scale, B_SCALE_SCALAR)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    if HAS_BIAS:
+        bias_cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        bias = gl.load(bias_ptr + gl.where(bias_cols < N, bias_cols, 0) * stride_bias)
+        acc += bias.to(gl.float32)[None, :]
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    _tma_store(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(pendings=0)
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], block, layout)
+
+
+def launch(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, scale_bn: int,
+           bias: torch.Tensor | None, out: torch.Tensor, cfg: TritonConfig) -> None:
+    """Launch the kernel with ``cfg``'s tiles (a ``wgmma`` path configuration) on checked operands:
+    ``a``, ``b`` and ``out`` able to back TMA descriptors (unit column stride, 16-byte aligned base
+    and row stride), scales of any strides."""
+    m, k = a.shape
+    n = b.shape[0]
+    grid = (triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N),)
+    _wgmma_block_kernel[grid](
+        _descriptor(a, [cfg.BLOCK_M, SCALE_GROUP_K]), a_scale, _descriptor(b, [cfg.BLOCK_N, SCALE_GROUP_K]), b_scale,
+        bias if bias is not None else b_scale, _descriptor(out, [cfg.BLOCK_M, cfg.BLOCK_N]), m, n, k,
+        a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+        bias.stride(0) if bias is not None else 0, SCALE_BN=scale_bn, B_SCALE_SCALAR=scale_bn % cfg.BLOCK_N == 0,
+        HAS_BIAS=bias is not None, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, num_warps=cfg.num_warps)

@@ -1,0 +1,89 @@
+"""fp8select.kernels.gluon_gemm compiled for sm90 on the CPU host (no GPU: the interpreter cannot run Gluon).
+
+What makes the kernel faster than the ``tl.dot`` tile kernel is the shape of its K loop in the
+machine code: one K block's ``wgmma`` left in flight while the previous block is scaled
+(``wgmma.wait_group 1``), and nothing that makes ptxas serialise the MMAs (a register copy of an
+accumulator whose MMA is in flight: ptxas then reports "wgmma.mma_async instructions are
+serialized" and inserts a wait) or spill. Those are checked here for the tiles the search ranks;
+the numbers come from the H200 (``tests/test_kernels_gpu.py``). The compiler runs in a child
+process: Gluon does not compile in a process that another test module put in interpreter mode.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TILES = [(64, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 64, 4, 4, True), (64, 64, 4, 6, True),
+         (64, 64, 4, 4, False)]
+
+
+def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool) -> str:
+    """PTX of the kernel for sm90 with a bf16 output tile; 128x128 weight scales when ``scalar``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fp8select.kernels import gluon_gemm
+
+    def desc(name: str, dtype: object, block: list[int]) -> str:
+        return f"tensordesc<{name}{block},{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
+
+    signature = {
+        "a_desc": desc("fp8e4nv", gl.float8e4nv, [block_m, 128]), "as_ptr": "*fp32",
+        "b_desc": desc("fp8e4nv", gl.float8e4nv, [block_n, 128]), "bs_ptr": "*fp32", "bias_ptr": "*bf16",
+        "c_desc": desc("bf16", gl.bfloat16, [block_m, block_n]),
+        **dict.fromkeys(("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias"), "i32"),
+    }
+    constants = {"SCALE_BN": 128 if scalar else 1, "B_SCALE_SCALAR": scalar, "HAS_BIAS": True, "GROUP_M": 8,
+                 "STAGES": stages, "num_warps": warps}
+    names = list(signature) + list(constants)
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    src = GluonASTSource(gluon_gemm._wgmma_block_kernel, signature,
+                         {(names.index(name),): value for name, value in constants.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+
+
+@pytest.fixture(scope="module")
+def ptx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every tile of :data:`TILES` compiled (in one child process) into ``<tile>.ptx``."""
+    triton = pytest.importorskip("triton")
+    from packaging.version import Version
+
+    if Version(triton.__version__).release < (3, 6):
+        pytest.skip("the kernel is written for Triton >= 3.6's Gluon")
+    out = tmp_path_factory.mktemp("ptx")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, __file__, str(out)], env=env, check=True, capture_output=True, timeout=300)
+    return out
+
+
+def _name(tile: tuple[int, int, int, int, bool]) -> str:
+    return "_".join(str(int(v)) for v in tile)
+
+
+@pytest.mark.parametrize("tile", TILES, ids=_name)
+def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
+        ptx_dir: Path, tile: tuple[int, int, int, int, bool]) -> None:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = ptx_dir / f"{_name(tile)}.ptx"
+    ptx = path.read_text()
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx  # one MMA in flight during the scaling
+    loop = ptx[ptx.index("// =>This Inner Loop Header"):]
+    assert loop.count("wgmma.commit_group.sync.aligned") >= 2  # two K blocks per iteration
+    report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+                            capture_output=True, text=True, check=True).stderr
+    assert "serialized" not in report and "warpgroup.wait is injected" not in report, report
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
+
+
+if __name__ == "__main__":  # the child process of ``ptx_dir``
+    for tile in TILES:
+        (Path(sys.argv[1]) / f"{_name(tile)}.ptx").write_text(_compile_sm90(*tile))
