@@ -48,6 +48,9 @@
 #   bash benchmarks/h200_run.sh grid-fair OUTDIR      # the table's five other shapes re-timed interleaved (GPU 0);
 #                                                     # then regret on other models' shapes by the model with that
 #                                                     # table, with (GPU 0) and without (GPU 1) the vendors (run 27)
+#   bash benchmarks/h200_run.sh wgmma OUTDIR          # GPU 0: the DeepSeek-V3 rows of M 256-8192 re-tuned with the
+#                                                     # wgmma path, then the kernels' prefill limits with that table;
+#                                                     # GPU 1: every GPU test, the scales' layout probe (run 32)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -419,6 +422,23 @@ final_fair() {
   wait
 }
 
+wgmma() {
+  cp fp8select/data/tuning-nvidia-h200.json "$work/tuning.json"
+  (CUDA_VISIBLE_DEVICES=0 timeout 90 $py benchmarks/jit_warm.py --shapes deepseek-v3 --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm.json" >>"$work/lane0.log" 2>&1
+   log "d0: tune M 256-8192 (the wgmma path in the search)"
+   CUDA_VISIBLE_DEVICES=0 timeout 230 $py -m fp8select tune --shapes deepseek-v3 --m 256,512,1024,2048,4096,8192 --force \
+       --max-configs 4 --replays 30 --budget-s 210 --out "$work/tuning.json" >>"$work/lane0.log" 2>&1
+   cp "$work/tuning.json" fp8select/data/.tuning.tmp && mv fp8select/data/.tuning.tmp fp8select/data/tuning-nvidia-h200.json
+   log "d0: limits (prefill)"
+   CUDA_VISIBLE_DEVICES=0 timeout 160 $py benchmarks/limits.py --phases floor,prefill --budget-s 140 \
+       --out "$work/limits_prefill.json" >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (gpu_tests 1; log "d1: GPU tests"
+   CUDA_VISIBLE_DEVICES=1 timeout 100 $py benchmarks/scale_layout_probe.py --out "$work/scale_layout_probe.json" \
+       >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
 grid_fair() {
   cp fp8select/data/tuning-nvidia-h200.json "$work/tuning.json"
   (CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/jit_warm.py --shapes "$GRID_A,$GRID_B" --backends deepgemm,flashinfer \
@@ -451,6 +471,7 @@ case $stage in
   fair) fair ;;
   final-fair) final_fair ;;
   grid-fair) grid_fair ;;
+  wgmma) wgmma ;;
   final-check2) final_check2 ;;
   persistent) persistent ;;
   probe) probe ;;
