@@ -51,6 +51,8 @@
 #   bash benchmarks/h200_run.sh wgmma OUTDIR          # GPU 0: the DeepSeek-V3 rows of M 256-8192 re-tuned with the
 #                                                     # wgmma path, then the kernels' prefill limits with that table;
 #                                                     # GPU 1: every GPU test, the scales' layout probe (run 32)
+#   bash benchmarks/h200_run.sh wgmma-regret OUTDIR   # regret on DeepSeek-V3 with that table: with the vendors
+#                                                     # (GPU 0), without (GPU 1) (run 33)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -439,6 +441,20 @@ wgmma() {
   wait
 }
 
+wgmma_regret() {
+  install_project_deps
+  (CUDA_VISIBLE_DEVICES=0 timeout 90 $py benchmarks/jit_warm.py --shapes deepseek-v3 --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm.json" >>"$work/lane0.log" 2>&1
+   log "d0: regret, vendors, deepseek-v3"
+   CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/regret.py --shapes deepseek-v3 --label vendors-deepseek \
+       --budget-s 80 --out "$work/regret_vendors_deepseek.json" >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (log "d1: regret, no vendors, deepseek-v3"
+   CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$NO_VENDORS timeout 100 $py benchmarks/regret.py --shapes deepseek-v3 \
+       --label novendors-deepseek --budget-s 80 --out "$work/regret_novendors_deepseek.json" >>"$work/lane1.log" 2>&1
+   log "d1: done") &
+  wait
+}
+
 grid_fair() {
   cp fp8select/data/tuning-nvidia-h200.json "$work/tuning.json"
   (CUDA_VISIBLE_DEVICES=0 timeout 100 $py benchmarks/jit_warm.py --shapes "$GRID_A,$GRID_B" --backends deepgemm,flashinfer \
@@ -472,6 +488,7 @@ case $stage in
   final-fair) final_fair ;;
   grid-fair) grid_fair ;;
   wgmma) wgmma ;;
+  wgmma-regret) wgmma_regret ;;
   final-check2) final_check2 ;;
   persistent) persistent ;;
   probe) probe ;;
