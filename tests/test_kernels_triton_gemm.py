@@ -685,3 +685,22 @@ def test_wgmma_path_off_hopper_runs_the_gemm_path_with_its_tiles() -> None:
                        tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=gemm))
     assert torch.equal(tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.bfloat16, config=wgmma),
                        tg.w8a8_block_gemm(xq, xs, w, ws, (128, 128), out_dtype=torch.bfloat16, config=gemm))
+
+
+def test_wgmma_kernel_only_on_sm90_with_the_triton_releases_it_is_written_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gluon's API changes between Triton releases: outside :data:`WGMMA_TRITON` (and off sm90) the wgmma path runs
+    the gemm path's kernel instead of failing to compile in a forward pass."""
+    decide = tg._wgmma_device.__wrapped__
+    try:
+        from fp8select.kernels import gluon_gemm  # noqa: F401
+        importable = True
+    except ImportError:  # a Triton without Gluon's Hopper API: never
+        importable = False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    low, high = tg.WGMMA_TRITON
+    for version, runs in ((f"{low[0]}.{low[1] - 1}.1", False), (f"{low[0]}.{low[1]}.0", True),
+                          (f"{high[0]}.{high[1] - 1}.0", True), (f"{high[0]}.{high[1]}.0", False)):
+        monkeypatch.setattr(triton, "__version__", version)
+        assert decide(0) is (runs and importable), version
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (10, 0))
+    assert decide(0) is False

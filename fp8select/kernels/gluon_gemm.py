@@ -35,7 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .triton_config import SCALE_GROUP_K, TritonConfig
 
-# Names that changed after Triton 3.6 (the TMA copies' old names raise from then on).
+# Names that changed between Triton 3.6 and 3.9 (the TMA copies' old names raise in 3.9).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier

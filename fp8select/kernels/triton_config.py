@@ -19,7 +19,7 @@ every launch parameter; nothing is filled in later from another table. The paths
     Triton quantization kernel, then the Hopper GEMM of :mod:`.gluon_gemm` (written in Gluon,
     Triton's explicit-layout language), whose per-block scaling runs under the next K block's
     MMA. TMA-fed, no split-K; tiles that fit three fp32 accumulators in registers. Where it
-    cannot run (not a CUDA GPU of compute capability 9.x, Triton before 3.6, the interpreter,
+    cannot run (not a CUDA GPU of compute capability 9.x, a Triton outside 3.6-3.9, the interpreter,
     tensors no TMA descriptor can describe) the ``gemm`` path runs with the same tiles.
 
 A caller that already quantized its activation (``w8a8_block_gemm``) cannot run an in-kernel

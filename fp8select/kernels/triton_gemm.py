@@ -148,10 +148,17 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+WGMMA_TRITON = ((3, 6), (3, 10))
+"""Triton releases ``[from, to)`` whose Gluon the ``wgmma`` kernel is written for: compiled and
+timed with 3.6 on the H200, compiled for sm90 with 3.9. Gluon is experimental and its API changes
+between releases, so a release outside these runs the ``gemm`` path instead of failing in the
+forward pass; widen it once a release is checked (``tests/test_gluon_gemm.py`` compiles it)."""
+
+
 def wgmma_runs(device: torch.device) -> bool:
     """Whether the ``wgmma`` path runs its own kernel (:mod:`.gluon_gemm`) on ``device``: compiled,
-    not interpreted, for a CUDA GPU of compute capability 9.x, with Triton 3.6 or later (the Gluon
-    API it is written for). Elsewhere that path runs the tile kernel with the same tiles."""
+    not interpreted, for a CUDA GPU of compute capability 9.x, with a Triton of
+    :data:`WGMMA_TRITON`. Elsewhere that path runs the tile kernel with the same tiles."""
     if device.type != "cuda" or torch.version.hip is not None:
         return False
     if type(_w8a8_block_kernel).__name__ == "InterpretedFunction":
@@ -161,7 +168,8 @@ def wgmma_runs(device: torch.device) -> bool:
 
 @functools.cache
 def _wgmma_device(index: int) -> bool:
-    if torch.cuda.get_device_capability(index)[0] != 9 or Version(triton.__version__).release < (3, 6):
+    low, high = WGMMA_TRITON
+    if torch.cuda.get_device_capability(index)[0] != 9 or not low <= Version(triton.__version__).release[:2] < high:
         return False
     try:
         from . import gluon_gemm  # noqa: F401 - Gluon's Hopper API importable
