@@ -23,8 +23,9 @@ TILES = [(64, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 64, 4, 4, True), (
          (64, 64, 4, 4, False)]
 
 
-def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool) -> str:
-    """PTX of the kernel for sm90 with a bf16 output tile; 128x128 weight scales when ``scalar``."""
+def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool) -> tuple[str, int]:
+    """PTX and shared-memory bytes of the kernel for sm90 with a bf16 output tile; 128x128 weight scales
+    when ``scalar``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -47,7 +48,8 @@ def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: b
     signature.update(dict.fromkeys(constants, "constexpr"))
     src = GluonASTSource(gluon_gemm._wgmma_block_kernel, signature,
                          {(names.index(name),): value for name, value in constants.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return kernel.asm["ptx"], kernel.metadata.shared
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +89,23 @@ def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
 
 
+@pytest.mark.parametrize("tile", TILES, ids=_name)
+def test_shared_memory_is_what_the_search_budgets(ptx_dir: Path, tile: tuple[int, int, int, int, bool]) -> None:
+    """The operands' ring and the pipeline's barriers: the output tile reuses the ring, as
+    :func:`fp8select.kernels.triton_search.smem_bytes` assumes when it keeps configurations within
+    the 227 KB a program may have."""
+    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.kernels.triton_search import smem_bytes
+
+    block_m, block_n, warps, stages, _ = tile
+    cfg = TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=warps,
+                       num_stages=stages, path="wgmma", FIXUP=0, TMA=1)
+    shared = int((ptx_dir / f"{_name(tile)}.shared").read_text())
+    assert 0 <= shared - smem_bytes(cfg) <= 8 * stages + 16  # one 8-byte barrier per slot, aligned
+
+
 if __name__ == "__main__":  # the child process of ``ptx_dir``
     for tile in TILES:
-        (Path(sys.argv[1]) / f"{_name(tile)}.ptx").write_text(_compile_sm90(*tile))
+        ptx, shared = _compile_sm90(*tile)
+        (Path(sys.argv[1]) / f"{_name(tile)}.ptx").write_text(ptx)
+        (Path(sys.argv[1]) / f"{_name(tile)}.shared").write_text(str(shared))

@@ -109,9 +109,7 @@ def smem_bytes(cfg: TritonConfig) -> int:
     k = SCALE_GROUP_K
     if cfg.path in QUANT_FUSED_PATHS:
         return stages * (bm * k * 2 + bn * k) + bm * k
-    if cfg.path == "wgmma":  # plus the output tile, staged for its TMA store (2-byte outputs)
-        return stages * (bm * k + bn * k) + bm * bn * 2
-    return stages * (bm * k + bn * k)
+    return stages * (bm * k + bn * k)  # (the wgmma kernel stages its output tile in the operands' ring)
 
 
 def _fits(cfg: TritonConfig) -> bool:
