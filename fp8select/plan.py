@@ -134,13 +134,15 @@ class Plan:
         return ", ".join(f"{_span(lo, hi)}: {route.backend or 'none'}" for lo, hi, route in self.ranges(by_backend_only=True))
 
     def describe(self) -> str:
-        """Several lines: per M range the backend and why, then the weights held."""
+        """Several lines: per M range the backend, why and its launch configuration (Triton's kernel
+        path and tiles), then the weights held."""
         bn, bk = self.problem.block_size
         lines = [f"plan for N={self.problem.n}, K={self.problem.k}, block [{bn}, {bk}]"
                  + (f" (explicit choice: {self.explicit})" if self.explicit else "")]
         for lo, hi, route in self.ranges():
             at = f"at M={route.bucket}: " if (lo, hi) != bucket_range(route.bucket) else ""
-            lines.append(f"  {_span(lo, hi):<14} {route.backend or '-':<15} {route.why:<9} {at}{route.detail}")
+            kernel = f"[{route.config.describe()}] " if hasattr(route.config, "describe") else ""
+            lines.append(f"  {_span(lo, hi):<14} {route.backend or '-':<15} {route.why:<9} {kernel}{at}{route.detail}")
         for use in self.weights:
             kind = "a copy" if use.copy else "the checkpoint's"
             lines.append(f"  weight layout {use.layout!r} ({kind}) for {', '.join(use.backends)}")

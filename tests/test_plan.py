@@ -425,3 +425,18 @@ def test_triton_and_aiter_share_one_fnuz_copy_on_gfx942(monkeypatch: pytest.Monk
                          "triton": {(256, 512): {m: 1.0 if m <= 8 else 5.0 for m in M_BUCKETS}}})
     both = build_plan(Problem(256, 512), list(sel.chain), sel.capabilities, estimator(meas, 256, 512))
     assert both.backends == ("triton", "aiter") and both.weight_copies == 1
+
+
+def test_describe_shows_each_ranges_launch_configuration() -> None:
+    """The Triton rows' kernel (path and tiles) per M range; ranges with different configurations stay apart."""
+    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.plan import Plan, Route, WeightUse
+
+    gemm = TritonConfig.from_dict(TRITON_CONFIG)
+    wgmma = TritonConfig.from_dict({**TRITON_CONFIG, "BLOCK_M": 128, "BLOCK_N": 128, "SPLIT_K": 1, "num_warps": 8,
+                                    "path": "wgmma", "TMA": 1})
+    routes = tuple(Route(b, "triton", MEASURED, f"{b} us", config=gemm if b <= 512 else wgmma) for b in M_BUCKETS)
+    plan = Plan(Problem(N, K, (128, 128)), routes, (WeightUse(CHECKPOINT_LAYOUT, ("triton",)),), ())
+    lines = plan.describe().splitlines()
+    assert "M 1-512" in lines[1] and f"[{gemm.describe()}]" in lines[1]
+    assert "M >= 513" in lines[2] and "[wgmma 128x128 sk1 w8 s2 tma]" in lines[2]
