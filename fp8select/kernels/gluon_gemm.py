@@ -34,6 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .triton_config import SCALE_GROUP_K, TritonConfig
+from .triton_gemm_kernels import _grouped_tile
 
 # Names that changed between Triton 3.6 and 3.9 (the TMA copies' old names raise in 3.9).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -60,6 +61,16 @@ def _promote(acc, d, a_scale, b_scale, B_SCALE_SCALAR: gl.constexpr):
 
 
 @gluon.jit
+def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, slot, kb, off_m, off_n, pred):
+    """K block ``kb`` of the tile's A and B rows into ring slot ``slot`` by TMA, arriving on its barrier
+    (nothing when ``pred`` is false: past the last block)."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    _tma_load(a_desc, [off_m, kb * BLOCK_K], ready.index(slot), a_bufs.index(slot), pred)
+    _tma_load(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot), pred)
+
+
+@gluon.jit
 def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_scale, as_ptrs, bs_ptrs, kb, k_blocks,
           off_m, off_n, stride_ask, stride_bsk, B_SCALE_SCALAR: gl.constexpr, STAGES: gl.constexpr,
           num_warps: gl.constexpr):
@@ -74,7 +85,6 @@ def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_sc
     sets, where a fresh accumulator let the compiler sink that scaling past the MMA into a
     third set and copy it back at the loop's end, an accumulator copy that makes ptxas wait
     for the MMA in flight."""
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = kb % STAGES
     mbarrier.wait(ready.index(slot), (kb // STAGES) & 1)
     cur = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), spent, use_acc=False, is_async=True)
@@ -84,11 +94,7 @@ def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_sc
     if num_warps > 4:
         _cta_barrier()  # every warpgroup's MMA kb-1 is done before its slot is overwritten
     refill = kb + STAGES - 1
-    free = (kb - 1) % STAGES
-    pred = refill < k_blocks
-    mbarrier.expect(ready.index(free), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    _tma_load(a_desc, [off_m, refill * BLOCK_K], ready.index(free), a_bufs.index(free), pred)
-    _tma_load(b_desc, [off_n, refill * BLOCK_K], ready.index(free), b_bufs.index(free), pred)
+    _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, (kb - 1) % STAGES, refill, off_m, off_n, refill < k_blocks)
     acc = _promote(acc, prev, a_scale, b_scale, B_SCALE_SCALAR)
     # Pin the scaling here: without an ordered use, LLVM sinks it below the next MMA's issue,
     # which then needs a third register set and copies back (and ptxas waits on those).
@@ -127,15 +133,7 @@ def _wgmma_block_kernel(
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
 
-    # Output tile in grouped order: GROUP_M row tiles share each weight column tile in L2.
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = _grouped_tile(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
 
@@ -144,15 +142,11 @@ def _wgmma_block_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-    tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
     k_blocks = gl.cdiv(K, BLOCK_K)
     # Fill every slot; from block 1 on, each step refills the slot of the block before it.
     for i in gl.static_range(STAGES):
-        pred = i < k_blocks
-        mbarrier.expect(ready.index(i), tile_bytes, pred=pred)
-        _tma_load(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_bufs.index(i), pred)
-        _tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(i), b_bufs.index(i), pred)
+        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, i, i, off_m, off_n, i < k_blocks)
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
     as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * stride_asm
