@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in shapes:
         w, s = bench.random_weight(n, k, "cuda", gen)
-        weights = [w] + [w.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(w)
         floor = limits.weight_floor_us(n, k)
         ceiling = read_ceiling(weights, args.replays)
         report["weights"].append({"n": n, "k": k, "floor_us": round(floor, 3), **ceiling,

@@ -97,7 +97,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in SHAPES:
         base, scale = bench.random_weight(n, k, "cuda", gen)
-        weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(base)
         ref_of = bench.reference_for(base, scale, (128, 128))
         layers = {name: [bench.single_backend(selection, by_name[name]).prepare(w, scale) for w in weights]
                   for name in PINNED if name in by_name}

@@ -39,7 +39,7 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k, m in POINTS:
         base, scale = bench.random_weight(n, k, "cuda", gen)
-        weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(base)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         layers = {name: [bench.single_backend(selection, by_name[name]).prepare(w, scale) for w in weights]
                   for name in ("triton", "cuda-scaled-mm", "deepgemm") if name in by_name}
@@ -52,7 +52,7 @@ def main() -> int:
                                  "wgmma_runs": triton_gemm.wgmma_runs(x.device)}
         point["alone"] = {name: t.median_us for name, t in timing.time_graphs(columns, args.replays).items()}
         w16 = dequantize_weight(base, scale, (128, 128), torch.bfloat16)
-        copies = [w16] + [w16.clone() for _ in range(bench.rotation_copies(2 * n * k) - 1)]
+        copies = bench.rotated(w16)
         columns["bf16-matmul"] = [functools.partial(torch.matmul, x, w.t()) for w in copies]
         point["with_bf16"] = {name: t.median_us for name, t in timing.time_graphs(columns, args.replays).items()}
         del copies, w16

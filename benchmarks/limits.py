@@ -226,7 +226,7 @@ class Harness:
             w, s = bench.random_weight(n, k, "cuda", gen)
             reference = bench.reference_for(w, s, (128, 128))
             xs = {m: torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for m in ms}
-            self.units[(n, k)] = {"w": [w] + [w.clone() for _ in range(bench.rotation_copies(n * k) - 1)], "s": s, "x": xs,
+            self.units[(n, k)] = {"w": bench.rotated(w), "s": s, "x": xs,
                                   "ref": {m: reference(x) for m, x in xs.items()}, "counters": triton_gemm.fixup_counters(n, "cuda")}
             del reference
             self.points.update({(n, k, m): {"table_config": table.get((n, k, m_bucket(m))), "tried": 0, "failed": 0} for m in ms})

@@ -55,7 +55,7 @@ def main() -> int:
     for n, k, m in POINTS:
         t0 = time.monotonic()
         base, scale = bench.random_weight(n, k, "cuda", gen)
-        weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(base)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         ref = bench.reference_for(base, scale, (128, 128))(x)
         layers: dict[str, list[Any]] = {}

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for n, k in bench.SHAPE_SETS["deepseek-v3"]:
         w, s = bench.random_weight(n, k, "cuda", gen)
-        weights = [w] + [w.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(w)
         for m in (1024, 4096):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
             xq, xs = quantize_per_token_group_triton(x, 128, dtype=w.dtype, layout=M_MAJOR)

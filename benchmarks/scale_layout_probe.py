@@ -56,7 +56,7 @@ def main() -> int:
         cfg = TritonConfig(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=warps, num_stages=4,
                            path="wgmma", FIXUP=0, TMA=1)
         base, scale = bench.random_weight(n, k, "cuda", gen)
-        weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(base)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         prequant = {name: quantize(x, layout=layout) for name, layout in (("row", ROW_MAJOR), ("mmajor", M_MAJOR))}
 

@@ -75,6 +75,11 @@ def rotation_copies(weight_bytes: int, l2_bytes: int = L2_BYTES, cap: int = 32, 
     return max(1, min(cap, math.ceil(l2_passes * l2_bytes / max(weight_bytes, 1))))
 
 
+def rotated(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t`` and the clones of it that a measurement cycles through (:func:`rotation_copies` of its bytes)."""
+    return [t] + [t.clone() for _ in range(rotation_copies(t.numel() * t.element_size()) - 1)]
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device (a no-op on the CPU, where calls are synchronous)."""
     if device.type == "cuda":
@@ -166,10 +171,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
         if time.monotonic() - start > budget_s:
             rows.append({"n": n, "k": k, "m": 0, "backend": "-", "skipped": "time budget"})
             continue
-        copies = rotation_copies(n * k)
         base, scale = random_weight(n, k, device, gen, block)
         reference = reference_for(base, scale, block)
-        weights = [base] + [base.clone() for _ in range(copies - 1)]
+        weights = rotated(base)
         layers: dict[str, list[Any]] = {}
         gemm_layers: dict[str, list[Any]] = {}
         skipped: dict[str, str] = {}
@@ -193,7 +197,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
         bf16_weights: list[torch.Tensor] = []
         if bf16:
             w_bf16 = dequantize_weight(base, scale, block, torch.bfloat16)
-            bf16_weights = [w_bf16] + [w_bf16.clone() for _ in range(rotation_copies(2 * n * k) - 1)]
+            bf16_weights = rotated(w_bf16)
         for m in ms:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
             ref = reference(x)

@@ -35,6 +35,10 @@ def test_byte_and_time_floors() -> None:
     assert quant_bytes(1024, 7168) == 1024 * 7168 * 3 + 1024 * 56 * 4  # bf16 read, fp8 and scales written
     assert quant_bytes(2, 200) == 2 * 200 * 3 + 2 * 2 * 4  # a partial last group has its scale
     assert bench.rotation_copies(15 * 2**20) == 12 and bench.rotation_copies(2**30) == 1
+    fp8 = torch.zeros(15 * 2**20, dtype=torch.float8_e4m3fn)
+    copies = bench.rotated(fp8)
+    assert len(copies) == 12 and copies[0] is fp8 and len({c.data_ptr() for c in copies}) == 12
+    assert len(bench.rotated(fp8.view(torch.bfloat16))) == 12  # by bytes, not elements
 
 
 def _row(n: int, k: int, m: int, backend: str, us: float, hbm: float = 0.5) -> dict[str, object]:

@@ -84,7 +84,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
             continue
         base, scale = bench.random_weight(n, k, device, gen)
         reference = bench.reference_for(base, scale, BLOCK)
-        weights = [base] + [base.clone() for _ in range(bench.rotation_copies(n * k) - 1)]
+        weights = bench.rotated(base)
         prepared: dict[str, list[Any]] = {}
         for b in chain:
             if todo[b.name] and gate(b, Problem(n, k, BLOCK), caps).ok:
