@@ -137,10 +137,15 @@ def _persistent_programs(cfg: TritonConfig, device: torch.device, tiles: int) ->
     if device.type == "cpu":
         sms = 1
     elif device.type == "cuda":
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = _sm_count(_cuda_index(device))
     else:
         return 0
     return min(tiles, cfg.PERSISTENT * sms)
+
+
+def _cuda_index(device: torch.device) -> int:
+    """The index of a CUDA ``device`` (the current device for a bare ``cuda``): the per-device caches' key."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.cache
@@ -163,7 +168,7 @@ def wgmma_runs(device: torch.device) -> bool:
         return False
     if type(_w8a8_block_kernel).__name__ == "InterpretedFunction":
         return False
-    return _wgmma_device(device.index if device.index is not None else torch.cuda.current_device())
+    return _wgmma_device(_cuda_index(device))
 
 
 @functools.cache
