@@ -53,6 +53,10 @@
 #                                                     # GPU 1: every GPU test, the scales' layout probe (run 32)
 #   bash benchmarks/h200_run.sh wgmma-regret OUTDIR   # regret on DeepSeek-V3 with that table: with the vendors
 #                                                     # (GPU 0), without (GPU 1) (run 33)
+#   bash benchmarks/h200_run.sh numerics OUTDIR       # GPU 0: numerics sweep of the tree; GPU 1: JIT warm-up, each
+#                                                     # vendor's error over 40 seeded activations (FlashInfer's
+#                                                     # quantizer against ours), regret with the vendors on other
+#                                                     # models' shapes with the shipped table (run 34)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -482,7 +486,24 @@ final_check2() {
   wait
 }
 
+numerics() {
+  local probe_shapes="4160,640,256,640,576,1536,2112,7168"  # benchmarks/vendor_error_probe.py SHAPES
+  (CUDA_VISIBLE_DEVICES=0 timeout 200 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+       --budget-s 170 >>"$work/lane0.log" 2>&1; log "d0: done") &
+  (log "d1: jit warm-up, the probe's and other models' shapes"
+   CUDA_VISIBLE_DEVICES=1 timeout 110 $py benchmarks/jit_warm.py --shapes "$probe_shapes,$OTHER" \
+       --backends deepgemm,flashinfer --procs 14 --out "$work/jit_warm_other.json" >>"$work/lane1.log" 2>&1
+   log "d1: vendor error probe"
+   CUDA_VISIBLE_DEVICES=1 timeout 120 $py benchmarks/vendor_error_probe.py --budget-s 95 \
+       --out "$work/vendor_error_probe.json" >>"$work/lane1.log" 2>&1
+   log "d1: regret, vendors, other models (model, shipped table)"
+   CUDA_VISIBLE_DEVICES=1 timeout 80 $py benchmarks/regret.py --shapes "$OTHER" --label vendors-other-model \
+       --budget-s 60 --out "$work/regret_vendors_other_model.json" >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
+
 case $stage in
+  numerics) numerics ;;
   order) order ;;
   fair) fair ;;
   final-fair) final_fair ;;
