@@ -8,17 +8,16 @@ from typing import Any
 
 import pytest
 
-from fp8select.kernels.triton_config import LAUNCH_KEYS, OPTIONAL_KEYS, PATHS, WGMMA_PATHS, TritonConfig
+from fp8select.kernels.triton_config import LAUNCH_KEYS, OPTIONAL_KEYS, PATHS, TritonConfig
 
 LAUNCH = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3}
 
 
 def test_from_dict_fills_optional_keys_with_fixed_defaults() -> None:
     assert TritonConfig.from_dict(LAUNCH) == TritonConfig(**LAUNCH, path="gemm", FIXUP=0, TMA=0)
-    for path in (p for p in PATHS if p not in WGMMA_PATHS):  # the Gluon paths: TMA always (their limits below)
+    for path in (p for p in PATHS if p != "wgmma"):  # wgmma: TMA always (its limits below)
         cfg = TritonConfig.from_dict({**LAUNCH, "path": path})
         assert cfg.FIXUP == (1 if path in ("decode", "swap") else 0) and cfg.TMA == 0
-    assert TritonConfig.from_dict({**LAUNCH, "path": "wgmma-swap", "BLOCK_N": 64, "num_warps": 4, "TMA": 1}).FIXUP == 1
     explicit = TritonConfig.from_dict({**LAUNCH, "path": "decode", "FIXUP": 0, "TMA": 1})
     assert (explicit.FIXUP, explicit.TMA) == (0, 1)
 
@@ -107,40 +106,6 @@ def test_wgmma_limits() -> None:
     for change, message in bad.values():
         with pytest.raises(ValueError, match=message):
             TritonConfig.from_dict({**WGMMA, **change})
-
-
-WGMMA_SWAP = {**LAUNCH, "BLOCK_N": 64, "SPLIT_K": 8, "num_stages": 8, "path": "wgmma-swap", "TMA": 1}
-
-
-def test_wgmma_swap_limits() -> None:
-    """The wgmma-swap path: 64 weight rows per warpgroup, the tokens at most one MMA wide, TMA,
-    split-K allowed (summed by the last program by default)."""
-    ok = TritonConfig.from_dict(WGMMA_SWAP)
-    assert ok.describe() == "wgmma-swap 16x64 sk8f w4 s8 tma" and ok.swap and not ok.quantizes_in_kernel
-    assert ok.prequantized() == ok
-    for fine in ({"BLOCK_N": 128, "num_warps": 8}, {"BLOCK_N": 256}, {"BLOCK_M": 128}, {"FIXUP": 0}):
-        TritonConfig.from_dict({**WGMMA_SWAP, **fine})
-    bad = {
-        "rows": ({"BLOCK_N": 64, "num_warps": 8}, "16 \\* warps <= BLOCK_N"),  # two warpgroups need 128 rows
-        "warps": ({"num_warps": 2}, "4 or 8 warps"),
-        "wide": ({"BLOCK_N": 512, "num_warps": 8}, "BLOCK_N <= 256"),
-        "tokens": ({"BLOCK_M": 512}, "BLOCK_M <= 256"),
-        "registers": ({"BLOCK_M": 256, "BLOCK_N": 128}, "per warp"),
-        "tma": ({"TMA": 0}, "TMA 1"),
-    }
-    for change, message in bad.values():
-        with pytest.raises(ValueError, match=message):
-            TritonConfig.from_dict({**WGMMA_SWAP, **change})
-
-
-def test_portable_maps_the_gluon_paths_to_the_kernels_with_the_same_tiles() -> None:
-    swap = TritonConfig.from_dict(WGMMA_SWAP)
-    assert swap.portable() == replace(swap, path="swap")
-    wgmma = TritonConfig.from_dict(WGMMA)
-    assert wgmma.portable() == replace(wgmma, path="gemm")
-    for path in (p for p in PATHS if p not in WGMMA_PATHS):
-        cfg = TritonConfig.from_dict({**LAUNCH, "path": path})
-        assert cfg.portable() is cfg
 
 
 def test_describe() -> None:

@@ -21,16 +21,10 @@ every launch parameter; nothing is filled in later from another table. The paths
     MMA. TMA-fed, no split-K; tiles that fit three fp32 accumulators in registers. Where it
     cannot run (not a CUDA GPU of compute capability 9.x, a Triton outside 3.6-3.9, the interpreter,
     tensors no TMA descriptor can describe) the ``gemm`` path runs with the same tiles.
-``wgmma-swap``
-    Triton quantization kernel, then the Hopper swap-AB GEMM of :mod:`.gluon_swap` (decode:
-    launched with PDL, its weight stream starts while the quantizer runs). TMA-fed, split-K as
-    the swap path's; one warpgroup per 64 weight rows. Where it cannot run (as for ``wgmma``)
-    the ``swap`` path runs with the same tiles.
 
 A caller that already quantized its activation (``w8a8_block_gemm``) cannot run an in-kernel
 quantizing path: :meth:`TritonConfig.prequantized` maps ``fused -> gemm`` and ``decode -> swap``
-(same kernel, same tiles), the one rule for that case; :meth:`TritonConfig.portable` maps the
-Gluon paths to the kernels that run everywhere (``wgmma -> gemm``, ``wgmma-swap -> swap``).
+(same kernel, same tiles), the one rule for that case.
 """
 
 from __future__ import annotations
@@ -50,22 +44,21 @@ __all__ = [
     "SWAP_PATHS",
     "TritonConfig",
     "WGMMA_ACC_REGISTERS",
-    "WGMMA_PATHS",
 ]
 
 SCALE_GROUP_K = 128
 """K elements per activation and weight scale; also every kernel's BLOCK_K."""
 
-PATHS = ("gemm", "fused", "decode", "swap", "wgmma", "wgmma-swap")
+PATHS = ("gemm", "fused", "decode", "swap", "wgmma")
 """Ways to run a linear on an unquantized activation (see the module docstring)."""
 
-SWAP_PATHS = ("decode", "swap", "wgmma-swap")
-"""Paths that run a swap-AB kernel (BLOCK_M tokens on the MMA's narrow side)."""
+SWAP_PATHS = ("decode", "swap")
+"""Paths that run the swap-AB kernel."""
 
 QUANT_FUSED_PATHS = ("fused", "decode")
 """Paths that quantize the activation inside the GEMM (one kernel, no fp8 activation in memory)."""
 
-PREQUANT_PATHS = ("gemm", "swap", "wgmma", "wgmma-swap")
+PREQUANT_PATHS = ("gemm", "swap", "wgmma")
 """Paths that run on an already-quantized activation (after the quantization kernel)."""
 
 LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
@@ -73,18 +66,13 @@ LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps
 
 OPTIONAL_KEYS = ("path", "FIXUP", "TMA", "PERSISTENT")
 """Keys :meth:`TritonConfig.from_dict` fills when absent, always with the same defaults: ``path``
-``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (:data:`SWAP_PATHS`), else 0; ``TMA`` 0;
+``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0;
 ``PERSISTENT`` 0."""
 
 MAX_PERSISTENT = 4
 """Most programs per SM a persistent launch asks for."""
 
-WGMMA_PATHS = ("wgmma", "wgmma-swap")
-"""Paths whose kernel is written in Gluon for Hopper (:meth:`TritonConfig.portable` runs elsewhere)."""
-
-_PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap", "wgmma": "wgmma",
-                "wgmma-swap": "wgmma-swap"}
-_PORTABLE_OF = {"wgmma": "gemm", "wgmma-swap": "swap"}
+_PREQUANT_OF = {"gemm": "gemm", "fused": "gemm", "decode": "swap", "swap": "swap", "wgmma": "wgmma"}
 
 WGMMA_ACC_REGISTERS = 64
 """fp32 registers per thread of one ``wgmma`` path accumulator at most: the kernel keeps three
@@ -117,8 +105,7 @@ class TritonConfig:
         SPLIT_K: K splits (programs per output tile); the launch uses at most the K-block count.
         num_warps: warps per program, a power of two.
         num_stages: software-pipeline depth.
-        path: ``gemm``, ``fused``, ``decode``, ``swap``, ``wgmma`` or ``wgmma-swap`` (see the module
-            docstring).
+        path: ``gemm``, ``fused``, ``decode``, ``swap`` or ``wgmma`` (see the module docstring).
         FIXUP: with ``SPLIT_K > 1``, 1 sums the partials in the last-arriving program (one
             launch), 0 in a second kernel; bitwise equal results either way.
         TMA: 1 loads the weight (and, in the tile kernel, the fp8 activation) tiles through
@@ -164,8 +151,6 @@ class TritonConfig:
                              f"path {self.path!r}, SPLIT_K {self.SPLIT_K}, TMA {self.TMA}")
         if self.path == "wgmma":
             self._check_wgmma()
-        elif self.path == "wgmma-swap":
-            self._check_wgmma_swap()
 
     def _check_wgmma(self) -> None:
         """The ``wgmma`` path's limits: one warpgroup per 64 rows (4 or 8 warps, BLOCK_M at least
@@ -184,22 +169,6 @@ class TritonConfig:
             problems.append(f"SPLIT_K 1, TMA 1, PERSISTENT 0, got {self.SPLIT_K}, {self.TMA}, {self.PERSISTENT}")
         if problems:
             raise ValueError("TritonConfig path 'wgmma' needs " + "; ".join(problems))
-
-    def _check_wgmma_swap(self) -> None:
-        """The ``wgmma-swap`` path's limits: one warpgroup per 64 weight rows (4 or 8 warps,
-        BLOCK_N at least 16 per warp, at most 256), BLOCK_M tokens at most 256 (the MMA's N), two
-        accumulators in registers, TMA loads, no persistent launch."""
-        problems = []
-        if self.num_warps not in (4, 8) or not 16 * self.num_warps <= self.BLOCK_N <= 256:
-            problems.append(f"4 or 8 warps and 16 * warps <= BLOCK_N <= 256, got {self.num_warps} warps, "
-                            f"BLOCK_N {self.BLOCK_N}")
-        if self.BLOCK_M > 256 or self.BLOCK_M * self.BLOCK_N > WGMMA_ACC_REGISTERS * 32 * self.num_warps:
-            problems.append(f"BLOCK_M <= 256 and BLOCK_M * BLOCK_N <= {WGMMA_ACC_REGISTERS * 32} per warp, got "
-                            f"{self.BLOCK_M}x{self.BLOCK_N} on {self.num_warps} warps")
-        if not self.TMA or self.PERSISTENT:
-            problems.append(f"TMA 1, PERSISTENT 0, got {self.TMA}, {self.PERSISTENT}")
-        if problems:
-            raise ValueError("TritonConfig path 'wgmma-swap' needs " + "; ".join(problems))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TritonConfig:
@@ -254,13 +223,6 @@ class TritonConfig:
         paths unchanged."""
         target = _PREQUANT_OF[self.path]
         return self if target == self.path else replace(self, path=target)
-
-    def portable(self) -> TritonConfig:
-        """The configuration that runs where this path's Gluon kernel cannot (see
-        :data:`WGMMA_PATHS`): ``wgmma -> gemm``, ``wgmma-swap -> swap``, same tiles; other
-        paths unchanged."""
-        target = _PORTABLE_OF.get(self.path)
-        return self if target is None else replace(self, path=target)
 
     def split_for(self, k: int) -> int:
         """SPLIT_K as launched for reduction length ``k``: at most its K blocks, re-balanced so

@@ -16,6 +16,7 @@ the same rule (:mod:`.quant`). Rows without non-finite values are unaffected.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -208,8 +209,10 @@ def _launch(
 
             gluon_gemm.launch(a, a_scale, b, b_scale, scale_bn, bias, out, cfg)
             return
+        cfg = replace(cfg, path="gemm")
     m, k = a.shape
     n = b.shape[0]
+    swap = cfg.swap
     quant = a_scale is None
     split = cfg.split_for(k)
     fixup = bool(cfg.FIXUP) and split > 1
@@ -221,45 +224,9 @@ def _launch(
         counters = out
     elif counters is None:
         counters = _fixup_counters(out.device, grid0)
-    gluon_scale = a_scale if cfg.path == "wgmma-swap" and wgmma_runs(out.device) and _tma_ok(a) and _tma_ok(b) else None
-    # PDL's weight limit is for the Triton GEMMs behind the quantizer; the Gluon one streams its
-    # weight while the quantizer runs, so it takes PDL at every weight size.
-    pdl = pdl_launch(_w8a8_block_kernel, out.device, m, 0 if quant or gluon_scale is not None else n * k)
-    if gluon_scale is not None:
-        from . import gluon_swap
-
-        gluon_swap.launch(a, gluon_scale, b, b_scale, scale_bn, bias, out, ws, counters, split, fixup, bool(pdl), cfg)
-    else:
-        _launch_triton(a, a_scale, b, b_scale, scale_bn, bias, out, cfg.portable(), ws, counters, split, fixup, pdl)
-    if split > 1 and not fixup:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
-            ws,
-            bias if bias is not None else ws,
-            out,
-            m * n,
-            n,
-            bias.stride(0) if bias is not None else 0,
-            SPLIT_K=split,
-            HAS_BIAS=bias is not None,
-            BLOCK=block,
-            num_warps=4,
-            **pdl,
-        )
-
-
-def _launch_triton(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor,
-                   scale_bn: int, bias: torch.Tensor | None, out: torch.Tensor, cfg: TritonConfig, ws: torch.Tensor,
-                   counters: torch.Tensor, split: int, fixup: bool, pdl: dict[str, bool]) -> None:
-    """The ``@triton.jit`` kernel of ``cfg.path`` (a path of :mod:`.triton_gemm_kernels`), given
-    :func:`_launch`'s split-K workspace and counters and its PDL launch keywords."""
-    m, k = a.shape
-    n = b.shape[0]
-    swap = cfg.swap
-    quant = a_scale is None
-    grid0 = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
     scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
     use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
+    pdl = pdl_launch(_w8a8_block_kernel, out.device, m, 0 if quant else n * k)  # the weight limit: behind the quantizer
     a_arg: Any = a
     b_arg: Any = b
     if use_tma:
@@ -338,6 +305,21 @@ def _launch_triton(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tenso
             _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=cfg.BLOCK_M, **common)
     else:
         _w8a8_block_kernel[(grid0, split)](*args, FUSED_QUANT=quant, GROUP_M=cfg.GROUP_M, **common)
+    if split > 1 and not fixup:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
+            ws,
+            bias if bias is not None else ws,
+            out,
+            m * n,
+            n,
+            stride_bias,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None,
+            BLOCK=block,
+            num_warps=4,
+            **pdl,
+        )
 
 
 def _without_launch(m: int, n: int, k: int, bias: torch.Tensor | None, out_dtype: torch.dtype,

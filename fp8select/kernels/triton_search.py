@@ -16,14 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fp8select.buckets import M_BUCKET_MAX, m_bucket
-from fp8select.kernels.triton_config import (
-    PATHS,
-    QUANT_FUSED_PATHS,
-    SCALE_GROUP_K,
-    SWAP_PATHS,
-    WGMMA_PATHS,
-    TritonConfig,
-)
+from fp8select.kernels.triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, SWAP_PATHS, TritonConfig
 
 __all__ = [
     "NOMINAL_SMS",
@@ -75,11 +68,9 @@ def fill_split(n: int, k: int, m: int, block_m: int, block_n: int, sms: int = NO
 def _make(path: str, block_m: int, block_n: int, warps: int, stages: int, split: int = 1, *,
           group_m: int = 8, tma: int = 0, persistent: int = 0) -> TritonConfig:
     """A configuration with the path's default split-K summation (FIXUP 1 on the swap-AB paths);
-    the Gluon paths always with TMA, ``wgmma`` with no split-K."""
-    if path in WGMMA_PATHS:
-        tma = 1
+    the ``wgmma`` path always with TMA and no split-K."""
     if path == "wgmma":
-        split = 1
+        split, tma = 1, 1
     return TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SCALE_GROUP_K, GROUP_M=group_m, SPLIT_K=split,
                         num_warps=warps, num_stages=stages, path=path, FIXUP=1 if path in SWAP_PATHS else 0, TMA=tma,
                         PERSISTENT=persistent)
@@ -307,14 +298,14 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
         add(TMA=1 - base.TMA)
     for sibling in _SIBLINGS[base.path]:
         if sibling in SWAP_PATHS or (bucket <= 64 if "fused" in (sibling, base.path) else bucket > 64):
-            add(path=sibling, FIXUP=base.FIXUP, **({"TMA": 1} if sibling in WGMMA_PATHS else {}))
+            add(path=sibling, FIXUP=base.FIXUP, **({"TMA": 1} if sibling == "wgmma" else {}))
     return out
 
 
-_SIBLINGS = {"decode": ("swap",), "swap": ("decode", "wgmma-swap"), "wgmma-swap": ("swap",), "gemm": ("fused", "wgmma"),
-             "fused": ("gemm",), "wgmma": ("gemm",)}
-"""The paths one step from each, with the same tiles: decode <-> swap <-> wgmma-swap at any M, gemm <->
-fused for M <= 64, gemm <-> wgmma above."""
+_SIBLINGS = {"decode": ("swap",), "swap": ("decode",), "gemm": ("fused", "wgmma"), "fused": ("gemm",),
+             "wgmma": ("gemm",)}
+"""The paths one step from each, with the same tiles: decode <-> swap at any M, gemm <-> fused for
+M <= 64, gemm <-> wgmma above."""
 
 
 def _allowed(paths: Sequence[str] | None) -> tuple[str, ...]:

@@ -180,13 +180,13 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
                    max_configs: int, deadline: float, rows: list[dict[str, Any]],
                    seeds: Measurements | None, device: torch.device) -> Any:
     """The fastest Triton configuration (None when none ran correctly): the known ones for this point first,
-    then the search's (the Gluon paths only where they run their own kernels: elsewhere they would time
-    the gemm and swap paths' again)."""
+    then the search's (the wgmma path only where it runs its own kernel: elsewhere it would time the gemm
+    path's again)."""
     from fp8select.kernels import triton_search
-    from fp8select.kernels.triton_config import PATHS, WGMMA_PATHS, TritonConfig
+    from fp8select.kernels.triton_config import PATHS, TritonConfig
     from fp8select.kernels.triton_gemm import wgmma_runs
 
-    paths = None if wgmma_runs(device) else tuple(p for p in PATHS if p not in WGMMA_PATHS)
+    paths = None if wgmma_runs(device) else tuple(p for p in PATHS if p != "wgmma")
 
     results: list[tuple[float, TritonConfig]] = []
 
