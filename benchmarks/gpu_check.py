@@ -82,8 +82,8 @@ def cublas_facts(quick: bool) -> list[dict[str, Any]]:
 
 
 def numerics_sweep(selection: fp8select.Selection, quick: bool, rows: list[dict[str, Any]],
-                   save: Any = lambda: None, deadline: float = float("inf")) -> list[dict[str, Any]]:
-    shapes = DEEPSEEK_V3 + RAGGED
+                   save: Any = lambda: None, deadline: float = float("inf"), first: int = 0) -> list[dict[str, Any]]:
+    shapes = (DEEPSEEK_V3 + RAGGED)[first:]
     ms = M_VALUES
     if quick:
         shapes, ms = [(2112, 7168), (256, 640), (4160, 7200)], [1, 8, 16, 100, 1024]
@@ -131,6 +131,8 @@ def main() -> int:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-facts", action="store_true", help="skip the cuBLAS acceptance facts")
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new shapes after this many seconds")
+    parser.add_argument("--first-shape", type=int, default=0,
+                        help="start the numerics sweep at this index of its 15 shapes (resume a budget-cut run)")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +166,8 @@ def main() -> int:
 
     result["numerics"] = []
     deadline = time.time() + args.budget_s
-    parts = [("numerics", lambda: numerics_sweep(selection, args.quick, result["numerics"], save, deadline))]
+    parts = [("numerics", lambda: numerics_sweep(selection, args.quick, result["numerics"], save, deadline,
+                                                          args.first_shape))]
     if not args.skip_facts:
         parts.insert(0, ("cublas_facts", lambda: cublas_facts(args.quick)))
     for key, fn in parts:
