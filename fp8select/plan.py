@@ -237,7 +237,7 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
             if route.backend not in by_layout[layouts[route.backend]]:
                 by_layout[layouts[route.backend]].append(route.backend)
     weights = tuple(WeightUse(lay, tuple(names)) for lay, names in by_layout.items())
-    routes = tuple(_with_config(r, accepted) for r in routes)
+    routes = tuple(_with_config(r, accepted, problem, estimates) for r in routes)
     return Plan(problem, routes, weights, candidates, explicit_backend, max_weight_copies, tuple(notes))
 
 
@@ -285,9 +285,15 @@ def _route(bucket: int, allowed: Sequence[Backend], explicit: str | None, reject
     return Route(bucket, first.name, GATE if prefix else RULE, prefix + detail)
 
 
-def _with_config(route: Route, backends: Sequence[Backend]) -> Route:
-    """``route`` with its launch configuration parsed by the backend that will read it."""
+def _with_config(route: Route, backends: Sequence[Backend], problem: Problem,
+                 estimates: Mapping[tuple[str, int], Estimate | None]) -> Route:
+    """``route`` with its launch configuration parsed by the backend that will read it, and fitted by
+    it to this layer's shape when it was measured at another (a modelled estimate's nearest shape)."""
     if route.backend is None or route.config is None:
         return route
     backend = next(b for b in backends if b.name == route.backend)
-    return replace(route, config=backend.launch_config(route.config))
+    config = backend.launch_config(route.config)
+    est = estimates.get((route.backend, route.bucket))
+    if est is not None and est.config_shape is not None and est.config_shape != (problem.n, problem.k):
+        config = backend.fit_config(config, est.config_shape, problem, route.bucket)
+    return replace(route, config=config)

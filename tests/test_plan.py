@@ -4,6 +4,7 @@ choice obeyed, the weight budget, and what the layer says about it."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -440,3 +441,28 @@ def test_describe_shows_each_ranges_launch_configuration() -> None:
     lines = plan.describe().splitlines()
     assert "M 1-512" in lines[1] and f"[{gemm.describe()}]" in lines[1]
     assert "M >= 513" in lines[2] and "[wgmma 128x128 sk1 w8 s2 tma]" in lines[2]
+
+
+def test_a_modelled_routes_borrowed_config_is_fitted_to_the_layers_shape() -> None:
+    """A shape never measured borrows the nearest measured shape's configuration; the backend fits it
+    (Triton: the split-K, :func:`fp8select.kernels.triton_search.fit_split`). A measured shape's is kept."""
+    class Fitting(Fake):
+        name = "triton"
+
+        def fit_config(self, config: Any, measured_at: tuple[int, int], problem: Problem, m: int) -> Any:
+            return {**config, "fitted": (measured_at, problem.n, problem.k, m)}
+
+    meas = measurements({"triton": {(N, K): {8: 10.0}}})
+    modelled = build_plan(_problem(2 * N, K), [Fitting()], CPU, estimator(meas, 2 * N, K))
+    assert modelled.route(8).why == MODEL and modelled.route(8).config["fitted"] == ((N, K), 2 * N, K, 8)
+    measured = build_plan(_problem(), [Fitting()], CPU, estimator(meas))
+    assert measured.route(8).config == TRITON_CONFIG
+
+
+def test_the_triton_backend_fits_a_borrowed_split_to_the_layer() -> None:
+    from fp8select.backends.triton import TritonBackend
+    from fp8select.kernels.triton_config import TritonConfig
+
+    cfg = TritonConfig.from_dict(TRITON_CONFIG)  # 16 x 64 tiles, split 2
+    fitted = TritonBackend().fit_config(cfg, (N, K), _problem(N // 2, K), 8)
+    assert fitted == replace(cfg, SPLIT_K=4)  # half the column tiles: twice the split, the same programs

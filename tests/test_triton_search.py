@@ -209,3 +209,18 @@ def test_wgmma_path_in_the_search() -> None:
     assert not any(c.path == "wgmma" and c.num_warps == 4 and c.BLOCK_M * c.BLOCK_N > 8192
                    for c in ts.neighbours(two, 7168, 16384, 4096))
     assert ts.smem_bytes(two) == 4 * (128 + 128) * 128  # the output tile reuses the ring (tests/test_gluon_gemm.py)
+
+
+def test_fit_split_keeps_the_measured_launchs_program_count() -> None:
+    """A configuration borrowed from another weight keeps its tiles; its split-K changes so that it
+    launches as many programs as where it was measured (M rows in ceil(M / BLOCK_M) tiles)."""
+    cfg = ts._make("gemm", 16, 64, 2, 3, 4)
+    # 7168 x 16384 at M 8: 112 column tiles x 4 splits = 448 programs; 4096 rows have 64 tiles
+    assert ts.fit_split(cfg, (7168, 16384), (4096, 14336), 8) == replace(cfg, SPLIT_K=7)
+    assert ts.fit_split(cfg, (7168, 16384), (28672, 4096), 8).SPLIT_K == 1  # 448 tiles: no split
+    assert ts.fit_split(cfg, (7168, 16384), (7168, 16384), 8) == cfg
+    # the split as launched there counts (16 on 7 K blocks launches 7), and the row tiles of M
+    wide = replace(cfg, SPLIT_K=16)
+    assert ts.fit_split(wide, (1024, 896), (512, 896), 64).SPLIT_K == 14
+    whole = ts._make("wgmma", 128, 128, 8, 4)
+    assert ts.fit_split(whole, (7168, 2048), (2112, 7168), 4096) is whole  # no split-K: unchanged

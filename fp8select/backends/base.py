@@ -146,6 +146,12 @@ class Backend:
         takes as ``config=``; backends without launch parameters have none."""
         return None
 
+    def fit_config(self, config: Any, measured_at: tuple[int, int], problem: Problem, m: int) -> Any:
+        """``config`` (from :meth:`launch_config`), measured at weight shape ``measured_at`` = (N, K),
+        made fit for ``problem``'s shape at ``m`` rows: the plan borrows a modelled shape's
+        configuration from the nearest measured one. Unchanged by default."""
+        return config
+
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
         """Per-call gate on the number of rows; every M by default."""
         return Verdict.accept(f"any M (found {m})")

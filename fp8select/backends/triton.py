@@ -18,6 +18,7 @@ import torch
 from fp8select.backends.base import CHECKPOINT_LAYOUT, FNUZ_LAYOUT, Backend, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.triton_config import TritonConfig
+from fp8select.kernels.triton_search import fit_split
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, EnvFlag, GfxArch, Package, Probe, TritonTarget
 from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Verdict
@@ -68,6 +69,11 @@ class TritonBackend(Backend):
         """A measured configuration (a tuning-table row's ``config``, :meth:`TritonConfig.to_dict`
         form) as :meth:`run` takes it; ``ValueError`` naming the key when it is malformed."""
         return TritonConfig.from_dict(config)
+
+    def fit_config(self, config: TritonConfig, measured_at: tuple[int, int], problem: Problem, m: int) -> TritonConfig:
+        """The same tiles with the split-K that keeps the measured launch's number of programs
+        (:func:`fp8select.kernels.triton_search.fit_split`)."""
+        return fit_split(config, measured_at, (problem.n, problem.k), m)
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

@@ -28,7 +28,8 @@ changes much between releases, and any data beats none), and says so.
   8% at 14, 6-7, 10 and 1 of those points.
   Where that matters, measure: ``fp8select tune``, or ``FP8SELECT_TUNE=load`` at load time.
   ``fp8select tune --shapes N,K`` measures a shape exactly; a launch configuration (Triton's) is
-  borrowed from the nearest measured shape.
+  borrowed from the nearest measured shape (the estimate says which: ``config_shape``), and the
+  backend fits it to this one (:meth:`fp8select.backends.base.Backend.fit_config`).
 
 A backend with no row on this device at all has no estimate; the plan then falls back to the
 priority order (:mod:`fp8select.plan`). Pure Python.
@@ -68,6 +69,7 @@ class Estimate:
     source: str  # MEASURED or MODEL
     detail: str
     config: Mapping[str, Any] | None = None
+    config_shape: tuple[int, int] | None = None  # the (N, K) ``config`` was measured at (MODEL: the nearest shape)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class Measurements:
         note = "" if rows.exact else f", measured with {_versions_text(rows.versions)}"
         row = rows.shapes.get((n, k), {}).get(bucket)
         if row is not None:
-            return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config)
+            return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
         train = rows.by_bucket.get(bucket, ())
         if not train:
             return None
@@ -151,7 +153,7 @@ class Measurements:
         us = floor_us(n, k, bucket) * math.exp(best_eff + standing)
         nearest = min(train, key=lambda shape: _distance(shape, n, k))
         detail = f"{us:.1f} us modelled from {len(train)} measured shapes (nearest {nearest[0]}x{nearest[1]}){note}"
-        return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config)
+        return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config, nearest)
 
 
 def _distance(shape: tuple[int, int], n: int, k: int) -> float:
