@@ -57,6 +57,9 @@
 #                                                     # vendor's error over 40 seeded activations (FlashInfer's
 #                                                     # quantizer against ours), regret with the vendors on other
 #                                                     # models' shapes with the shipped table (run 34)
+#   bash benchmarks/h200_run.sh fit-check OUTDIR      # GPU 0: regret on other models' shapes with and without the
+#                                                     # vendors (borrowed Triton splits fitted), every GPU test;
+#                                                     # GPU 1: the numerics sweep's last nine shapes (run 36)
 #
 # Every step is time-boxed and writes into $WORK (default /tmp/h200work, kept between the calls of
 # one machine); each stage ends by packing $WORK into OUTDIR/run.tgz (one file back). The shapes
@@ -501,9 +504,29 @@ numerics() {
        --budget-s 60 --out "$work/regret_vendors_other_model.json" >>"$work/lane1.log" 2>&1; log "d1: done") &
   wait
 }
+fit_check() {
+  local rest="36864,7168,7168,18432,4160,7168,2112,7200,576,1536,256,640,384,1152,7168,896,1000,1000"
+  install_project_deps
+  (CUDA_VISIBLE_DEVICES=0 timeout 70 $py benchmarks/jit_warm.py --shapes "$OTHER" --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm_other.json" >>"$work/lane0.log" 2>&1
+   log "d0: regret on other models' shapes, with and without the vendors"
+   CUDA_VISIBLE_DEVICES=0 timeout 80 $py benchmarks/regret.py --shapes "$OTHER" --label vendors-other-model \
+       --budget-s 60 --out "$work/regret_vendors_other_model.json" >>"$work/lane0.log" 2>&1
+   CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$NO_VENDORS timeout 80 $py benchmarks/regret.py --shapes "$OTHER" \
+       --label novendors-other-model --budget-s 60 --out "$work/regret_novendors_other_model.json" \
+       >>"$work/lane0.log" 2>&1
+   gpu_tests 0; log "d0: done") &
+  (CUDA_VISIBLE_DEVICES=1 timeout 70 $py benchmarks/jit_warm.py --shapes "$rest" --backends deepgemm,flashinfer \
+       --procs 14 --out "$work/jit_warm_rest.json" >>"$work/lane1.log" 2>&1
+   log "d1: numerics sweep, shapes 7-15"
+   CUDA_VISIBLE_DEVICES=1 timeout 300 $py benchmarks/gpu_check.py --out "$work/gpu_check" --skip-tests --skip-facts \
+       --first-shape 6 --budget-s 270 >>"$work/lane1.log" 2>&1; log "d1: done") &
+  wait
+}
 
 case $stage in
   numerics) numerics ;;
+  fit-check) fit_check ;;
   order) order ;;
   fair) fair ;;
   final-fair) final_fair ;;
