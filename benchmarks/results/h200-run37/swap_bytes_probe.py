@@ -1,23 +1,30 @@
 """Probe: is the swap-AB kernel's growth with M the activation's bytes (TMA rows fetched), its values, or M itself?"""
+
 from __future__ import annotations
-import argparse, functools, json, sys, time
+
+import argparse
+import functools
+import json
+import sys
 from collections import namedtuple
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gluon_swap
 import torch
-import fp8select
+
 from fp8select import bench, roofline, timing
 from fp8select.kernels import triton_gemm
 from fp8select.kernels.quant import M_MAJOR
 from fp8select.kernels.triton_quant import quantize_per_token_group_triton
-import gluon_swap
 
 Cfg = namedtuple("Cfg", "BLOCK_M BLOCK_N num_warps num_stages split rotate")
 CFGS = (Cfg(16, 64, 4, 4, 1, False), Cfg(16, 64, 4, 4, 4, False), Cfg(16, 128, 4, 4, 7, False))
 
+
 def op(x, w, s, c, counters, desc_rows, quant):
-    m, k = x.shape
+    m, _k = x.shape
     n = w.shape[0]
     if quant:
         xq, xs = quantize_per_token_group_triton(x, 128, dtype=w.dtype, layout=M_MAJOR)
@@ -28,8 +35,11 @@ def op(x, w, s, c, counters, desc_rows, quant):
     gluon_swap.launch(xq, xs, w, s[0], 128, None, out, ws, counters, c.split, c.split > 1, True, c, desc_rows)
     return out
 
+
 def main():
-    p = argparse.ArgumentParser(); p.add_argument("--out", required=True); a = p.parse_args()
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rep = {"env": bench.environment(), "points": []}
     for n, k in ((7168, 16384), (7168, 18432)):
@@ -41,8 +51,13 @@ def main():
         x16 = torch.randn(16, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         xsame = x1.expand(16, k).contiguous()
         xq16, xs16 = quantize_per_token_group_triton(x16, 128, dtype=base.dtype, layout=M_MAJOR)
-        variants = {"m1": (x1, None, True), "m16": (x16, None, True), "m16 same rows": (xsame, None, True),
-                    "m16 one row fetched": (x16, 1, True), "m16 prequantized": (xq16, None, False)}
+        variants = {
+            "m1": (x1, None, True),
+            "m16": (x16, None, True),
+            "m16 same rows": (xsame, None, True),
+            "m16 one row fetched": (x16, 1, True),
+            "m16 prequantized": (xq16, None, False),
+        }
         cols = {}
         for c in CFGS:
             for vname, (x, rows, quant) in variants.items():
@@ -54,6 +69,7 @@ def main():
         rep["points"].append({"n": n, "k": k, "floor_us": round(floor, 3), "us": us, "failed": failed})
         print(json.dumps(rep["points"][-1]), flush=True)
         Path(a.out).write_text(json.dumps(rep, indent=1))
+
 
 if __name__ == "__main__":
     main()
