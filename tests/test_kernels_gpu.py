@@ -163,6 +163,30 @@ def test_wgmma_path_runs_the_gluon_kernel_on_hopper(kernels: tuple, monkeypatch:
     assert len(launches) == 11  # every call above, the captured one included
 
 
+def test_wgmma_path_takes_a_callers_m_major_scales(kernels: tuple) -> None:
+    """A pre-quantized activation with M-major scales (as DeepGEMM-style quantizers write them) on the wgmma
+    path: the kernel gets a row-major copy, so the result is the row-major one bit for bit and the
+    caller's tensor is left as it was."""
+    from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR
+    from fp8select.kernels.triton_config import TritonConfig
+
+    tq, tg = kernels
+    if not tg.wgmma_runs(torch.device("cuda")):
+        pytest.skip("the wgmma path runs its own kernel on compute capability 9.x with Triton >= 3.6 only")
+    cfg = TritonConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=4,
+                       path="wgmma", FIXUP=0, TMA=1)
+    w, s = random_problem(1000, K, device="cuda")
+    x = torch.randn(300, K, device="cuda", dtype=torch.bfloat16)
+    q, rows = tq.quantize_per_token_group_triton(x, 128, layout=ROW_MAJOR)
+    _, cols = tq.quantize_per_token_group_triton(x, 128, layout=M_MAJOR)
+    assert cols.stride(0) == 1 and torch.equal(rows, cols)
+    kept = cols.clone()
+    want = tg.w8a8_block_gemm(q, rows, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg)
+    got = tg.w8a8_block_gemm(q, cols, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg)
+    assert torch.equal(got, want) and torch.equal(cols, kept) and cols.stride(0) == 1
+    assert rel_err(got, expected(x, w, s, (128, 128))) < 1e-2
+
+
 @pytest.mark.parametrize("path", ["gemm", "fused", "decode", "swap"])
 @pytest.mark.parametrize(("fixup", "tma"), [(0, 0), (1, 1)])
 def test_every_path_gives_nan_rows_and_leaves_the_others(kernels: tuple, path: str, fixup: int, tma: int) -> None:

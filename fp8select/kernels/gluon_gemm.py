@@ -202,7 +202,14 @@ def launch(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: tor
            bias: torch.Tensor | None, out: torch.Tensor, cfg: TritonConfig) -> None:
     """Launch the kernel with ``cfg``'s tiles (a ``wgmma`` path configuration) on checked operands:
     ``a``, ``b`` and ``out`` able to back TMA descriptors (unit column stride, 16-byte aligned base
-    and row stride), scales of any strides."""
+    and row stride), scales of any strides.
+
+    The kernel loads a K block's activation scales one block before it uses them, less than the L2
+    latency. Row-major, a token's next 32 blocks' scales arrive with the first (one 128-byte line).
+    Any other layout (a caller's M-major scales) is copied row-major first: M x K/128 words against
+    a GEMM 7-19% slower on M-major scales (H200 run 32)."""
+    if a_scale.stride(1) != 1:
+        a_scale = a_scale.contiguous()
     m, k = a.shape
     n = b.shape[0]
     grid = (triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N),)

@@ -359,7 +359,8 @@ def w8a8_block_gemm(
     Args:
         a: ``[M, K]`` fp8 activation (same fp8 dtype as ``b``).
         a_scale: ``[M, ceil(K/128)]`` fp32 per-token-group scales, any strides (row-major
-            and M-major both work; M-major reads coalesced).
+            and M-major both work; the tile kernels read M-major ones coalesced, the wgmma path
+            copies any but row-major ones row-major first).
         b: ``[N, K]`` fp8 weight in checkpoint layout.
         b_scale: ``[ceil(N/bn), ceil(K/128)]`` fp32 weight scales, any strides.
         block_size: weight scale block ``(bn, bk)``: ``(128, 128)`` or ``(1, 128)``.
@@ -442,10 +443,8 @@ def linear(
         _launch(x, None, b, b_scale, scale_bn, bias, out, cfg, counters)
     else:
         # M-major scales: the tile kernels read one K block's scales of consecutive tokens as one
-        # contiguous run instead of BLOCK_M scattered words. The wgmma kernel reads them a block
-        # ahead of their use, which is less than the L2 latency: row-major, a token's next 32
-        # blocks' scales come with the first (one 128-byte line, then L1 hits), 7-19% faster
-        # there than M-major (H200 run 31).
+        # contiguous run instead of BLOCK_M scattered words. The wgmma kernel reads row-major ones
+        # (gluon_gemm.launch says why, and copies any other layout).
         layout = ROW_MAJOR if cfg.path == "wgmma" else M_MAJOR
         xq, xs = quantize_per_token_group_triton(x, SCALE_GROUP_K, dtype=b.dtype, layout=layout)
         _launch(xq, xs, b, b_scale, scale_bn, bias, out, cfg, counters)
