@@ -40,7 +40,7 @@ from fp8select.tuning.model import Estimate, Measurements
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",
-           "estimator", "gate"]
+           "estimator", "fitted_config", "gate"]
 
 EXPLICIT, GATE, MEASURED, MODEL, RULE = "explicit", "gate", "measured", "model", "rule"
 
@@ -289,11 +289,20 @@ def _with_config(route: Route, backends: Sequence[Backend], problem: Problem,
                  estimates: Mapping[tuple[str, int], Estimate | None]) -> Route:
     """``route`` with its launch configuration parsed by the backend that will read it, and fitted by
     it to this layer's shape when it was measured at another (a modelled estimate's nearest shape)."""
-    if route.backend is None or route.config is None:
+    est = estimates.get((route.backend, route.bucket)) if route.backend is not None else None
+    if est is None:  # the route's configuration is its estimate's
         return route
     backend = next(b for b in backends if b.name == route.backend)
-    config = backend.launch_config(route.config)
-    est = estimates.get((route.backend, route.bucket))
-    if est is not None and est.config_shape is not None and est.config_shape != (problem.n, problem.k):
-        config = backend.fit_config(config, est.config_shape, problem, route.bucket)
-    return replace(route, config=config)
+    return replace(route, config=fitted_config(backend, est, problem, route.bucket))
+
+
+def fitted_config(backend: Backend, est: Estimate, problem: Problem, m: int) -> Any:
+    """``est``'s launch configuration as ``backend`` reads it (:meth:`Backend.launch_config`), fitted to
+    ``problem``'s shape at ``m`` rows when it was measured at another (:meth:`Backend.fit_config`); None
+    when it has none."""
+    if est.config is None:
+        return None
+    config = backend.launch_config(est.config)
+    if est.config_shape is not None and est.config_shape != (problem.n, problem.k):
+        config = backend.fit_config(config, est.config_shape, problem, m)
+    return config

@@ -189,3 +189,26 @@ def test_the_triton_search_tries_the_wgmma_path_only_where_it_runs(monkeypatch: 
     paths = {cfg.path for cfg in timed}
     assert len(timed) == 6 and best == timed[-1]
     assert ("wgmma" in paths) == runs and "gemm" in paths
+
+
+def test_the_triton_search_starts_from_the_nearest_shapes_configuration_fitted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape no table holds: the first configuration timed is the nearest measured shape's, with its split-K
+    fitted to this weight's column tiles, as the plan would run it."""
+    pytest.importorskip("triton")
+    from fp8select.backends.triton import TritonBackend
+    from fp8select.kernels import triton_gemm
+    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.tuning.model import Measurements
+    from fp8select.tuning.tune import _search_triton
+
+    monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: False)
+    measured = TritonConfig.from_dict({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4,
+                                       "num_warps": 2, "num_stages": 3, "path": "gemm"})
+    table = new_table("cpu")
+    table["groups"].append({"backend": "triton", "versions": {"torch": "2.13.0+cpu"},
+                            "shapes": {"7168,16384": {"8": {"us": 38.0, "config": measured.to_dict()}}}})
+    seeds = Measurements("cpu", [table], {"triton": {"torch": "2.13.0+cpu"}})
+    timed: list[Any] = []
+    _search_triton(TritonBackend(), lambda cfg: timed.append(cfg) or 10.0, 4096, 14336, 8, sms=132, max_configs=1,
+                   deadline=float("inf"), rows=[], seeds=seeds, device=torch.device("cpu"))
+    assert timed == [TritonConfig.from_dict({**measured.to_dict(), "SPLIT_K": 7})]  # 112 column tiles x 4, 64 x 7

@@ -26,7 +26,7 @@ from fp8select import bench, timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import m_bucket
 from fp8select.guard import PASS_THROUGH, describe
-from fp8select.plan import gate
+from fp8select.plan import fitted_config, gate
 from fp8select.problem import Problem
 from fp8select.tuning.model import Measurements
 from fp8select.tuning.table import backend_versions, new_table, shape_key
@@ -205,8 +205,8 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
         return us
 
     known = seeds.estimate("triton", n, k, m_bucket(m)) if seeds is not None else None
-    if known is not None and known.config is not None:
-        time_config(TritonConfig.from_dict(known.config))
+    if known is not None and known.config is not None:  # a borrowed one fitted to this shape, as the plan does
+        time_config(fitted_config(backend, known, Problem(n, k, BLOCK), m))
     if max_configs > len(results):
         triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs - len(results), deadline=deadline,
                              paths=paths)
