@@ -3,7 +3,7 @@
 Per layer shape (N, K) and M (one per bucket), each backend of the chain except ``reference``
 is checked against an fp64 reference; Triton's launch configuration is found by timing a
 search (:mod:`fp8select.kernels.triton_search`), starting from the configurations already
-known for that point (any version's row, or the nearest measured shape's). Then the correct
+known for that point (any version's row, or the nearest measured shape's, fitted to this one). Then the correct
 backends are timed together as the whole op a user calls (bf16 in, activation quantization
 included), CUDA-graph replay with the weights rotated past the L2, their replays interleaved
 (:func:`fp8select.timing.time_graphs`): those times are the table's. A row goes into the
