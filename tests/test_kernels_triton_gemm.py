@@ -309,9 +309,9 @@ def test_fused_paths_equal_separate_quantization(dtype: torch.dtype, x_dtype: to
 
 
 @pytest.mark.parametrize("path", ["gemm", "decode"])
-@pytest.mark.parametrize("split_k", [2, 3])
+@pytest.mark.parametrize("split_k", [2, 3, 7])  # the last program reads the partials four at a time
 def test_fixup_equals_two_pass_reduction_and_resets_counters(path: str, split_k: int) -> None:
-    m, n, k = 17, 200, 640
+    m, n, k = 17, 200, 896
     x = _activation(m, k)
     w, ws = _weight(n, k, 128)
     bias = torch.randn(n)
