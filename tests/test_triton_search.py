@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fp8select.kernels import triton_search as ts
-from fp8select.kernels.triton_config import SWAP_PATHS, TritonConfig
+from fp8select.kernels.triton_config import FIXUP_MAX_SPLIT, TritonConfig, default_fixup
 
 DEEPSEEK_V3 = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
                (36864, 7168), (7168, 18432)]
@@ -47,7 +47,7 @@ def test_candidates_are_valid_distinct_and_fit(n: int, k: int) -> None:
         for cfg in cands:
             assert isinstance(cfg, TritonConfig) and TritonConfig.from_dict(cfg.to_dict()) == cfg
             assert ts.smem_bytes(cfg) <= ts.SMEM_LIMIT_BYTES
-            assert cfg.FIXUP == (1 if cfg.path in SWAP_PATHS else 0)
+            assert cfg.FIXUP == default_fixup(cfg.path, cfg.SPLIT_K)
             if m > 512:
                 assert cfg.SPLIT_K == 1
         paths = [c.path for c in cands]
@@ -85,7 +85,7 @@ def test_neighbours_are_valid_distinct_and_filtered(m: int) -> None:
         for cfg in near:
             assert ts.smem_bytes(cfg) <= ts.SMEM_LIMIT_BYTES
             if cfg.SPLIT_K == 1:
-                assert cfg.FIXUP == (1 if cfg.path in SWAP_PATHS else 0)
+                assert cfg.FIXUP == default_fixup(cfg.path, 1)
             assert not (cfg.path == "fused" and cfg.TMA)
         only_same = ts.neighbours(base, 7168, 16384, m, paths=[base.path])
         assert {c.path for c in only_same} <= {base.path}
@@ -111,7 +111,7 @@ def test_heuristic_config_per_path() -> None:
     for path in ("gemm", "fused", "decode", "swap"):
         for m in (1, 3, 16, 17, 64, 100, 4096):
             cfg = ts.heuristic_config(4096, 7168, m, path)
-            assert cfg.path == path and cfg.TMA == 0 and cfg.FIXUP == (1 if path in SWAP_PATHS else 0)
+            assert cfg.path == path and cfg.TMA == 0 and cfg.FIXUP == default_fixup(path, cfg.SPLIT_K)
     assert ts.heuristic_config(4096, 7168, 3, "decode").BLOCK_M == 16
     assert ts.heuristic_config(4096, 7168, 40, "swap").BLOCK_M == 64
     with pytest.raises(ValueError, match="path"):
@@ -224,3 +224,24 @@ def test_fit_split_keeps_the_measured_launchs_program_count() -> None:
     assert ts.fit_split(wide, (1024, 896), (512, 896), 64).SPLIT_K == 14
     whole = ts._make("wgmma", 128, 128, 8, 4)
     assert ts.fit_split(whole, (7168, 2048), (2112, 7168), 4096) is whole  # no split-K: unchanged
+
+
+def test_default_fixup_sums_in_a_second_kernel_from_split_k_8() -> None:
+    """The swap-AB paths sum their splits in the last-arriving program up to FIXUP_MAX_SPLIT, in the
+    second kernel beyond (the faster at split-K 8 on the H200); the tile paths always in the second."""
+    assert FIXUP_MAX_SPLIT == 4
+    assert [default_fixup("decode", s) for s in (1, 2, 4, 8, 16)] == [1, 1, 1, 0, 0]
+    assert [default_fixup("swap", s) for s in (1, 4, 8)] == [1, 1, 0]
+    assert {default_fixup(p, s) for p in ("gemm", "fused", "wgmma") for s in (1, 4, 8)} == {0}
+    row = {"BLOCK_M": 16, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+           "path": "decode"}
+    assert TritonConfig.from_dict({**row, "SPLIT_K": 8}).FIXUP == 0
+    assert TritonConfig.from_dict({**row, "SPLIT_K": 4}).FIXUP == 1
+    assert TritonConfig.from_dict({**row, "SPLIT_K": 8, "FIXUP": 1}).FIXUP == 1  # given: kept
+    # The H200's fastest Triton configuration at M 8-16 on 7168 x 16384 (run 42), decode 16x256 by TMA at
+    # split-K 8 with the second kernel, is one step (split-K / 2) from a first-round candidate.
+    best = TritonConfig.from_dict({**row, "SPLIT_K": 8, "TMA": 1})
+    first = [c for c in ts.candidates(7168, 16384, 8) if c.path == "decode" and c.BLOCK_N == 256]
+    assert first and first[0].FIXUP == 0 and best in ts.neighbours(first[0], 7168, 16384, 8)
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        TritonConfig.from_dict({**row, "SPLIT_K": "8"})

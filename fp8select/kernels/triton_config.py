@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 __all__ = [
+    "FIXUP_MAX_SPLIT",
     "LAUNCH_KEYS",
     "MAX_PERSISTENT",
     "OPTIONAL_KEYS",
@@ -44,6 +45,7 @@ __all__ = [
     "SWAP_PATHS",
     "TritonConfig",
     "WGMMA_ACC_REGISTERS",
+    "default_fixup",
 ]
 
 SCALE_GROUP_K = 128
@@ -66,8 +68,21 @@ LAUNCH_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps
 
 OPTIONAL_KEYS = ("path", "FIXUP", "TMA", "PERSISTENT")
 """Keys :meth:`TritonConfig.from_dict` fills when absent, always with the same defaults: ``path``
-``"gemm"``; ``FIXUP`` 1 for the swap-AB paths (``decode``, ``swap``), else 0; ``TMA`` 0;
-``PERSISTENT`` 0."""
+``"gemm"``; ``FIXUP`` :func:`default_fixup`'s; ``TMA`` 0; ``PERSISTENT`` 0."""
+
+FIXUP_MAX_SPLIT = 4
+"""Most splits a swap-AB configuration sums in its last-arriving program by default (:func:`default_fixup`)."""
+
+
+
+def default_fixup(path: str, split: int) -> int:
+    """The split-K summation of a configuration that names none: in the last-arriving program (1) on
+    the swap-AB paths (``decode``, ``swap``) up to :data:`FIXUP_MAX_SPLIT` splits, else in a second
+    kernel (0). From split-K 8 the second kernel (PDL-launched at decode) is the faster one: 14 of the 16
+    such swap-AB rows of the shipped H200 table, and 3-10% on the decode path at M 8-16 on the 7168 x
+    16384 and 7168 x 18432 weights (H200 run 42)."""
+    return 1 if path in SWAP_PATHS and split <= FIXUP_MAX_SPLIT else 0
+
 
 MAX_PERSISTENT = 4
 """Most programs per SM a persistent launch asks for."""
@@ -188,7 +203,7 @@ class TritonConfig:
         path = data.get("path", "gemm")
         if path not in PATHS:
             raise ValueError(f"TritonConfig 'path' must be one of {PATHS}, got {path!r}")
-        fixup = data.get("FIXUP", 1 if path in SWAP_PATHS else 0)
+        fixup = data.get("FIXUP", default_fixup(path, _check_int("SPLIT_K", data["SPLIT_K"])))
         return cls(**{key: data[key] for key in LAUNCH_KEYS}, path=path, FIXUP=_check_flag("FIXUP", fixup),
                    TMA=_check_flag("TMA", data.get("TMA", 0)), PERSISTENT=data.get("PERSISTENT", 0))
 

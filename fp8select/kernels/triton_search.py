@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fp8select.buckets import M_BUCKET_MAX, m_bucket
-from fp8select.kernels.triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, SWAP_PATHS, TritonConfig
+from fp8select.kernels.triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, SWAP_PATHS, TritonConfig, default_fixup
 
 __all__ = [
     "NOMINAL_SMS",
@@ -83,12 +83,12 @@ def fit_split(cfg: TritonConfig, measured_at: tuple[int, int], shape: tuple[int,
 
 def _make(path: str, block_m: int, block_n: int, warps: int, stages: int, split: int = 1, *,
           group_m: int = 8, tma: int = 0, persistent: int = 0) -> TritonConfig:
-    """A configuration with the path's default split-K summation (FIXUP 1 on the swap-AB paths);
+    """A configuration with the default split-K summation (:func:`.triton_config.default_fixup`);
     the ``wgmma`` path always with TMA and no split-K."""
     if path == "wgmma":
         split, tma = 1, 1
     return TritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SCALE_GROUP_K, GROUP_M=group_m, SPLIT_K=split,
-                        num_warps=warps, num_stages=stages, path=path, FIXUP=1 if path in SWAP_PATHS else 0, TMA=tma,
+                        num_warps=warps, num_stages=stages, path=path, FIXUP=default_fixup(path, split), TMA=tma,
                         PERSISTENT=persistent)
 
 
@@ -276,7 +276,7 @@ def neighbours(config: TritonConfig, n: int, k: int, m: int, *, sms: int = NOMIN
         except ValueError:  # outside the path's limits (the wgmma path's tiles, split, TMA)
             return
         if new.SPLIT_K == 1:
-            new = replace(new, FIXUP=1 if new.path in SWAP_PATHS else 0)
+            new = replace(new, FIXUP=default_fixup(new.path, 1))
         if new.path == "fused":
             new = replace(new, TMA=0)
         if persistent and new.can_run_persistent:  # else the step leaves persistent launches behind
