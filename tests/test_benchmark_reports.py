@@ -78,3 +78,26 @@ def test_model_check_scores_the_models_choice_against_measured_times() -> None:
     # a-fast shapes remain: a, 3x slower than b there. 1024 left out: nearer 2048: a, right.
     assert (loo["points"], loo["over_8pct"], loo["worst"]) == (3, 1, 3.0)
     assert loo["worst_point"] == {"n": 8192, "k": 4096, "m": 1, "pick": "a", "best": "b"}
+
+
+def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
+    """decode_ab.py --distill: per point the median of three reports, the table's configuration (the layer)
+    against the fastest fixed one; merge_tuning.py takes those faster by more than its margin."""
+    pytest.importorskip("triton")
+    import decode_ab
+    import merge_tuning
+
+    def report(layer: float, decode: float, gemm: float) -> dict:
+        return {"env": {"device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "triton": "3.6.0"},
+                "configs": {"decode": decode_ab.CONFIGS["decode"], "gemm": decode_ab.CONFIGS["gemm"]},
+                "points": [{"n": 7168, "k": 16384, "m": 8, "us": {"layer": layer, "decode": decode, "gemm": gemm,
+                                                                   "flashinfer": 30.0}}]}
+
+    got = decode_ab.distill([report(39.0, 37.0, 40.0), report(38.0, 36.0, 35.0), report(40.0, 50.0, 41.0)])
+    (row,) = got["decode"]
+    # medians 39 / 37 / 40: decode is the fastest fixed configuration (a vendor is not one)
+    assert (row["table_us"], row["sweep_us"], row["sweep_name"]) == (39.0, 37.0, "decode")
+    assert row["sweep_config"]["SPLIT_K"] == 8 and row["sweep_config"]["FIXUP"] == 0 and row["reports"] == 3
+    table = merge_tuning.from_limits(got, 0.02)
+    assert table["groups"][0]["shapes"]["7168,16384"]["8"]["us"] == 37.0
+    assert merge_tuning.from_limits(got, 0.06)["groups"][0]["shapes"] == {}  # 5.1% faster: not by 6%
