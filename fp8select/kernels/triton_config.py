@@ -74,7 +74,6 @@ FIXUP_MAX_SPLIT = 4
 """Most splits a swap-AB configuration sums in its last-arriving program by default (:func:`default_fixup`)."""
 
 
-
 def default_fixup(path: str, split: int) -> int:
     """The split-K summation of a configuration that names none: in the last-arriving program (1) on
     the swap-AB paths (``decode``, ``swap``) up to :data:`FIXUP_MAX_SPLIT` splits, else in a second

@@ -81,11 +81,11 @@ def _store_tile(
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
                 total = tl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                last = SPLIT_K - 1
                 for s in range(1, SPLIT_K, 4):
                     # Four partials' loads in flight at once (one per iteration waits out an L2 round
                     # trip per split, at the kernel's tail), added in split order all the same. Past
                     # the last split they re-read it (clamped: no mask) and are not added.
-                    last = SPLIT_K - 1
                     p1 = tl.load(ws_ptrs + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
                     p2 = tl.load(ws_ptrs + tl.minimum(s + 1, last) * mn, mask=mask, other=0.0, cache_modifier=".cg")
                     p3 = tl.load(ws_ptrs + tl.minimum(s + 2, last) * mn, mask=mask, other=0.0, cache_modifier=".cg")
