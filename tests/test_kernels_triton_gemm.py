@@ -405,8 +405,8 @@ def test_linear_empty_and_zero_k() -> None:
 def _launched(monkeypatch: pytest.MonkeyPatch) -> list[TritonConfig]:
     """Record the configuration of every kernel launch from now on."""
     seen: list[TritonConfig] = []
-    launch = tg._launch
-    monkeypatch.setattr(tg, "_launch", lambda *a: seen.append(a[7]) or launch(*a))  # a[7]: the configuration
+    launch = tg.BoundGemm.__call__
+    monkeypatch.setattr(tg.BoundGemm, "__call__", lambda self, *a: seen.append(self.cfg) or launch(self, *a))
     return seen
 
 
@@ -619,17 +619,17 @@ def test_the_pdl_weight_limit_applies_only_behind_the_quantizer(monkeypatch: pyt
                                                               weight_limited: bool) -> None:
     """A GEMM that quantizes in the kernel asks for PDL at any weight size (H200 run 16); one behind
     the quantization kernel gives its weight, which PDL_MAX_WEIGHT caps."""
-    asked: list[tuple[int, int]] = []
+    asked: list[int] = []
 
-    def record(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> dict[str, bool]:
-        asked.append((m, weight_elements))
-        return {}
+    def record(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
+        asked.append(weight_elements)
+        return False
 
-    monkeypatch.setattr(tg, "pdl_launch", record)
+    monkeypatch.setattr(tg, "use_pdl", record)
     n, k = 64, 256
     w, s = _weight(n, k, 128)
     tg.linear(torch.randn(3, k), w, s, (128, 128), out_dtype=torch.float32, config=_cfg(path))
-    assert asked == [(3, n * k if weight_limited else 0)]
+    assert asked == [n * k if weight_limited else 0]
 
 
 @pytest.mark.parametrize(("block", "block_n"), [((128, 128), 64), ((128, 128), 256), ((1, 128), 64)])
@@ -651,7 +651,7 @@ def test_persistent_launch_equals_the_tile_kernel(block: tuple[int, int], block_
     monkeypatch.setattr(tg, "_w8a8_persistent_kernel", type("Spy", (), {
         "__getitem__": lambda self, grid: grids.append(grid) or kernel[grid]})())
     out = tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=persistent)
-    assert grids == [(programs_per_sm,)]
+    assert grids == [(programs_per_sm, 1, 1)]
     ref = tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=tile)
     assert len(grids) == 1  # the tile configuration runs the tile kernel
     rows = torch.arange(m) != 7

@@ -38,6 +38,7 @@ __all__ = [
     "ceil_pow2",
     "check_activation",
     "check_quant_args",
+    "check_quant_params",
     "empty_scale",
     "fp8_format",
     "fp8_max",
@@ -166,6 +167,11 @@ def check_activation(x: torch.Tensor) -> None:
 def check_quant_args(x: torch.Tensor, group_size: int, dtype: torch.dtype, eps: float) -> None:
     """Validate the arguments shared by the torch and Triton quantizers."""
     check_activation(x)
+    check_quant_params(group_size, dtype, eps)
+
+
+def check_quant_params(group_size: int, dtype: torch.dtype, eps: float) -> None:
+    """Validate a quantizer's group size, fp8 dtype and eps (what does not depend on the activation)."""
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     fp8_format(dtype)

@@ -31,12 +31,15 @@ except ImportError:  # pragma: no cover - older triton
 from .quant import DEFAULT_EPS, M_MAJOR, ROW_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
-from .triton_pdl import pdl_launch
-from .triton_quant import fp8_constexprs, hw_rne, quantize_per_token_group_triton
+from .triton_launch import BoundKernel, int_class, tensor_class
+from .triton_pdl import PDL_MAX_M, use_pdl
+from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 from .triton_search import heuristic_config
 
 __all__ = [
     "PATHS",
+    "BoundGemm",
+    "BoundLinear",
     "SUPPORTED_BLOCK_SIZES",
     "TritonConfig",
     "linear",
@@ -187,139 +190,198 @@ _REPEAT_RESHAPE_OK = [True]
 """Cleared when the swap kernel's row repetition for 1 < QUANT_ROWS < BLOCK_M failed to compile."""
 
 
-def _launch(
-    a: torch.Tensor,
-    a_scale: torch.Tensor | None,
-    b: torch.Tensor,
-    b_scale: torch.Tensor,
-    scale_bn: int,
-    bias: torch.Tensor | None,
-    out: torch.Tensor,
-    cfg: TritonConfig,
-    counters: torch.Tensor | None = None,
-) -> None:
-    """Launch the kernel of ``cfg.path`` (plus the split-K reduction when ``SPLIT_K > 1`` and
-    not ``FIXUP``) writing ``out``. ``a_scale`` is None when the kernel quantizes ``a`` (the
-    caller matches it to the path: None exactly for the in-kernel quantizing paths).
-    ``counters``: the caller's split-K counters (:func:`fixup_counters`); too few of them, and
-    the partials are summed by the second kernel instead of allocating more."""
-    if cfg.path == "wgmma":
-        if a_scale is not None and wgmma_runs(out.device) and all(_tma_ok(t) for t in (a, b, out)):
-            from . import gluon_gemm
+class BoundGemm:
+    """The GEMM of one weight under one launch configuration, bound once: ``gemm(a, a_scale, bias, out)``.
 
-            gluon_gemm.launch(a, a_scale, b, b_scale, scale_bn, bias, out, cfg)
+    What does not depend on a call is worked out here, once: the split count, the weight's TMA
+    descriptor, the constexprs, whether PDL can apply; each variant of the kernels a call can need
+    (bias or not, PDL or not, the swap kernel's quantized rows) is bound to a :class:`BoundKernel`
+    at its first use. A call computes the grid, allocates the split-K workspace and launches.
+    ``quant``: the path quantizes ``a`` in the kernel (``a_scale`` is then None). ``counters``:
+    the caller's split-K counters (:func:`fixup_counters`); too few of them for a launch, and its
+    partials are summed by the second kernel instead of allocating more.
+    """
+
+    def __init__(self, b: torch.Tensor, b_scale: torch.Tensor, scale_bn: int, cfg: TritonConfig, *, quant: bool,
+                 device: torch.device, counters: torch.Tensor | None = None) -> None:
+        self.n, self.k = n, k = b.shape
+        self.b, self.b_scale, self.scale_bn, self.quant, self.device = b, b_scale, scale_bn, quant, device
+        self.wgmma = cfg.path == "wgmma" and not quant and wgmma_runs(device) and _tma_ok(b)
+        if cfg.path == "wgmma" and not self.wgmma:
+            cfg = replace(cfg, path="gemm")  # the tile kernel with the same tiles where the Gluon one does not run
+        self.cfg = cfg
+        self.counters = counters
+        self.split = cfg.split_for(k)
+        self.fixup = bool(cfg.FIXUP) and self.split > 1
+        self.n_tiles = triton.cdiv(n, cfg.BLOCK_N)
+        self.use_tma = bool(cfg.TMA) and _tma_ok(b)
+        self.b_desc = TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [cfg.BLOCK_N, SCALE_GROUP_K]) if self.use_tma else None
+        kernel = _w8a8_swap_kernel if cfg.swap else _w8a8_block_kernel
+        # PDL for launches of up to PDL_MAX_M rows; a GEMM behind the quantizer only for weights up to its limit.
+        self.pdl = use_pdl(kernel, device, 1, 0 if quant else n * k)
+        self.constexprs = dict(
+            SCALE_BN=scale_bn, B_SCALE_SCALAR=scale_bn % cfg.BLOCK_N == 0, HW_RNE=hw_rne(kernel, device, b.dtype),
+            IS_SPLIT=self.split > 1, EVEN_K=k % SCALE_GROUP_K == 0, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+            BLOCK_K=SCALE_GROUP_K, **fp8_constexprs(b.dtype))
+        self._kernels: dict[tuple[Any, ...], BoundKernel] = {}
+        self._tile_gemm: BoundGemm | None = None  # the wgmma configuration's tiles on the tile kernel
+
+    def __call__(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        """Write ``out`` [M, N] from ``a`` [M, K] (fp8 with ``a_scale``, or unquantized when the path quantizes)."""
+        cfg = self.cfg
+        if self.wgmma:
+            if _tma_ok(a) and _tma_ok(out):
+                from . import gluon_gemm
+
+                gluon_gemm.launch(a, a_scale, self.b, self.b_scale, self.scale_bn, bias, out, cfg)
+                return
+            if self._tile_gemm is None:
+                self._tile_gemm = BoundGemm(self.b, self.b_scale, self.scale_bn, replace(cfg, path="gemm"),
+                                            quant=self.quant, device=self.device, counters=self.counters)
+            self._tile_gemm(a, a_scale, bias, out)
             return
-        cfg = replace(cfg, path="gemm")
-    m, k = a.shape
-    n = b.shape[0]
-    swap = cfg.swap
-    quant = a_scale is None
-    split = cfg.split_for(k)
-    fixup = bool(cfg.FIXUP) and split > 1
-    grid0 = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N)
-    if fixup and counters is not None and counters.numel() < grid0:
-        fixup = False
-    ws = torch.empty((split, m, n), dtype=torch.float32, device=out.device) if split > 1 else out
-    if not fixup:
-        counters = out
-    elif counters is None:
-        counters = _fixup_counters(out.device, grid0)
-    scale = a_scale if a_scale is not None else b_scale  # unused placeholder when quantizing
-    use_tma = bool(cfg.TMA) and _tma_ok(b) and (swap or (not quant and _tma_ok(a)))
-    pdl = pdl_launch(_w8a8_block_kernel, out.device, m, 0 if quant else n * k)  # the weight limit: behind the quantizer
-    a_arg: Any = a
-    b_arg: Any = b
-    if use_tma:
-        b_arg = TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [cfg.BLOCK_N, SCALE_GROUP_K])
-        if not swap:
-            a_arg = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K])
-    b_scale_scalar = scale_bn % cfg.BLOCK_N == 0
-    bias_arg = bias if bias is not None else b_scale
-    stride_bias = bias.stride(0) if bias is not None else 0
-    programs = _persistent_programs(cfg, out.device, grid0) if cfg.PERSISTENT and use_tma and not quant else 0
-    if programs:
-        _w8a8_persistent_kernel[(programs,)](
-            a_arg, scale, b_arg, b_scale, bias_arg, out, m, n, k, programs, scale.stride(0), scale.stride(1),
-            b_scale.stride(0), b_scale.stride(1), stride_bias, out.stride(0), out.stride(1), SCALE_BN=scale_bn,
-            B_SCALE_SCALAR=b_scale_scalar, HAS_BIAS=bias is not None, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-            BLOCK_K=SCALE_GROUP_K, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, num_warps=cfg.num_warps)
-        return
-    common = dict(
-        SCALE_BN=scale_bn,
-        B_SCALE_SCALAR=b_scale_scalar,
-        USE_TMA=use_tma,
-        HW_RNE=hw_rne(_w8a8_swap_kernel if swap else _w8a8_block_kernel, out.device, b.dtype),
-        IS_SPLIT=split > 1,
-        FIXUP=fixup,
-        HAS_BIAS=bias is not None,
-        EVEN_K=k % SCALE_GROUP_K == 0,
-        BLOCK_M=cfg.BLOCK_M,
-        BLOCK_N=cfg.BLOCK_N,
-        BLOCK_K=SCALE_GROUP_K,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **fp8_constexprs(b.dtype),
-        **pdl,
-    )
-    args = (
-        a_arg,
-        scale,
-        b_arg,
-        b_scale,
-        bias_arg,
-        out,
-        ws,
-        counters,
-        m,
-        n,
-        k,
-        split,
-        a.stride(0),
-        a.stride(1),
-        scale.stride(0) if a_scale is not None else 0,
-        scale.stride(1) if a_scale is not None else 0,
-        b.stride(0),
-        b.stride(1),
-        b_scale.stride(0),
-        b_scale.stride(1),
-        stride_bias,
-        out.stride(0),
-        out.stride(1),
-        DEFAULT_EPS,
-    )
-    if swap:
-        # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
-        # when M fits one tile (decode), else the whole tile.
-        quant_rows = min(triton.next_power_of_2(m), cfg.BLOCK_M)
-        if quant_rows not in (1, cfg.BLOCK_M) and not _REPEAT_RESHAPE_OK[0]:
-            quant_rows = cfg.BLOCK_M
-        try:
-            _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=quant_rows, **common)
-        except Exception:
-            # 1 < QUANT_ROWS < BLOCK_M repeats rows with a 3-D broadcast + reshape; should a
-            # Triton version fail to compile that, quantize the whole (wrapped) tile instead:
-            # same results, more quantization work. Compilation fails before any launch.
-            if quant_rows in (1, cfg.BLOCK_M):
-                raise
-            _REPEAT_RESHAPE_OK[0] = False
-            _w8a8_swap_kernel[(grid0, split)](*args, QUANT=quant, QUANT_ROWS=cfg.BLOCK_M, **common)
-    else:
-        _w8a8_block_kernel[(grid0, split)](*args, FUSED_QUANT=quant, GROUP_M=cfg.GROUP_M, **common)
-    if split > 1 and not fixup:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](
-            ws,
-            bias if bias is not None else ws,
-            out,
-            m * n,
-            n,
-            stride_bias,
-            SPLIT_K=split,
-            HAS_BIAS=bias is not None,
-            BLOCK=block,
-            num_warps=4,
-            **pdl,
-        )
+        m = a.shape[0]
+        n, k, split = self.n, self.k, self.split
+        grid0 = triton.cdiv(m, cfg.BLOCK_M) * self.n_tiles
+        swap = cfg.swap
+        counters = self.counters
+        fixup = self.fixup and (counters is None or counters.numel() >= grid0)
+        ws = torch.empty((split, m, n), dtype=torch.float32, device=out.device) if split > 1 else out
+        if not fixup:
+            counters = out
+        elif counters is None:
+            counters = _fixup_counters(out.device, grid0)
+        scale = a_scale if a_scale is not None else self.b_scale  # unused placeholder when quantizing
+        use_tma = self.use_tma and (swap or (not self.quant and _tma_ok(a)))
+        pdl = self.pdl and m <= PDL_MAX_M
+        b_scale = self.b_scale
+        bias_arg = bias if bias is not None else b_scale
+        stride_bias = bias.stride(0) if bias is not None else 0
+        if cfg.PERSISTENT and use_tma and not self.quant:
+            programs = _persistent_programs(cfg, out.device, grid0)
+            if programs:
+                self._persistent(a, scale, bias, bias_arg, stride_bias, out, m, programs)
+                return
+        a_arg: Any = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K]) \
+            if use_tma and not swap else a
+        b = self.b
+        args = (a_arg, scale, self.b_desc if use_tma else b, b_scale, bias_arg, out, ws, counters, m, n, k, split,
+                a.stride(0), a.stride(1), scale.stride(0) if a_scale is not None else 0,
+                scale.stride(1) if a_scale is not None else 0, b.stride(0), b.stride(1), b_scale.stride(0),
+                b_scale.stride(1), stride_bias, out.stride(0), out.stride(1), DEFAULT_EPS)
+        key = (tensor_class(a), tensor_class(a_scale), tensor_class(bias), int_class(a.stride(0)), int_class(a.stride(1)))
+        if swap:
+            # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
+            # when M fits one tile (decode), else the whole tile.
+            quant_rows = min(1 << (m - 1).bit_length(), cfg.BLOCK_M)
+            if quant_rows not in (1, cfg.BLOCK_M) and not _REPEAT_RESHAPE_OK[0]:
+                quant_rows = cfg.BLOCK_M
+            try:
+                self._kernel("swap", use_tma, bias is not None, fixup, pdl, quant_rows)((grid0, split, 1), args, key)
+            except Exception:
+                # 1 < QUANT_ROWS < BLOCK_M repeats rows with a 3-D broadcast + reshape; should a
+                # Triton version fail to compile that, quantize the whole (wrapped) tile instead:
+                # same results, more quantization work. Compilation fails before any launch.
+                if quant_rows in (1, cfg.BLOCK_M):
+                    raise
+                _REPEAT_RESHAPE_OK[0] = False
+                self._kernel("swap", use_tma, bias is not None, fixup, pdl, cfg.BLOCK_M)((grid0, split, 1), args, key)
+        else:
+            self._kernel("tile", use_tma, bias is not None, fixup, pdl, 0)((grid0, split, 1), args, key)
+        if split > 1 and not fixup:
+            block = 1024
+            self._kernel("reduce", False, bias is not None, False, pdl, 0)(
+                (triton.cdiv(m * n, block), 1, 1), (ws, bias if bias is not None else ws, out, m * n, n, stride_bias),
+                (int_class(m * n), tensor_class(bias), int_class(stride_bias)))
+
+    def _persistent(self, a: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, bias_arg: torch.Tensor,
+                    stride_bias: int, out: torch.Tensor, m: int, programs: int) -> None:
+        cfg, b_scale = self.cfg, self.b_scale
+        a_desc = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K])
+        args = (a_desc, scale, self.b_desc, b_scale, bias_arg, out, m, self.n, self.k, programs, scale.stride(0),
+                scale.stride(1), b_scale.stride(0), b_scale.stride(1), stride_bias, out.stride(0), out.stride(1))
+        key = (tensor_class(scale), tensor_class(bias), int_class(programs))
+        self._kernel("persistent", True, bias is not None, False, False, 0)((programs, 1, 1), args, key)
+
+    def _kernel(self, kind: str, use_tma: bool, has_bias: bool, fixup: bool, pdl: bool, quant_rows: int) -> BoundKernel:
+        variant = (kind, use_tma, has_bias, fixup, pdl, quant_rows)
+        kernel = self._kernels.get(variant)
+        if kernel is None:
+            kernel = self._kernels[variant] = self._bind(*variant)
+        return kernel
+
+    def _bind(self, kind: str, use_tma: bool, has_bias: bool, fixup: bool, pdl: bool, quant_rows: int) -> BoundKernel:
+        cfg, c = self.cfg, self.constexprs
+        if kind == "reduce":
+            return BoundKernel(_splitk_reduce_kernel, {"SPLIT_K": self.split, "HAS_BIAS": has_bias, "BLOCK": 1024,
+                                                       **({"PDL": True} if pdl else {})},
+                               {"num_warps": 4, **({"launch_pdl": True} if pdl else {})})
+        if kind == "persistent":
+            return BoundKernel(_w8a8_persistent_kernel, {
+                "SCALE_BN": c["SCALE_BN"], "B_SCALE_SCALAR": c["B_SCALE_SCALAR"], "HAS_BIAS": has_bias,
+                "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": SCALE_GROUP_K, "GROUP_M": cfg.GROUP_M,
+                "STAGES": cfg.num_stages}, {"num_warps": cfg.num_warps})
+        constexprs = {**c, "USE_TMA": use_tma, "FIXUP": fixup, "HAS_BIAS": has_bias,
+                      **({"PDL": True} if pdl else {})}
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **({"launch_pdl": True} if pdl else {})}
+        if kind == "swap":
+            return BoundKernel(_w8a8_swap_kernel, {**constexprs, "QUANT": self.quant, "QUANT_ROWS": quant_rows}, options)
+        return BoundKernel(_w8a8_block_kernel, {**constexprs, "FUSED_QUANT": self.quant, "GROUP_M": cfg.GROUP_M}, options)
+
+
+def _launch(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor, scale_bn: int,
+            bias: torch.Tensor | None, out: torch.Tensor, cfg: TritonConfig, counters: torch.Tensor | None = None) -> None:
+    """One launch of ``cfg.path`` writing ``out``, bound for this call only (:class:`BoundGemm`)."""
+    BoundGemm(b, b_scale, scale_bn, cfg, quant=a_scale is None, device=out.device, counters=counters)(a, a_scale, bias, out)
+
+
+class BoundLinear:
+    """fp8select's Triton linear of one weight, bound once: ``linear(x, bias) -> out`` [M, N].
+
+    The quantizer and GEMM of one launch configuration (``config``; None: the gemm path's
+    heuristic for each call's M, as :func:`linear` runs it), bound to their kernels for
+    unquantized activations of width K on ``device``. A call allocates the output and launches:
+    ``x`` is [M >= 1, K] in an activation dtype on the weight's device (the caller checked it).
+    """
+
+    __slots__ = ("_b", "_b_scale", "_bound", "_counters", "_device", "_fixed", "_k", "_n", "_out_dtype", "_scale_bn")
+
+    def __init__(self, b: torch.Tensor, b_scale: torch.Tensor, block_size: tuple[int, int], config: TritonConfig | None,
+                 *, out_dtype: torch.dtype, counters: torch.Tensor | None = None) -> None:
+        self._n, self._k = b.shape
+        self._scale_bn = _check_weight(b, b_scale, block_size, self._k)
+        _check_config(config)
+        if out_dtype not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
+        self._b, self._b_scale, self._out_dtype, self._counters, self._device = b, b_scale, out_dtype, counters, b.device
+        self._bound: dict[TritonConfig, tuple[BoundGemm, TritonQuantizer | None]] = {}
+        self._fixed = self._bind(config) if config is not None else None
+
+    def _bind(self, cfg: TritonConfig) -> tuple[BoundGemm, TritonQuantizer | None]:
+        bound = self._bound.get(cfg)
+        if bound is None:
+            quant = None
+            if not cfg.quantizes_in_kernel:
+                # M-major scales: the tile kernels read one K block's scales of consecutive tokens as one
+                # contiguous run instead of BLOCK_M scattered words. The wgmma kernel reads row-major ones
+                # (gluon_gemm.launch says why, and copies any other layout).
+                layout = ROW_MAJOR if cfg.path == "wgmma" else M_MAJOR
+                quant = TritonQuantizer(self._k, dtype=self._b.dtype, layout=layout, device=self._device)
+            gemm = BoundGemm(self._b, self._b_scale, self._scale_bn, cfg, quant=quant is None, device=self._device,
+                             counters=self._counters)
+            bound = self._bound[cfg] = (gemm, quant)
+        return bound
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        m = x.shape[0]
+        gemm, quant = self._fixed or self._bind(heuristic_config(self._n, self._k, m, "gemm"))
+        out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
+        if quant is None:
+            gemm(x, None, bias, out)
+        else:
+            x_q, x_s = quant(x)
+            gemm(x_q, x_s, bias, out)
+        return out
 
 
 def _without_launch(m: int, n: int, k: int, bias: torch.Tensor | None, out_dtype: torch.dtype,
@@ -431,24 +493,12 @@ def linear(
     """
     check_activation(x)
     m, k = x.shape
-    scale_bn = _check_weight(b, b_scale, block_size, k)
+    _check_weight(b, b_scale, block_size, k)
     _check_common(x, b, {"x": x, "b": b, "b_scale": b_scale, "bias": bias}, out_dtype, bias)
     _check_config(config)
-    n = b.shape[0]
-    cfg = config if config is not None else heuristic_config(n, k, m, "gemm")
-    if (done := _without_launch(m, n, k, bias, out_dtype, x.device)) is not None:
+    if (done := _without_launch(m, b.shape[0], k, bias, out_dtype, x.device)) is not None:
         return done
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    if cfg.quantizes_in_kernel:
-        _launch(x, None, b, b_scale, scale_bn, bias, out, cfg, counters)
-    else:
-        # M-major scales: the tile kernels read one K block's scales of consecutive tokens as one
-        # contiguous run instead of BLOCK_M scattered words. The wgmma kernel reads row-major ones
-        # (gluon_gemm.launch says why, and copies any other layout).
-        layout = ROW_MAJOR if cfg.path == "wgmma" else M_MAJOR
-        xq, xs = quantize_per_token_group_triton(x, SCALE_GROUP_K, dtype=b.dtype, layout=layout)
-        _launch(xq, xs, b, b_scale, scale_bn, bias, out, cfg, counters)
-    return out
+    return BoundLinear(b, b_scale, block_size, config, out_dtype=out_dtype, counters=counters)(x, bias)
 
 
 def w8a8_block_linear_fused(

@@ -36,10 +36,11 @@ from .quant import (
     ROW_MAJOR,
     ScaleLayout,
     check_quant_args,
-    empty_scale,
+    check_quant_params,
     fp8_format,
 )
-from .triton_pdl import pdl_enter, pdl_launch
+from .triton_launch import BoundKernel, int_class, tensor_class
+from .triton_pdl import PDL_MAX_M, pdl_enter, use_pdl
 
 __all__ = [
     "fp8_constexprs",
@@ -47,6 +48,7 @@ __all__ = [
     "fp8_group_scale",
     "fp8_quantize",
     "hw_rne",
+    "TritonQuantizer",
     "quantize_per_token_group_triton",
 ]
 
@@ -200,6 +202,58 @@ def _quant_kernel(
     tl.store(s_ptr + rows64 * stride_sm + group * stride_sg, scale, mask=row_ok)
 
 
+class TritonQuantizer:
+    """The quantization kernel bound for one activation width ``k``, fp8 dtype and scale layout.
+
+    ``quantize(x)`` allocates the outputs and launches, nothing else: the checks, constants and
+    PDL flag are worked out once, here (a layer makes one per route when it is prepared).
+    ``x`` must be ``[M, k]`` in an activation dtype on ``device``: the caller checked it.
+    ``rows`` (at least M) allocates outputs of that many rows and quantizes the first M, for a
+    GEMM that needs M padded (the other rows are left unwritten; a GEMM's rows are independent).
+    """
+
+    __slots__ = ("_constexprs", "_dtype", "_eps", "_groups", "_k", "_kernels", "_layout", "_device", "_pdl",
+                 "_rows_cap", "_group_size")
+
+    def __init__(self, k: int, *, dtype: torch.dtype, layout: ScaleLayout, device: torch.device,
+                 group_size: int = 128, eps: float = DEFAULT_EPS) -> None:
+        check_quant_params(group_size, dtype, eps)
+        group_p2 = triton.next_power_of_2(group_size)
+        self._k, self._dtype, self._layout, self._device, self._eps, self._group_size = k, dtype, layout, device, eps, group_size
+        self._groups = -(-k // group_size)
+        self._rows_cap = _program_shape(1 << 30, group_p2)[0]
+        self._pdl = use_pdl(_quant_kernel, device, 1)
+        self._constexprs = {"GROUP": group_size, "GROUP_P2": group_p2, "UE8M0": layout.ue8m0,
+                            "HW_RNE": hw_rne(_quant_kernel, device, dtype), **fp8_constexprs(dtype)}
+        self._kernels: dict[tuple[int, bool], BoundKernel] = {}
+
+    def __call__(self, x: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        m = x.shape[0]
+        rows = m if rows is None else rows
+        k, groups, layout = self._k, self._groups, self._layout
+        x_q = torch.empty((rows, k), dtype=self._dtype, device=self._device)
+        if layout.mn_major:
+            scale = torch.empty((groups, layout.padded_rows(rows)), dtype=torch.float32, device=self._device).t()
+            if scale.shape[0] != rows:
+                scale = scale[:rows]
+        else:
+            scale = torch.empty((rows, groups), dtype=torch.float32, device=self._device)
+        if m == 0 or groups == 0:
+            return x_q, scale
+        block_m = min(1 << (m - 1).bit_length(), self._rows_cap)
+        pdl = self._pdl and m <= PDL_MAX_M
+        kernel = self._kernels.get((block_m, pdl))
+        if kernel is None:
+            kernel = self._kernels[(block_m, pdl)] = BoundKernel(
+                _quant_kernel, {**self._constexprs, "BLOCK_M": block_m, **({"PDL": True} if pdl else {})},
+                {"num_warps": 4, **({"launch_pdl": True} if pdl else {})})
+        stride_xm, stride_xk = x.stride()
+        kernel((-(-m // block_m), groups, 1),
+               (x, x_q, scale, m, k, stride_xm, stride_xk, k, scale.stride(0), scale.stride(1), self._eps),
+               (tensor_class(x), int_class(stride_xm), int_class(stride_xk)))
+        return x_q, scale
+
+
 def quantize_per_token_group_triton(
     x: torch.Tensor,
     group_size: int = 128,
@@ -212,40 +266,10 @@ def quantize_per_token_group_triton(
 
     Same arguments, results and numerics; the scale is written straight into ``layout``'s
     storage through its strides (no transpose pass), and ``x`` is read through its strides
-    (no contiguous copy).
+    (no contiguous copy). Binds a :class:`TritonQuantizer` for this call only.
     """
     check_quant_args(x, group_size, dtype, eps)
-    m, k = x.shape
-    groups = -(-k // group_size)
-    x_q = torch.empty((m, k), dtype=dtype, device=x.device)
-    scale = empty_scale(m, groups, layout, x.device)
-    if m == 0 or groups == 0:
-        return x_q, scale
-    group_p2 = triton.next_power_of_2(group_size)
-    block_m, num_warps = _program_shape(m, group_p2)
-    grid = (triton.cdiv(m, block_m), groups)
-    _quant_kernel[grid](
-        x,
-        x_q,
-        scale,
-        m,
-        k,
-        x.stride(0),
-        x.stride(1),
-        x_q.stride(0),
-        scale.stride(0),
-        scale.stride(1),
-        eps,
-        GROUP=group_size,
-        GROUP_P2=group_p2,
-        BLOCK_M=block_m,
-        UE8M0=layout.ue8m0,
-        HW_RNE=hw_rne(_quant_kernel, x.device, dtype),
-        num_warps=num_warps,
-        **fp8_constexprs(dtype),
-        **pdl_launch(_quant_kernel, x.device, m),
-    )
-    return x_q, scale
+    return TritonQuantizer(x.shape[1], dtype=dtype, layout=layout, device=x.device, group_size=group_size, eps=eps)(x)
 
 
 def _program_shape(m: int, group_p2: int) -> tuple[int, int]:

@@ -1,0 +1,133 @@
+"""Triton launches that skip Triton's Python dispatcher once a kernel's specialization is known.
+
+``kernel[grid](*args, **kw)`` binds every argument, works out how each one specializes the
+kernel, hashes that into a cache key and checks the globals the kernel read before it
+launches: most of a Triton launch's host time on an H200 host. A :class:`BoundKernel` is made
+once (when a layer is prepared) with the kernel's constexprs and launch options. Its first
+launch under a *specialization key* goes through Triton, which compiles or finds the kernel,
+and keeps the compiled kernel; later launches under that key call the compiled kernel's
+launcher directly, with the arguments Triton's dispatcher itself passes it.
+
+The key is the caller's: whatever of its per-call arguments Triton could specialize differently
+from one call to the next. What is fixed when the kernel is bound (the weight, its scales, the
+tiles, the constexprs) cannot change it, nor can ints the kernel lists in ``do_not_specialize``;
+what can is a tensor's dtype and 16-byte alignment (:func:`tensor_class`) and an int that may be
+1 or a multiple of 16 (:func:`int_class`). The key also holds the current device, as Triton's
+own cache does.
+
+The direct launch is used where it was checked: Triton 3.4 or later, a compiled (not
+interpreted) kernel. Elsewhere every launch goes through ``kernel[grid]``, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import triton
+from packaging.version import Version
+
+__all__ = ["BoundKernel", "int_class", "tensor_class"]
+
+DIRECT_SINCE = (3, 4)
+"""The first Triton release whose dispatcher passes the launcher every parameter's value (constexprs
+included) and reads its launch hooks from ``triton.knobs``: the form the direct launch repeats."""
+
+
+def int_class(value: int) -> int:
+    """How Triton specializes a (specialized) int argument: 1, a multiple of 16, 64-bit, or none of these."""
+    return (value == 1) | (value % 16 == 0) << 1 | (value > 0x7FFFFFFF) << 2
+
+
+def tensor_class(t: Any) -> Hashable:
+    """How Triton specializes a tensor argument (None: absent): its dtype and 16-byte alignment."""
+    return None if t is None else (t.dtype, t.data_ptr() % 16 == 0)
+
+
+def _direct_supported(fn: Any) -> bool:
+    if type(fn).__name__ != "JITFunction" or Version(triton.__version__).release[:2] < DIRECT_SINCE:
+        return False
+    try:
+        from triton import knobs  # noqa: F401
+        from triton.runtime.driver import driver  # noqa: F401
+    except ImportError:  # pragma: no cover - older triton
+        return False
+    return True
+
+
+class _Direct:
+    """One compiled kernel and what its launcher needs besides the call's arguments."""
+
+    __slots__ = ("compiled", "function", "launcher", "metadata", "runtime", "tail")
+
+    def __init__(self, compiled: Any, tail: tuple[Any, ...]) -> None:
+        from triton import knobs
+
+        if hasattr(compiled, "result"):  # an asynchronous compilation's future
+            compiled = compiled.result()
+        self.compiled = compiled
+        self.launcher = compiled.run
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        self.runtime = knobs.runtime
+        self.tail = tail
+
+    def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], stream: int) -> None:
+        values = (*args, *self.tail)
+        runtime = self.runtime
+        enter = runtime.launch_enter_hook
+        metadata = None if enter is None else self.compiled.launch_metadata(grid, stream, *values)
+        self.launcher(grid[0], grid[1], grid[2], stream, self.function, self.metadata, metadata, enter,
+                      runtime.launch_exit_hook, *values)
+
+
+class BoundKernel:
+    """``kernel`` with its constexprs and options bound: ``bound(grid, args, key)`` launches it.
+
+    ``args`` are the kernel's leading positional parameters (every one that is not a constexpr,
+    in order); ``constexprs`` the rest by name (parameters left out take their defaults);
+    ``options`` Triton's launch options (``num_warps``, ``num_stages``, ``launch_pdl``).
+    """
+
+    __slots__ = ("_current", "_direct", "_fn", "_kwargs", "_launches", "_names", "_stream")
+
+    def __init__(self, fn: Any, constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        self._fn = fn
+        self._kwargs = {**constexprs, **options}
+        self._launches: dict[Hashable, _Direct] = {}
+        self._direct = _direct_supported(fn)
+        self._names = tuple(fn.arg_names) if self._direct else ()
+        if self._direct:
+            from triton.runtime.driver import driver
+
+            self._current = driver.active.get_current_device
+            self._stream = driver.active.get_current_stream
+
+    def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], key: Hashable = ()) -> None:
+        if not self._direct:
+            self._fn[grid](*args, **self._kwargs)
+            return
+        device = self._current()
+        full_key = (device, key)
+        launch = self._launches.get(full_key)
+        if launch is not None:
+            launch(grid, args, self._stream(device))
+            return
+        compiled = self._fn[grid](*args, **self._kwargs)
+        if compiled is not None:
+            self._launches[full_key] = _Direct(compiled, self._tail(len(args)))
+
+    def compiled_for(self, grid: tuple[int, int, int], args: tuple[Any, ...], key: Hashable = ()) -> tuple[Any, Any]:
+        """Launch through Triton's dispatcher and return ``(the kernel it ran, the kernel kept for key)``:
+        for tests that check a key tells apart every kernel Triton would tell apart."""
+        compiled = self._fn[grid](*args, **self._kwargs)
+        kept = self._launches.get((self._current(), key)) if self._direct else None
+        return compiled, None if kept is None else kept.compiled
+
+    def _tail(self, positional: int) -> tuple[Any, ...]:
+        """The values of the parameters after the positional ones, as the dispatcher passes them."""
+        params = self._fn.params
+        values = []
+        for name, param in zip(self._names[positional:], params[positional:]):
+            values.append(self._kwargs[name] if name in self._kwargs else param.default)
+        return tuple(values)

@@ -1,0 +1,90 @@
+"""Bound Triton launches on a CUDA GPU: the direct launch runs the kernel Triton would run, bit for bit.
+
+A :class:`~fp8select.kernels.triton_launch.BoundKernel` keeps one compiled kernel per
+specialization key its caller computes. Here every bound launch is also run through Triton's
+dispatcher, which must find the very kernel the key kept: across M (1, multiples of 16, others),
+bias absent / bf16 / fp32, an activation at an address not 16-byte aligned, and every kernel path.
+And a prepared layer's fast path gives the checked path's bits. Run this file on its own (other
+test modules set TRITON_INTERPRET=1): ``python -m pytest tests/test_triton_launch_gpu.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from fp64_reference import expected, random_problem, rel_err
+
+import fp8select
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+N, K = 384, 1152
+MS = (1, 2, 3, 16, 17, 48, 100, 256)
+PATHS = (
+    {"path": "gemm", "BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1},
+    {"path": "gemm", "BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 3, "FIXUP": 1},
+    {"path": "gemm", "BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 3, "FIXUP": 0},
+    {"path": "fused", "BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1},
+    {"path": "decode", "BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 2, "TMA": 1},
+    {"path": "swap", "BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 1, "TMA": 1},
+    {"path": "gemm", "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "TMA": 1, "PERSISTENT": 1},
+)
+
+
+@pytest.fixture
+def checked_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every bound launch also goes through Triton's dispatcher, which must run the kernel the key kept."""
+    pytest.importorskip("triton")
+    from fp8select.kernels import triton_gemm, triton_launch
+
+    if type(triton_gemm._w8a8_swap_kernel).__name__ == "InterpretedFunction":
+        pytest.skip("TRITON_INTERPRET=1 in this process: run this file on its own")
+    direct = []
+    call = triton_launch.BoundKernel.__call__
+
+    def checked(self: Any, grid: Any, args: Any, key: Any = ()) -> None:
+        call(self, grid, args, key)
+        ran, kept = self.compiled_for(grid, args, key)
+        if kept is not None:
+            direct.append(1)
+            assert ran is kept, f"{self._fn} key {key} kept another kernel than Triton runs for these arguments"
+
+    monkeypatch.setattr(triton_launch.BoundKernel, "__call__", checked)
+    return direct
+
+
+def _layer(config: dict[str, Any]) -> Any:
+    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.kernels.triton_gemm import BoundLinear
+
+    w, s = random_problem(N, K, (128, 128), seed=7)
+    w, s = w.cuda(), s.cuda()
+    cfg = TritonConfig.from_dict({"BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, **config})
+    return w, s, BoundLinear(w, s, (128, 128), cfg, out_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("config", PATHS, ids=[f"{c['path']}-sk{c['SPLIT_K']}{'-p' if c.get('PERSISTENT') else ''}"
+                                               for c in PATHS])
+def test_the_key_keeps_the_kernel_triton_runs(checked_launches: list[int], config: dict[str, Any]) -> None:
+    w, s, linear = _layer(config)
+    for m in MS:
+        for bias in (None, torch.randn(N, device="cuda", dtype=torch.bfloat16), torch.randn(N, device="cuda")):
+            flat = torch.randn(m * K + 1, device="cuda", dtype=torch.bfloat16)
+            for x in (flat[:-1].view(m, K), flat[1:].view(m, K)):  # 16-byte aligned, then not
+                out = linear(x, bias)
+                assert rel_err(out, expected(x.cpu(), w.cpu(), s.cpu(), (128, 128), None if bias is None else bias.cpu())) < 1e-2
+    assert checked_launches, "no launch took the direct path"
+
+
+def test_the_fast_path_gives_the_checked_paths_bits() -> None:
+    sel = fp8select.resolve(backend="triton", verify=False)
+    w, s = random_problem(N, K, (128, 128), seed=3)
+    layer = sel.prepare(w.cuda(), s.cuda())
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    for m in MS:
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        strided = x.t().contiguous().t()  # the same values, column-major: declined by the fast path
+        assert torch.equal(layer(x, bias), layer(strided, bias))
+        assert torch.equal(layer(x.view(1, m, K)), layer(x).view(1, m, N))
