@@ -7,7 +7,7 @@ bucket. Pure Python: no torch, no triton.
 
 from __future__ import annotations
 
-__all__ = ["M_BUCKETS", "M_BUCKET_MAX", "bucket_index", "bucket_range", "m_bucket"]
+__all__ = ["BUCKET_INDEX", "M_BUCKETS", "M_BUCKET_MAX", "bucket_index", "bucket_range", "m_bucket"]
 
 M_BUCKET_MAX = 8192
 """Largest bucket; larger M shares it."""
@@ -21,6 +21,11 @@ def bucket_index(m: int) -> int:
     if m <= 1:
         return 0
     return min((m - 1).bit_length(), len(M_BUCKETS) - 1)
+
+
+BUCKET_INDEX: tuple[int, ...] = tuple(bucket_index(m) for m in range(M_BUCKET_MAX + 1))
+"""``bucket_index(m)`` for m in 0..M_BUCKET_MAX as a table (M beyond it: the last bucket), for
+call paths where a function call per lookup shows."""
 
 
 def m_bucket(m: int) -> int:

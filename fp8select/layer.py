@@ -21,8 +21,8 @@ import torch
 
 from fp8select import ops
 from fp8select._log import get_logger
-from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
-from fp8select.buckets import bucket_index
+from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, Launch, PreparedWeight
+from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX, bucket_index
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
 from fp8select.guard import call
@@ -35,6 +35,10 @@ FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3f
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 Call = Callable[..., torch.Tensor]
+_STRIDED = torch.strided
+_TENSOR = torch.Tensor
+_LAST_BUCKET = BUCKET_INDEX[-1]
+_BIAS_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -117,6 +121,9 @@ class Fp8Linear:
             allowed = "/".join(dtype_name(d) for d in ACTIVATION_DTYPES)
             raise InvalidDtypeError(f"out_dtype: expected {allowed} or None, found {out_dtype!r}")
         check_max_weight_copies(max_weight_copies)
+        # Inference only: no autograd through the weights (kept as they are when none is recorded, so shared).
+        weight = weight.detach() if weight.requires_grad else weight
+        weight_scale = weight_scale.detach() if weight_scale.requires_grad else weight_scale
         self.caps = caps
         self.chain = tuple(chain)
         self._by_name = {b.name: b for b in self.chain}
@@ -135,6 +142,8 @@ class Fp8Linear:
         self._failed: dict[str, str] = {}
         self.plans: dict[tuple[torch.dtype, torch.dtype], Plan] = {}
         self._calls: dict[tuple[torch.dtype, torch.dtype], tuple[Call, ...]] = {}
+        # Per unquantized activation dtype, each bucket's launch bound at prepare time (the fast path).
+        self._launches: dict[torch.dtype, tuple[Launch, ...]] = {}
         self.main_plan = self._plan_for(torch.bfloat16, out_dtype or torch.bfloat16)
         if all(use.layout != CHECKPOINT_LAYOUT for use in self.main_plan.weights):
             del self._shared[CHECKPOINT_LAYOUT]  # no backend reads it: the caller may free the checkpoint
@@ -168,6 +177,8 @@ class Fp8Linear:
                 break
         self.plans[key] = plan
         self._calls[key] = tuple(self._bind(route) for route in plan.routes)
+        if act in ACTIVATION_DTYPES and out == (self.out_dtype or act):
+            self._launches[act] = tuple(self._launch(route, out) for route in plan.routes)
         if plan.explicit is not None and any(r.why == GATE for r in plan.routes):
             others = "; ".join(f"M {r.bucket}: {r.detail}" for r in plan.routes if r.why == GATE)
             get_logger().warning("fp8select.explicit_choice_declined", backend=plan.explicit, n=self.n, k=self.k,
@@ -212,6 +223,13 @@ class Fp8Linear:
             kwargs["config"] = route.config
         return functools.partial(backend.run, self.prepared[route.backend], **kwargs)
 
+    def _launch(self, route: Route, out_dtype: torch.dtype) -> Launch:
+        """The launch of one route for unquantized input, bound once (:meth:`Backend.bind`)."""
+        if route.backend is None:
+            return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
+        return self._by_name[route.backend].bind(self.prepared[route.backend], caps=self.caps, config=route.config,
+                                                 out_dtype=out_dtype)
+
     @property
     def candidates(self) -> dict[str, Candidate]:
         """Every chain backend's verdict on this layer (load time), by name."""
@@ -244,14 +262,47 @@ class Fp8Linear:
 
     # -- the call path -------------------------------------------------------------------------
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-                 input_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer; under ``torch.compile`` one opaque custom op (:mod:`fp8select.ops`), else :meth:`forward`."""
-        return ops.call(self, x, bias, input_scale)
-
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                 input_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """``y = x @ dequant(W).T (+ bias)`` for ``x`` of any leading shape, eagerly; no autograd."""
+        """``y = x @ dequant(W).T (+ bias)`` for ``x`` of any leading shape; no autograd.
+
+        Under ``torch.compile`` one opaque custom op (:mod:`fp8select.ops`). Eagerly, the input a
+        prepared layer expects (a plain contiguous tensor of a planned activation dtype on the
+        weight's device, no gradient, a fitting bias) goes straight to its bucket's bound
+        launch; anything else takes :meth:`_checked_forward`, which checks every argument.
+        """
+        if torch.compiler.is_compiling():
+            return ops.compiled_call(self, x, bias, input_scale)
+        if (input_scale is None and type(x) is _TENSOR and not x.requires_grad and x.layout is _STRIDED
+                and x.is_contiguous() and x.device == self.device and (bias is None or self._bias_fits(bias))):
+            launches = self._launches.get(x.dtype)
+            if launches is not None:
+                shape = x.shape
+                k = self.k
+                if len(shape) == 2:
+                    m = shape[0]
+                    if shape[1] == k and m:
+                        return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](x, bias)
+                elif shape and shape[-1] == k:
+                    m = x.numel() // k
+                    if m:
+                        out = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](x.view(m, k), bias)
+                        return out.view(*shape[:-1], self.n)
+        return self._checked_forward(x, bias, input_scale)
+
+    __call__ = forward
+
+    def _bias_fits(self, bias: object) -> bool:
+        """Whether ``bias`` is one the fast path takes as is (else the checked path says what is wrong)."""
+        return (isinstance(bias, torch.Tensor) and bias.layout is _STRIDED and not bias.requires_grad
+                and bias.dtype in _BIAS_DTYPES and bias.shape == (self.n,) and bias.device == self.device)
+
+    def _checked_forward(self, x: torch.Tensor, bias: torch.Tensor | None,
+                         input_scale: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`forward` for any input: every argument checked (typed errors), no autograd recorded."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._checked_forward(x, bias, input_scale)
         x2, scale2, lead = self._check_input(x, input_scale)
         out_dtype = self.out_dtype or x.dtype
         self._check_bias(bias)
@@ -262,12 +313,7 @@ class Fp8Linear:
         if calls is None:
             self._plan_for(x.dtype, out_dtype)
             calls = self._calls[(x.dtype, out_dtype)]
-        call = calls[bucket_index(m)]
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                out = call(x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
-        else:
-            out = call(x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
+        out = calls[bucket_index(m)](x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
         return out.reshape(*lead, self.n)
 
     def _check_input(self, x: object, input_scale: object) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:

@@ -245,7 +245,7 @@ class BlockFp8Linear(torch.nn.Module):
         layer = self._layer
         if layer is None:
             raise NotPreparedError(self._not_prepared_reason())
-        return layer(x, self.bias)
+        return layer(x, self._parameters["bias"])  # (the dict itself: Module.__getattr__ costs a call)
 
     def _not_prepared_reason(self) -> str:
         if not self._loaded:

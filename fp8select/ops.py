@@ -13,8 +13,8 @@ handle as a constant of the graph. The op also takes N and the output dtype, all
 needs, so the fake is a pure function of its arguments. Handles are local to the process:
 a graph holding one cannot be exported or run in another process.
 
-Eager calls do not go through the dispatcher: :func:`call` runs ``layer.forward`` directly
-unless ``torch.compiler.is_compiling()``.
+Eager calls do not go through the dispatcher: a layer's ``__call__`` runs its ``forward``
+directly unless ``torch.compiler.is_compiling()``, and uses :func:`compiled_call` then.
 
 The op is inference-only and has no autograd formula. Outputs never require grad, eager
 or compiled: an input that requires grad is detached (the product of an fp8-quantized
@@ -99,18 +99,14 @@ def live_layers() -> int:
     return len(_LIVE)
 
 
-def call(layer: Fp8Linear, x: torch.Tensor, bias: torch.Tensor | None = None,
-         input_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Run ``layer`` on ``x``: directly in eager mode, as one ``fp8select::linear`` node under compilation."""
-    if torch.compiler.is_compiling():
-        out_dtype = layer.out_dtype or x.dtype
-        return torch.ops.fp8select.linear(  # type: ignore[no-any-return]
-            x.detach(), None if bias is None else bias.detach(), None if input_scale is None else input_scale.detach(),
-            getattr(layer, HANDLE_ATTR), layer.n, out_dtype)
-    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(bias, "requires_grad", False)):
-        with torch.no_grad():  # inference-only: no autograd graph, eager as compiled
-            return layer.forward(x, bias, input_scale)
-    return layer.forward(x, bias, input_scale)
+def compiled_call(layer: Fp8Linear, x: torch.Tensor, bias: torch.Tensor | None = None,
+                  input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``layer`` on ``x`` as one ``fp8select::linear`` node, for a graph being compiled (the layer's
+    ``__call__`` runs its eager ``forward`` otherwise). Inputs are detached: inference only."""
+    out_dtype = layer.out_dtype or x.dtype
+    return torch.ops.fp8select.linear.default(  # type: ignore[no-any-return]
+        x.detach(), None if bias is None else bias.detach(), None if input_scale is None else input_scale.detach(),
+        getattr(layer, HANDLE_ATTR), layer.n, out_dtype)
 
 
 def _linear(x: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.Tensor | None, handle: int, n: int,
@@ -127,7 +123,15 @@ def _linear_fake(x: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.
 
 @functools.cache
 def _define() -> Any:
-    """Define ``fp8select::linear`` with torch (once per process) and return it."""
-    op = torch.library.custom_op(OP_NAME, mutates_args=(), schema=SCHEMA)(_linear)
-    op.register_fake(_linear_fake)
-    return op
+    """Define ``fp8select::linear`` with torch (once per process) and return its library.
+
+    Defined through ``torch.library.Library`` with one ``CompositeExplicitAutograd`` kernel rather
+    than ``torch.library.custom_op``, whose autograd and dispatch wrappers cost about 10 us more
+    per call (measured on CPU: 3 us against 13 us for an op that returns its input). No autograd
+    kernel: the layer detaches what it passes (inference only)."""
+    name = OP_NAME.split("::")[1]
+    lib = torch.library.Library(OP_NAME.split("::")[0], "DEF")
+    lib.define(name + SCHEMA)
+    lib.impl(name, _linear, "CompositeExplicitAutograd")
+    torch.library.register_fake(OP_NAME, _linear_fake, lib=lib)
+    return lib

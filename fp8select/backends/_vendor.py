@@ -127,6 +127,32 @@ def quantize_activation(x: torch.Tensor, dtype: torch.dtype, layout: ScaleLayout
     return quantize_per_token_group(x, 128, dtype=dtype, layout=layout)
 
 
+Quantizer = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+"""``quantize(x, rows=None) -> (x_q, scale)``: a layer's activation quantizer, bound once."""
+
+
+def bind_quantizer(k: int, dtype: torch.dtype, layout: ScaleLayout, device: torch.device) -> Quantizer:
+    """The per-token 1x128 quantizer of one layer's activations (width ``k``, on ``device``), bound
+    once: Triton's on GPUs (:class:`~fp8select.kernels.triton_quant.TritonQuantizer`), torch's
+    elsewhere. ``rows`` (at least M) gives outputs of that many rows for a GEMM that pads M."""
+    if device.type in ("cuda", "xpu"):
+        try:
+            from fp8select.kernels.triton_quant import TritonQuantizer
+        except ImportError:
+            pass
+        else:
+            return TritonQuantizer(k, dtype=dtype, layout=layout, device=device)
+
+    def quantize(x: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        from fp8select.kernels.quant import quantize_per_token_group
+
+        if rows is not None and rows != x.shape[0]:
+            x = torch.cat([x, x.new_zeros((rows - x.shape[0], x.shape[1]))])
+        return quantize_per_token_group(x, 128, dtype=dtype, layout=layout)
+
+    return quantize
+
+
 def quantized_input(x: torch.Tensor, input_scale: torch.Tensor | None, dtype: torch.dtype,
                     layout: ScaleLayout) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` quantized to ``dtype`` with its scale in ``layout``, or, when the caller quantized

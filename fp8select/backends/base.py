@@ -8,7 +8,7 @@ here touches a device or imports a vendor package at import time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -27,6 +27,9 @@ CHECKPOINT_LAYOUT = "checkpoint"
 
 FNUZ_LAYOUT = "e4m3fnuz"
 """An e4m3fn checkpoint converted to e4m3fnuz (same bits but 0x80, scales doubled) for gfx942."""
+
+Launch = Callable[[torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""One route's call bound at prepare time (:meth:`Backend.bind`): ``launch(x, bias) -> out``."""
 
 BLOCK_128x128 = (128, 128)
 BLOCK_1x128 = (1, 128)
@@ -169,6 +172,22 @@ class Backend:
         ``input_scale`` [M, ceil(K/128)] when the caller quantized it already.
         """
         raise NotImplementedError(f"{self.name}: {NOT_IMPLEMENTED}")
+
+    def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: Any, out_dtype: torch.dtype) -> Launch:
+        """The call of one plan route, bound once when the layer is prepared: ``launch(x, bias)``.
+
+        ``x`` is [M >= 1, K], contiguous, unquantized, in an activation dtype this backend
+        accepted for the plan, on the weight's device; ``bias`` None or a [N] bf16/fp16/fp32
+        tensor there: the layer checked both, so a launch checks nothing. ``config`` is the
+        route's launch configuration (:meth:`launch_config`'s form), None for none. The default
+        calls :meth:`run`; a backend overrides it to do once, here, what does not depend on the
+        call (entry points, scale layouts, quantizer constants, kernel handles).
+        """
+        run = self.run
+        if config is not None:
+            return lambda x, bias: run(prepared, x, input_scale=None, bias=bias, out_dtype=out_dtype, caps=caps,
+                                       config=config)
+        return lambda x, bias: run(prepared, x, input_scale=None, bias=bias, out_dtype=out_dtype, caps=caps)
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"

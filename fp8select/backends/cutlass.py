@@ -23,12 +23,12 @@ checkpoint's ceil-sized scales fail for N or K not multiples of 128: those go to
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from fp8select.backends._vendor import EntryPoint, add_bias, e4m3fn_gate, quantized_input, require
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
+from fp8select.backends._vendor import EntryPoint, add_bias, bind_quantizer, e4m3fn_gate, quantized_input, require
+from fp8select.backends.base import Backend, BLOCK_128x128, Launch, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe, ToolkitVersion
@@ -76,6 +76,19 @@ class CutlassBackend(Backend):
         w = weight.contiguous()
         return PreparedWeight(self.name, w.t(), weight_scale.contiguous().t(), block_pair(block_size), n, k, w,
                               extra={"gemm": gemm})
+
+    def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: Any, out_dtype: torch.dtype) -> Launch:
+        """The quantizer (M-major scales), entry point and weight views bound once."""
+        gemm = prepared.extra["gemm"].fn
+        weight, scale = prepared.weight, prepared.scale
+        quantize = bind_quantizer(prepared.k, torch.float8_e4m3fn, self.activation_scale_layout, weight.device)
+
+        def launch(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            x_q, x_s = quantize(x)
+            out = gemm(x_q, weight, x_s, scale, out_dtype)
+            return out if bias is None else add_bias(out, bias)
+
+        return launch
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:

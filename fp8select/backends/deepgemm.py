@@ -33,20 +33,21 @@ gate are unverified).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from fp8select.backends._vendor import (
     EntryPoint,
     add_bias,
+    bind_quantizer,
     dtypes_ok,
     entry_points_gate,
     quantize_activation,
     relayout_scale,
     require,
 )
-from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, BLOCK_128x128, PreparedWeight, block_pair
+from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, BLOCK_128x128, Launch, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import ScaleLayout
 from fp8select.kernels.vendor_layouts import expand_block_rows, is_power_of_two, pack_ue8m0, requantize_ue8m0
@@ -152,6 +153,22 @@ class DeepGemmBackend(Backend):
         packed = pack_ue8m0(expand_block_rows(scale, n, block_size[0]))
         return PreparedWeight(self.name, w, packed, block_pair(block_size), n, k, shared,
                               extra={"gemm": gemm, "scale_nk": scale}, scale_nk=scale)
+
+    def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: Any, out_dtype: torch.dtype) -> Launch:
+        """sm90: the quantizer (MN-major, TMA-aligned scales) and the entry point bound once; sm100 calls :meth:`run`."""
+        if prepared.scale.dtype == torch.int32:
+            return super().bind(prepared, caps=caps, config=config, out_dtype=out_dtype)
+        gemm = prepared.extra["gemm"].fn
+        weight = (prepared.weight, prepared.scale)
+        n, device = prepared.n, prepared.weight.device
+        quantize = bind_quantizer(prepared.k, torch.float8_e4m3fn, self.sm90_scale_layout, device)
+
+        def launch(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            out = torch.empty((x.shape[0], n), dtype=out_dtype, device=device)
+            gemm(quantize(x), weight, out)
+            return out if bias is None else add_bias(out, bias)
+
+        return launch
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:

@@ -31,7 +31,7 @@ for the groupwise kernels and go to the fallback.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -45,7 +45,7 @@ from fp8select.backends._vendor import (
     quantized_input,
     require,
 )
-from fp8select.backends.base import Backend, BLOCK_128x128, PreparedWeight, block_pair
+from fp8select.backends.base import Backend, BLOCK_128x128, Launch, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe
@@ -157,6 +157,19 @@ class FlashInferBackend(Backend):
             scale = weight_scale.contiguous()  # [N/128, K/128]: the checkpoint
         return PreparedWeight(self.name, w, scale, block_pair(block_size), n, k, w,
                               extra={"gemm": gemm, "kernel": kernel})
+
+    def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: Any, out_dtype: torch.dtype) -> Launch:
+        """sm90: the entry point and weight bound once (the kernel quantizes); the others call :meth:`run`."""
+        if prepared.extra["kernel"] != SM90:
+            return super().bind(prepared, caps=caps, config=config, out_dtype=out_dtype)
+        gemm = prepared.extra["gemm"].fn
+        weight, scale = prepared.weight, prepared.scale
+
+        def launch(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            out = gemm(x, weight, None, scale, out_dtype=out_dtype)
+            return out if bias is None else add_bias(out, bias)
+
+        return launch
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from fp8select.backends._vendor import quantize_activation
-from fp8select.backends.base import Backend, BLOCK_1x128, PreparedWeight, block_pair
+from fp8select.backends._vendor import bind_quantizer, quantize_activation
+from fp8select.backends.base import Backend, BLOCK_1x128, Launch, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import M_MAJOR, ROW_MAJOR, ScaleLayout
 from fp8select.probes import (
@@ -78,6 +78,28 @@ class _ScaledMMBackend(Backend):
         return _scaled_mm()(x_q, prepared.weight.t(), x_s, recipe_a, prepared.scale, recipe_b,
                             bias=bias, output_dtype=out_dtype)
 
+    m_multiple: ClassVar[int] = 1
+    """Rows the library takes a multiple of (a bound launch quantizes into that many, unwritten past M)."""
+
+    def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: Any, out_dtype: torch.dtype) -> Launch:
+        """The quantizer (this backend's scale layout), the function, recipes and weight view bound once."""
+        scaled_mm = _scaled_mm()
+        recipe_a, recipe_b = _recipes(prepared.block_size)
+        weight_t, scale = prepared.weight.t(), prepared.scale
+        quantize = bind_quantizer(prepared.k, prepared.weight.dtype, self.input_scale_layout, prepared.weight.device)
+        multiple = self.m_multiple
+
+        def launch(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            m = x.shape[0]
+            rows = -(-m // multiple) * multiple
+            x_q, x_s = quantize(x, rows)
+            if bias is not None and bias.dtype != out_dtype:
+                bias = bias.to(out_dtype)
+            out = scaled_mm(x_q, weight_t, x_s, recipe_a, scale, recipe_b, bias=bias, output_dtype=out_dtype)
+            return out if rows == m else out[:m]
+
+        return launch
+
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities) -> torch.Tensor:
         if input_scale is None:
@@ -107,6 +129,7 @@ class CudaScaledMMBackend(_ScaledMMBackend):
         ScalingTypes(BLOCKWISE_MEMBERS),
     )
     scale_layout_name = "m_major"
+    m_multiple = CUDA_M_MULTIPLE
 
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
         """Any M: cuBLAS needs M % 4 == 0, so other M are padded with zero rows (at most 3)."""

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fp8select.backends.base import CHECKPOINT_LAYOUT, FNUZ_LAYOUT, Backend, PreparedWeight, block_pair
+from fp8select.backends.base import CHECKPOINT_LAYOUT, FNUZ_LAYOUT, Backend, Launch, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.triton_config import TritonConfig
 from fp8select.kernels.triton_search import fit_split
@@ -92,6 +92,15 @@ class TritonBackend(Backend):
             prepared = super().prepare(weight, weight_scale, block_size, caps)
         prepared.extra["fixup_counters"] = fixup_counters(prepared.n, weight.device)
         return prepared
+
+    def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: TritonConfig | None,
+             out_dtype: torch.dtype) -> Launch:
+        """The quantizer and GEMM of ``config`` bound to their kernels once (:class:`~fp8select.kernels.
+        triton_gemm.BoundLinear`); off a GPU (the interpreter) the same, launched through Triton."""
+        from fp8select.kernels.triton_gemm import BoundLinear
+
+        return BoundLinear(prepared.weight, prepared.scale, prepared.block_size, config, out_dtype=out_dtype,
+                           counters=prepared.extra.get("fixup_counters"))
 
     def run(self, prepared: PreparedWeight, x: torch.Tensor, *, input_scale: torch.Tensor | None,
             bias: torch.Tensor | None, out_dtype: torch.dtype, caps: Capabilities,
