@@ -11,6 +11,7 @@ import torch
 
 from fp8select.backends.base import Backend
 from fp8select.capabilities import Capabilities
+from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, build_plan, estimator
 from fp8select.problem import Problem
@@ -60,6 +61,8 @@ class Selection:
     measured_at_load: dict[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, repr=False, compare=False)
     # The verification still running, if any (fp8select.verify_chain.PendingVerification); cleared once settled.
     pending: Any = field(default=None, repr=False, compare=False)
+    # The layers linear() prepared, per weight tensor (a cache: each copy of the selection has its own).
+    _dropin: PreparedLayers = field(default_factory=PreparedLayers, init=False, repr=False, compare=False)
 
     def __getattribute__(self, name: str) -> Any:
         if name in VERIFIED_FIELDS and object.__getattribute__(self, "pending") is not None:
@@ -185,8 +188,13 @@ class Selection:
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Drop-in for the engines' ``w8a8_block_fp8_linear(input, weight, block_size, weight_scale, ...)``.
 
-        It plans and prepares the weight on every call; use :meth:`prepare` once at load time. The
-        output dtype is the activation's; a pre-quantized fp8 ``input`` needs ``out_dtype``.
+        The first call with a weight prepares it (:meth:`prepare`); later calls with the same,
+        unmodified weight and scale tensors reuse that layer (:class:`~fp8select.dropin.PreparedLayers`
+        says when a layer is prepared again, and that it is freed with the weight). The output
+        dtype is the activation's; a pre-quantized fp8 ``input`` needs ``out_dtype``.
         """
-        layer = self.prepare(weight, weight_scale, block_size, out_dtype=out_dtype)
-        return layer(input, bias=bias, input_scale=input_scale)
+        dropin = self._dropin
+        layer = dropin.get(weight, weight_scale, block_size, out_dtype)
+        if layer is None:
+            layer = dropin.keep(weight, weight_scale, block_size, out_dtype, self.prepare)
+        return layer(input, bias, input_scale)

@@ -1,0 +1,107 @@
+"""The drop-in ``Selection.linear``: one prepared layer per weight, never stale, freed with the weight."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+from fp64_reference import expected, random_problem, rel_err
+from matrix import MATRIX
+
+from fp8select import InvalidDtypeError, InvalidInputError, Selection, resolve
+
+CPU = MATRIX["cpu-only"][0]
+N, K = 256, 384
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Selection, list[Any]]:
+    """A CPU selection whose prepare() calls are recorded (the layers they made)."""
+    prepared: list[Any] = []
+    prepare = Selection.prepare
+
+    def recording(self: Selection, *args: Any, **kwargs: Any) -> Any:
+        layer = prepare(self, *args, **kwargs)
+        prepared.append(layer)
+        return layer
+
+    monkeypatch.setattr(Selection, "prepare", recording)
+    return resolve(CPU, plugins=False), prepared
+
+
+def test_the_same_weight_is_prepared_once(counted: tuple[Selection, list[Any]]) -> None:
+    sel, prepared = counted
+    w, s = random_problem(N, K, seed=1)
+    x = torch.randn(5, K, dtype=torch.bfloat16)
+    first = sel.linear(x, w, [128, 128], s)
+    for _ in range(3):
+        assert torch.equal(sel.linear(x, w, [128, 128], s), first)
+    assert len(prepared) == 1 and len(sel._dropin) == 1
+    assert rel_err(first, expected(x, w, s, (128, 128))) < 1e-2
+
+
+@pytest.mark.parametrize("change", ["weight in place", "scale in place", "weight re-pointed", "another weight",
+                                    "block size", "output dtype"])
+def test_a_changed_weight_or_call_is_prepared_again(counted: tuple[Selection, list[Any]], change: str) -> None:
+    sel, prepared = counted
+    w, s = random_problem(N, K, seed=2)
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    sel.linear(x, w, (128, 128), s)
+    block: tuple[int, int] = (128, 128)
+    out_dtype = None
+    if change == "weight in place":
+        w.copy_(random_problem(N, K, seed=3)[0])
+    elif change == "scale in place":
+        s.mul_(2)
+    elif change == "weight re-pointed":
+        w.data = random_problem(N, K, seed=4)[0]
+    elif change == "another weight":
+        w = w.clone()
+    elif change == "block size":
+        w, s = w, random_problem(N, K, (1, 128), seed=5)[1]
+        block = (1, 128)
+    else:
+        out_dtype = torch.float32
+    out = sel.linear(x, w, block, s, out_dtype=out_dtype)
+    assert len(prepared) == 2
+    assert out.dtype == (out_dtype or torch.bfloat16)
+    assert rel_err(out, expected(x, w, s, block)) < 1e-2  # the new weight's product, not the stale one's
+
+
+def test_the_layer_is_freed_with_the_weight(counted: tuple[Selection, list[Any]]) -> None:
+    sel, prepared = counted
+    w, s = random_problem(N, K, seed=6)
+    sel.linear(torch.randn(2, K, dtype=torch.bfloat16), w, [128, 128], s)
+    layer = weakref.ref(prepared.pop())
+    storage = weakref.ref(w.untyped_storage())
+    assert len(sel._dropin) == 1
+    del w
+    gc.collect()
+    assert len(sel._dropin) == 0 and layer() is None and storage() is None
+
+
+def test_bad_arguments_keep_their_typed_errors() -> None:
+    sel = resolve(CPU, plugins=False)
+    w, s = random_problem(N, K, seed=7)
+    x = torch.randn(2, K, dtype=torch.bfloat16)
+    with pytest.raises(InvalidDtypeError, match="weight"):
+        sel.linear(x, w.tolist(), [128, 128], s)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDtypeError, match="block_size"):
+        sel.linear(x, w, "128x128", s)  # type: ignore[arg-type]
+    sel.linear(x, w, [128, 128], s)
+    with pytest.raises(InvalidInputError, match="input"):
+        sel.linear(torch.randn(2, K + 1, dtype=torch.bfloat16), w, [128, 128], s)  # the kept layer checks the call
+    with pytest.raises(InvalidDtypeError, match="block_size"):
+        sel.linear(x, w, torch.tensor([128, 128]), s)  # type: ignore[arg-type]
+
+
+def test_copies_of_a_selection_keep_their_own_layers() -> None:
+    from dataclasses import replace
+
+    sel = resolve(CPU, plugins=False)
+    w, s = random_problem(N, K, seed=8)
+    sel.linear(torch.randn(2, K, dtype=torch.bfloat16), w, [128, 128], s)
+    assert len(replace(sel, max_weight_copies=0)._dropin) == 0 and len(sel._dropin) == 1
