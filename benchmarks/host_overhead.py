@@ -1,0 +1,429 @@
+"""What fp8select costs on the CPU per eager call, next to the raw kernels it launches (GPU only).
+
+Phases (``--phases``, default all but startup), one JSON report:
+
+* ``host``: host microseconds per eager call, launch-bound (small weights; the GPU never sets
+  the pace), as ``perf_counter`` over a few hundred calls with no synchronize inside, median of
+  rounds: bf16 ``F.linear``, torch block-wise ``F.scaled_mm`` / raw DeepGEMM / raw sgl_kernel on a
+  pre-quantized input, raw FlashInfer (quantizes inside), fp8select's activation quantizer
+  alone, its Triton launches alone (quantizer + GEMM), and fp8select's layer pinned to each
+  accepted backend and auto, the module, the drop-in ``linear`` on the same tensors.
+* ``compile``: the module under ``torch.compile`` (default mode, no CUDA graphs) against eager.
+* ``stack``: eager end to end, 8 DeepSeek-V3 dense projections in a row at M 16/128/512/4096:
+  fp8select auto; the same plan's backends called raw (what each layer's route runs, without
+  fp8select around it); a hand-written dispatch over the vendors (FlashInfer below M 32, else
+  sgl_kernel's quantizer + DeepGEMM); and fp8select under a CUDA graph (its GPU time, the floor).
+* ``startup``: time to first outputs in fresh processes (three DeepSeek-V3 shapes, M 1/64/4096),
+  with empty JIT caches and warm, auto and pinned to DeepGEMM.
+
+Usage: ``python benchmarks/host_overhead.py --out DIR [--phases host,compile,stack,startup]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HOST_SHAPES = ((1024, 1024), (7168, 2048))
+HOST_M = 16
+STACK = ((7168, 2048), (4096, 7168), (24576, 1536), (7168, 16384), (4608, 7168), (2112, 7168), (32768, 512),
+         (7168, 18432))
+STACK_M = (16, 128, 512, 4096)
+STARTUP_SHAPES = ((7168, 2048), (4096, 7168), (24576, 1536))
+STARTUP_M = (1, 64, 4096)
+
+
+def _host_us(fn: Callable[[], object], calls: int = 300, rounds: int = 7) -> float:
+    """Median host microseconds per call of ``fn``, no synchronize inside a round."""
+    import torch
+
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return round(statistics.median(times), 2)
+
+
+def _pass_ms(fn: Callable[[], object], passes: int = 20, rounds: int = 5) -> float:
+    """Median wall milliseconds per pass of ``fn`` (synchronized at both ends of a round)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(passes):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / passes * 1e3)
+    return round(statistics.median(times), 4)
+
+
+def _graph_ms(fn: Callable[[], object], replays: int = 50) -> float:
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / replays * 1e3)
+    return round(statistics.median(times), 4)
+
+
+def _weights(n: int, k: int, seed: int) -> tuple[Any, Any]:
+    import torch
+
+    from fp8select import quantize_weight
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return quantize_weight(torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.05)
+
+
+def _raw_calls(n: int, k: int, w: Any, s: Any, x: Any) -> dict[str, Callable[[], object]]:
+    """The vendors' and torch's own calls on this weight (those installed), inputs prepared outside."""
+    import torch
+    import torch.nn.functional as F
+
+    from fp8select.kernels.quant import M_MAJOR, ScaleLayout
+    from fp8select.kernels.triton_quant import TritonQuantizer
+
+    calls: dict[str, Callable[[], object]] = {}
+    dense = (w.to(torch.bfloat16) * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k].to(torch.bfloat16))
+    calls["bf16 F.linear"] = lambda: F.linear(x, dense)
+    m_major = TritonQuantizer(k, dtype=torch.float8_e4m3fn, layout=M_MAJOR, device=x.device)
+    calls["fp8select quantizer alone"] = lambda: m_major(x)
+    xq, xs = m_major(x)
+    if hasattr(F, "scaled_mm"):
+        st = F.ScalingType
+        kb = s.shape[1]
+        padded = torch.zeros((s.shape[0], -(-kb // 4) * 4), dtype=torch.float32, device="cuda")
+        padded[:, :kb] = s
+        wt, sb = w.t(), padded.t()
+        calls["torch scaled_mm (pre-quantized)"] = lambda: F.scaled_mm(
+            xq, wt, xs, st.BlockWise1x128, sb, st.BlockWise128x128, output_dtype=torch.bfloat16)
+    try:
+        import deep_gemm
+
+        dq, ds = TritonQuantizer(k, dtype=torch.float8_e4m3fn, layout=ScaleLayout(mn_major=True, m_align=4),
+                                 device=x.device)(x)
+        out = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device="cuda")
+        calls["raw deep_gemm.fp8_gemm_nt (pre-quantized)"] = lambda: deep_gemm.fp8_gemm_nt((dq, ds), (w, s), out)
+        calls["raw deep_gemm, new output each call"] = lambda: deep_gemm.fp8_gemm_nt(
+            (dq, ds), (w, s), torch.empty((x.shape[0], n), dtype=torch.bfloat16, device="cuda"))
+    except ImportError:
+        pass
+    try:
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+        calls["raw flashinfer fp8_blockscale_gemm_sm90"] = lambda: fp8_blockscale_gemm_sm90(
+            x, w, None, s, out_dtype=torch.bfloat16)
+    except ImportError:
+        pass
+    try:
+        import sgl_kernel
+
+        wt_c, st_c = w.t(), s.t()
+        calls["raw sgl_kernel fp8_blockwise_scaled_mm (pre-quantized)"] = lambda: sgl_kernel.fp8_blockwise_scaled_mm(
+            xq, wt_c, xs, st_c, torch.bfloat16)
+        if hasattr(sgl_kernel, "sgl_per_token_group_quant_fp8"):
+            q = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+            qs = torch.empty((x.shape[0], k // 128), dtype=torch.float32, device="cuda")
+            calls["raw sgl_kernel quantizer"] = lambda: sgl_kernel.sgl_per_token_group_quant_fp8(
+                x, q, qs, 128, 1e-10, -448.0, 448.0, False)
+    except ImportError:
+        pass
+    return calls
+
+
+def phase_host(report: dict[str, Any]) -> None:
+    import torch
+
+    import fp8select
+    from fp8select.nn import BlockFp8Linear
+
+    auto = fp8select.resolve()
+    report["chain"] = [b.name for b in auto.chain]
+    rows = []
+    for n, k in HOST_SHAPES:
+        w, s = _weights(n, k, n + k)
+        x = torch.randn(HOST_M, k, device="cuda", dtype=torch.bfloat16)
+        row: dict[str, Any] = {"n": n, "k": k, "m": HOST_M, "us": {}}
+        for name, fn in _raw_calls(n, k, w, s, x).items():
+            try:
+                row["us"][name] = _host_us(fn)
+            except Exception as exc:  # noqa: BLE001 - a vendor call that fails here is a finding
+                row["us"][name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+        for backend in [b.name for b in auto.chain if b.name != "reference"]:
+            pinned = fp8select.resolve(backend=backend)
+            layer = pinned.prepare(w, s)
+            if backend == "triton":
+                from fp8select.kernels.triton_gemm import BoundLinear
+
+                route = layer.main_plan.route(HOST_M)
+                launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
+                                       counters=layer.prepared["triton"].extra.get("fixup_counters"))
+                row["us"]["fp8select Triton launches alone (bound)"] = _host_us(lambda launches=launches: launches(x))
+            row["us"][f"layer pinned {backend}"] = _host_us(lambda layer=layer: layer(x))
+        layer = auto.prepare(w, s)
+        row["auto_plan"] = layer.main_plan.summary()
+        row["us"]["layer auto"] = _host_us(lambda: layer(x))
+        with torch.inference_mode():
+            row["us"]["layer auto, inference_mode"] = _host_us(lambda: layer(x))
+        module = BlockFp8Linear(k, n, bias=False, selection=auto, device="cuda")
+        module.load_state_dict({"weight": w, "weight_scale_inv": s})
+        with torch.no_grad():
+            row["us"]["module auto (no_grad)"] = _host_us(lambda: module(x))
+        row["us"]["module auto (grad mode)"] = _host_us(lambda: module(x))
+        block = [128, 128]
+        row["us"]["drop-in sel.linear auto"] = _host_us(lambda: auto.linear(x, w, block, s))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    report["host"] = rows
+
+
+def phase_compile(report: dict[str, Any]) -> None:
+    import torch
+
+    import fp8select
+    from fp8select.nn import BlockFp8Linear
+
+    auto = fp8select.resolve()
+    out = []
+    for n, k in HOST_SHAPES:
+        w, s = _weights(n, k, n + k)
+        module = BlockFp8Linear(k, n, bias=False, selection=auto, device="cuda")
+        module.load_state_dict({"weight": w, "weight_scale_inv": s})
+        x = torch.randn(HOST_M, k, device="cuda", dtype=torch.bfloat16)
+        compiled = torch.compile(module)
+        with torch.no_grad():
+            start = time.perf_counter()
+            compiled(x)
+            compile_s = time.perf_counter() - start
+            eager = _host_us(lambda module=module: module(x))
+            graph = _host_us(lambda compiled=compiled: compiled(x))
+            layer = module.fp8_layer
+            layer_us = _host_us(lambda layer=layer: layer(x))
+            handle = layer._fp8select_handle
+            op_us = _host_us(lambda handle=handle: torch.ops.fp8select.linear.default(x, None, None, handle, n,
+                                                                                      torch.bfloat16))
+            equal = bool(torch.equal(compiled(x), module(x)))
+        row = {"n": n, "k": k, "m": HOST_M, "eager_module_us": eager, "compiled_module_us": graph,
+               "eager_layer_us": layer_us, "custom_op_direct_us": op_us,
+               "custom_op_own_us": round(op_us - layer_us, 2), "compiled_wrapper_us": round(graph - op_us, 2),
+               "compile_s": round(compile_s, 2), "bitwise_equal": equal}
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    report["compile"] = out
+
+
+def _route_raw(layer: Any, m: int) -> Callable[[Any], object]:
+    """The raw kernels of the route ``layer`` runs at ``m`` rows, without fp8select's layer around them."""
+    import torch
+
+    route = layer.main_plan.route(m)
+    name = route.backend
+    prepared = layer.prepared[name]
+    n, k = layer.n, layer.k
+    if name == "deepgemm":
+        import deep_gemm
+
+        from fp8select.kernels.quant import ScaleLayout
+        from fp8select.kernels.triton_quant import TritonQuantizer
+
+        quant = TritonQuantizer(k, dtype=torch.float8_e4m3fn, layout=ScaleLayout(mn_major=True, m_align=4),
+                                device=torch.device("cuda"))
+
+        def run_deepgemm(x: Any) -> object:
+            out = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device="cuda")
+            deep_gemm.fp8_gemm_nt(quant(x), (prepared.weight, prepared.scale), out)
+            return out
+        return run_deepgemm
+    if name == "flashinfer":
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+        return lambda x: fp8_blockscale_gemm_sm90(x, prepared.weight, None, prepared.scale, out_dtype=torch.bfloat16)
+    if name == "triton":
+        from fp8select.kernels.triton_gemm import BoundLinear
+
+        return BoundLinear(prepared.weight, prepared.scale, (128, 128), route.config, out_dtype=torch.bfloat16,
+                           counters=prepared.extra.get("fixup_counters"))
+    launch = layer._launches[torch.bfloat16][layer.main_plan.routes.index(route)]
+    return lambda x: launch(x, None)
+
+
+def phase_stack(report: dict[str, Any]) -> None:
+    import torch
+
+    import fp8select
+
+    auto = fp8select.resolve()
+    weights = [_weights(n, k, i) for i, (n, k) in enumerate(STACK)]
+    layers = [auto.prepare(w, s) for w, s in weights]
+    hand = _hand_written(weights)
+    rows = []
+    for m in STACK_M:
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, k in STACK]
+        raws = [_route_raw(layer, m) for layer in layers]
+
+        def fp8select_pass(xs: list[Any] = xs) -> None:
+            for layer, x in zip(layers, xs):
+                layer(x)
+
+        def raw_pass(xs: list[Any] = xs, raws: list[Any] = raws) -> None:
+            for raw, x in zip(raws, xs):
+                raw(x)
+
+        row: dict[str, Any] = {"m": m, "plans": [layer.main_plan.route(m).backend for layer in layers]}
+        for _ in range(2):  # two rounds, alternating order; the faster kept
+            for label, fn in (("fp8select_eager_ms", fp8select_pass), ("raw_routes_eager_ms", raw_pass)):
+                row[label] = min(row.get(label, float("inf")), _pass_ms(fn))
+        if hand is not None:
+            row["hand_written_eager_ms"] = _pass_ms(lambda xs=xs: [f(x) for f, x in zip(hand(m), xs)])
+        row["fp8select_graphed_ms"] = _graph_ms(fp8select_pass)
+        row["ratio_vs_raw_routes"] = round(row["fp8select_eager_ms"] / row["raw_routes_eager_ms"], 3)
+        if hand is not None:
+            row["ratio_vs_hand_written"] = round(row["fp8select_eager_ms"] / row["hand_written_eager_ms"], 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    report["stack"] = rows
+
+
+def _hand_written(weights: list[tuple[Any, Any]]) -> Callable[[int], list[Callable[[Any], object]]] | None:
+    """An engine's dispatch by hand: FlashInfer's sm90 GEMM below M 32, else sgl_kernel's quantizer + DeepGEMM."""
+    import torch
+
+    try:
+        import deep_gemm
+        import sgl_kernel
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+    except ImportError:
+        return None
+    from deep_gemm import get_mn_major_tma_aligned_tensor
+
+    def calls(m: int) -> list[Callable[[Any], object]]:
+        out = []
+        for w, s in weights:
+            n, k = w.shape
+            if m < 32:
+                out.append(lambda x, w=w, s=s: fp8_blockscale_gemm_sm90(x, w, None, s, out_dtype=torch.bfloat16))
+                continue
+
+            def dg(x: Any, w: Any = w, s: Any = s, n: int = n, k: int = k) -> object:
+                q = torch.empty_like(x, dtype=torch.float8_e4m3fn)
+                qs = torch.empty((x.shape[0], k // 128), dtype=torch.float32, device="cuda")
+                sgl_kernel.sgl_per_token_group_quant_fp8(x, q, qs, 128, 1e-10, -448.0, 448.0, False)
+                y = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device="cuda")
+                deep_gemm.fp8_gemm_nt((q, get_mn_major_tma_aligned_tensor(qs)), (w, s), y)
+                return y
+            out.append(dg)
+        return out
+    return calls
+
+
+_STARTUP_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+torch.cuda.init()
+import fp8select
+from fp8select import quantize_weight
+backend = sys.argv[1] or None
+shapes = json.loads(sys.argv[2]); ms = json.loads(sys.argv[3])
+t1 = time.perf_counter()
+sel = fp8select.resolve(backend=backend)
+t2 = time.perf_counter()
+gen = torch.Generator(device="cuda").manual_seed(0)
+ws = [quantize_weight(torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.05) for n, k in shapes]
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+layers = [sel.prepare(w, s) for w, s in ws]
+t4 = time.perf_counter()
+for layer, (n, k) in zip(layers, shapes):
+    for m in ms:
+        layer(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+torch.cuda.synchronize()
+t5 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "prepare_s": t4 - t3, "first_calls_s": t5 - t4,
+                  "to_first_outputs_s": (t5 - t0) - (t3 - t2), "plans": [l.main_plan.summary() for l in layers]}))
+"""
+
+
+def phase_startup(report: dict[str, Any]) -> None:
+    rows = []
+    for backend in ("", "deepgemm"):
+        cache = tempfile.mkdtemp(prefix="fp8select-startup-")
+        env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton", "DG_JIT_CACHE_DIR": f"{cache}/dg",
+               "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "XDG_CACHE_HOME": f"{cache}/xdg",
+               "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
+        for state in ("empty", "warm"):
+            done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(STARTUP_SHAPES),
+                                   json.dumps(STARTUP_M)], env=env, capture_output=True, text=True, timeout=240)
+            line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+            row = {"backend": backend or "auto", "caches": state, **(json.loads(line) if line else
+                                                                      {"error": done.stderr[-600:]})}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    report["startup"] = rows
+
+
+PHASES = {"host": phase_host, "compile": phase_compile, "stack": phase_stack, "startup": phase_startup}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for host_overhead.json")
+    parser.add_argument("--phases", default="host,compile,stack", help=f"comma-separated, of {','.join(PHASES)}")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("host_overhead.py needs a CUDA GPU; none is available", file=sys.stderr)
+        return 2
+    import triton
+
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "triton": triton.__version__}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for phase in args.phases.split(","):
+        start = time.perf_counter()
+        try:
+            PHASES[phase](report)
+        except Exception as exc:  # noqa: BLE001 - keep what the other phases measured
+            report[f"{phase}_error"] = f"{type(exc).__name__}: {exc}"
+            print(f"phase {phase} failed: {exc!r}", file=sys.stderr, flush=True)
+        report[f"{phase}_s"] = round(time.perf_counter() - start, 1)
+        (args.out / "host_overhead.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
