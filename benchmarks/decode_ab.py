@@ -1,9 +1,9 @@
 """Decode (small M) Triton kernels of this tree against a baseline copy of them, timed together; or profiled.
 
     git show REV:fp8select/kernels/triton_gemm_kernels.py | sed 's/^from \\./from fp8select.kernels./' > base.py
-    PYTHONPATH=. python benchmarks/decode_ab.py --baseline base.py --out ab.json         # A/B, CUDA graphs
+    python -m benchmarks.decode_ab --baseline base.py --out ab.json         # A/B, CUDA graphs
     ncu --clock-control none --nvtx --nvtx-include "prof/" --set full --import-source yes -o decode \\
-        python benchmarks/decode_ab.py --profile --shapes 7168x16384 --ms 1,16 --out cases.json
+        python -m benchmarks.decode_ab --profile --shapes 7168x16384 --ms 1,16 --out cases.json
 
 A case is a column at one (N, K, M): ``layer`` (the Triton backend with the shipped table's configuration for that
 M), a fixed configuration of :data:`CONFIGS` (on the 7168-row weights only), or a vendor. ``--baseline`` adds each
@@ -12,7 +12,7 @@ baseline's around each call, so both run the same launch code and configuration.
 weights rotated past the L2, every column of a shape interleaved (``timing.time_graphs``), each checked against the
 fp64 reference first. ``--profile``: each case runs once unmarked (compilation, first-call work), then once inside
 the NVTX range ``prof``, so ncu profiles only those launches; ``cases`` lists them in launch order. ``--distill`` turns
-several A/B reports into the distilled form ``benchmarks/merge_tuning.py`` folds into a tuning table.
+several A/B reports into the distilled form ``benchmarks.merge_tuning`` folds into a tuning table.
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ import argparse
 import functools
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import limits
 import torch
 
 import fp8select
+from benchmarks import limits
+from benchmarks._cuda import require_cuda
 from fp8select import bench, timing
 from fp8select.kernels import triton_gemm
 from fp8select.kernels.triton_config import TritonConfig
@@ -113,7 +111,7 @@ def distill(reports: list[dict]) -> dict:
     return {"environment": reports[0]["env"], "source": "benchmarks/decode_ab.py --distill", "decode": rows}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in bench.SHAPE_SETS["deepseek-v3"]))
     p.add_argument("--ms", default="1,2,4,8,16")
@@ -123,11 +121,12 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=60)
     p.add_argument("--distill", nargs="+", metavar="REPORT", help="write --out from these A/B reports instead")
     p.add_argument("--out", required=True)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.distill:
         reports = [json.loads(Path(f).read_text()) for f in a.distill]
         Path(a.out).write_text(json.dumps(distill(reports), indent=1))
         return
+    require_cuda("decode_ab")
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     ms = [int(v) for v in a.ms.split(",")]
     configs = {name: CONFIGS[name] for name in a.configs.split(",") if name}

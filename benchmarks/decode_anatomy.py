@@ -1,6 +1,6 @@
-"""Where a decode call's time goes on the H200 beyond its configuration: the read ceiling, PDL, weight prefetch.
+"""Where a decode call's time goes on the H200 beyond its configuration: the read ceiling and PDL.
 
-    PYTHONPATH=. python benchmarks/decode_anatomy.py --out anatomy.json [--ms 1,4,16]
+    python -m benchmarks.decode_anatomy --out decode_anatomy.json [--ms 1,4,16] [--sweep LIMITS.json]
 
 For every DeepSeek-V3 weight of >= 16M elements (the decode target's set), timed as BENCHMARKING.md says (CUDA
 graph, median of the replays, weights rotated past the L2):
@@ -8,12 +8,11 @@ graph, median of the replays, weights rotated past the L2):
 1. ``read``: the fastest of a few Triton kernels that only read the weight's bytes (each program xor-folds a
    contiguous share into one word), and torch's copy of them (read plus write): what any kernel streaming that
    many bytes reaches at that size, next to the HBM floor (weight and scale bytes / 4.3 TB/s).
-2. ``modes``: at each M the Triton op (bf16 in) with the shipped table's configuration, and run 15's sweep best
-   where that differs, without PDL and with PDL at every weight size (run 16 also tried an L2 prefetch of the first
-   weight tiles before the PDL wait: never faster, removed). Each is timed back to back (each op may overlap the one before, as consecutive
-   fp8select ops do) and isolated (a one-element torch kernel, which never lets a dependent launch early, between
-   the ops; its own time, measured alone, subtracted). Every configuration and mode is checked against the fp64
-   reference first.
+2. ``modes``: at each M the Triton op (bf16 in) with the shipped table's configuration, and the sweep's best
+   (``--sweep``, a distilled limits report) where that differs, without PDL and with PDL at every weight size.
+   Each is timed back to back (each op may overlap the one before, as consecutive fp8select ops do) and isolated
+   (a one-element torch kernel, which never lets a dependent launch early, between the ops; its own time,
+   measured alone, subtracted). Every configuration and mode is checked against the fp64 reference first.
 """
 
 from __future__ import annotations
@@ -27,13 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from benchmarks import limits
+from benchmarks._cuda import require_cuda
 from fp8select import bench, timing
 from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
 
-RUN15 = Path(__file__).resolve().parent / "results" / "h200-run15" / "limits_decode.json"
+SWEEP = Path(__file__).resolve().parent / "results" / "limits_decode.json"  # a distilled limits report
 MODES = {"off": False, "pdl": True}
 READ_CONFIGS = [(g, block, stages, warps) for g in (132, 264, 528) for block in (4096, 8192)
                 for stages in (2, 4) for warps in (4, 8)]
@@ -102,17 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--ms", default="1,4,16")
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--sweep", default=str(SWEEP), help="a distilled limits report: its decode sweep configurations")
     args = parser.parse_args(argv)
+    require_cuda("decode_anatomy")
     import torch
 
     from fp8select.kernels import triton_gemm
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import limits
 
     t0 = time.monotonic()
     ms = bench.parse_ms(args.ms)
     table = limits.plan_work(0, 0, 0).table
-    sweep = {(r["n"], r["k"], r["m"]): parse_config(r["sweep_config"]) for r in json.loads(RUN15.read_text())["decode"]}
+    sweep = {(r["n"], r["k"], r["m"]): parse_config(r["sweep_config"]) for r in json.loads(Path(args.sweep).read_text())["decode"]}
     shapes = [s for s in bench.SHAPE_SETS["deepseek-v3"] if s[0] * s[1] >= 16 * 2**20]
     flag = torch.zeros(1, device="cuda")
     barrier = functools.partial(flag.add_, 1)

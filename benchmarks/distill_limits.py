@@ -1,10 +1,10 @@
-"""Distil a ``benchmarks/limits.py`` report into the small JSON kept under ``benchmarks/results/``.
+"""Distil a ``benchmarks.limits`` report into the small JSON kept under ``benchmarks/results/``.
 
-    python benchmarks/distill_limits.py limits.json distilled.json
+    python -m benchmarks.distill_limits limits.json distilled.json
 
 Keeps the environment, the arguments, the launch floor and the summary, and one line per point:
 at decode and prefill the table's and the sweep's best configuration (as
-:meth:`TritonConfig.to_dict` mappings, which ``benchmarks/merge_tuning.py`` reads back) with their
+:meth:`TritonConfig.to_dict` mappings, which ``benchmarks.merge_tuning`` reads back) with their
 times and the vendors'; the quantization points as measured. Drops the per-phase sweep
 bookkeeping and the run's output path.
 """

@@ -1,8 +1,8 @@
-"""GPU check for the lent H200 (or any CUDA GPU): tests, cuBLAS facts, numerics sweep.
+"""GPU check for a CUDA GPU (the H200 figures come from it): tests, cuBLAS facts, numerics sweep.
 
 Run from the repository root:
 
-    python benchmarks/gpu_check.py --out OUTDIR [--quick]
+    python -m benchmarks.gpu_check --out OUTDIR [--quick]
 
 It writes ``gpu_check.json`` under OUTDIR with: the snapshot and ``explain`` text of this
 machine; the result of the GPU-marked tests; which M / K / recipe combinations cuBLAS
@@ -27,12 +27,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from fp64_reference import expected, random_problem, rel_err
-
 import fp8select
+from benchmarks._cuda import require_cuda
+from tests.fp64_reference import expected, random_problem, rel_err
 
 DEEPSEEK_V3 = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (36864, 7168), (7168, 18432)]
 RAGGED = [(4160, 7168), (2112, 7200), (576, 1536), (256, 640), (384, 1152), (7168, 896), (1000, 1000)]
@@ -124,8 +121,8 @@ def numerics_sweep(selection: fp8select.Selection, quick: bool, rows: list[dict[
     return rows
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
@@ -133,7 +130,8 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=1e9, help="stop starting new shapes after this many seconds")
     parser.add_argument("--first-shape", type=int, default=0,
                         help="start the numerics sweep at this index of its 15 shapes (resume a budget-cut run)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    require_cuda("gpu_check")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -142,9 +140,6 @@ def main() -> int:
     def save() -> None:
         path.write_text(json.dumps(result, indent=1))
 
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device", file=sys.stderr)
-        return 2
     import triton
 
     result["device"] = torch.cuda.get_device_name(0)

@@ -1,6 +1,6 @@
 """Start-up cost, prepare() cost and NaN/inf semantics on the GPU, written as one JSON.
 
-    python benchmarks/h200_checks.py --out checks.json [--cache-dir DIR] [--label vendors]
+    python -m benchmarks.h200_checks --out checks.json [--cache-dir DIR] [--label vendors]
 
 * ``startup``: in fresh processes (CUDA initialised first, as an engine has it), the seconds of
   ``import fp8select``, ``detect_capabilities()``, the plugin scan, the first ``resolve()``, the
@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from benchmarks._cuda import require_cuda
 
 _STARTUP = r"""
 import json, time
@@ -146,12 +148,13 @@ def nonfinite() -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--label", default="")
     parser.add_argument("--skip", default="", help="comma list of sections to skip: startup, prepare, nonfinite")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    require_cuda("h200_checks")
     skip = set(args.skip.split(","))
     from fp8select.bench import SHAPE_SETS
 

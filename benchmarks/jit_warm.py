@@ -1,6 +1,6 @@
 """Fill the JIT caches (DeepGEMM, FlashInfer, Triton) for a set of shapes, in parallel processes.
 
-    python benchmarks/jit_warm.py --shapes deepseek-v3 --backends deepgemm,flashinfer --procs 8 --out warm.json
+    python -m benchmarks.jit_warm --shapes deepseek-v3 --backends deepgemm,flashinfer --procs 8 --out warm.json
 
 Each worker process resolves with one backend pinned, prepares a layer per assigned shape and
 runs :func:`fp8select.warmup` on it (both ends of every M bucket), so later measurements in
@@ -16,6 +16,8 @@ import json
 import multiprocessing as mp
 import time
 from typing import Any
+
+from benchmarks._cuda import require_cuda
 
 
 def _work(items: list[tuple[str, int, int]], queue: Any) -> None:
@@ -38,7 +40,7 @@ def _work(items: list[tuple[str, int, int]], queue: Any) -> None:
     queue.put(results)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from fp8select.bench import parse_shapes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +48,8 @@ def main() -> None:
     parser.add_argument("--backends", default="deepgemm,flashinfer")
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    require_cuda("jit_warm")
     shapes = parse_shapes(args.shapes)
     items = [(b, n, k) for b in args.backends.split(",") if b for n, k in shapes]
     buckets: list[list[tuple[str, int, int]]] = [[] for _ in range(max(1, min(args.procs, len(items))))]

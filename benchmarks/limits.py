@@ -1,6 +1,6 @@
 """How far the Triton block-FP8 linear is from the H200's limits: decode vs HBM, quantization cost, prefill vs cuBLAS.
 
-    PYTHONPATH=. python benchmarks/limits.py --budget-s 240 --out limits.json    # --dry-run: the plan, no CUDA
+    python -m benchmarks.limits --budget-s 240 --out limits.json    # --dry-run: the plan, no CUDA
 
 Measured with fp8select.bench's helpers as BENCHMARKING.md says (CUDA graphs, median of >= 50 replays, weights
 rotated past the L2, fp64-reference check on poisoned outputs before timing), the Triton op timed whole (bf16 in):
@@ -35,14 +35,14 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-_T0 = time.monotonic()
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._cuda import require_cuda
+from fp8select import bench, roofline, timing
+from fp8select.buckets import m_bucket
+from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
+from fp8select.kernels.triton_search import SMEM_LIMIT_BYTES, fill_split, smem_bytes
+from fp8select.tuning.table import SHIPPED_DIR, load_table, table_path
 
-from fp8select import bench, roofline, timing  # noqa: E402
-from fp8select.buckets import m_bucket  # noqa: E402
-from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig  # noqa: E402
-from fp8select.kernels.triton_search import SMEM_LIMIT_BYTES, fill_split, smem_bytes  # noqa: E402
-from fp8select.tuning.table import SHIPPED_DIR, load_table, table_path  # noqa: E402
+_T0 = time.monotonic()
 
 Point = tuple[int, int, int]
 DECODE_M = (1, 16, 4, 2, 8)  # the ends of the range first, should the budget run out
@@ -437,8 +437,6 @@ def markdown(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace, work: Work, report: dict[str, Any], write: Any) -> None:
     import torch
 
-    if not torch.cuda.is_available():
-        raise SystemExit("limits: needs a CUDA GPU (--dry-run shows the plan without one)")
     vendors, phases = tuple(args.vendors.split(",")), set(args.phases.split(","))
     tasks = warm_tasks(work, vendors, phases) if args.warm_procs > 0 else []
     pool = multiprocessing.get_context("spawn").Pool(args.warm_procs) if tasks else None
@@ -549,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         parser.error("--out is required (or --dry-run)")
+    require_cuda("limits")
     import torch
 
     torch.manual_seed(args.seed)

@@ -1,12 +1,12 @@
 """Fold a narrower re-tune into a tuning table (schema 2), keeping only improvements.
 
-    python benchmarks/merge_tuning.py BASE.json NEW.json OUT.json [--margin 0.02]
+    python -m benchmarks.merge_tuning BASE.json NEW.json OUT.json [--margin 0.02]
 
 A row of NEW replaces BASE's row for the same backend, versions, shape and M bucket only where
 NEW's measured whole-op time is lower by more than ``--margin`` (a fraction; default 0) (both measure the whole op the same way: CUDA graph,
 median, weights rotated past the L2), so a narrower re-tune never makes a shipped row worse;
-rows BASE lacks are added. NEW is a tuning table, or a distilled ``benchmarks/limits.py``
-report (``benchmarks/results/*/limits_*.json``): then its sweep-best Triton configurations
+rows BASE lacks are added. NEW is a tuning table, or a distilled ``benchmarks.limits``
+report (``benchmarks/results/limits_*.json``, or ``benchmarks.decode_ab --distill``'s): then its sweep-best Triton configurations
 replace BASE's rows where they beat the table's configuration timed in the same report by
 more than the margin (times of two runs differ by a few percent: the comparison stays within
 one run), at the versions of its ``environment``.
@@ -17,11 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fp8select.buckets import m_bucket
 from fp8select.tuning.table import check_table, merge_tables, save_table
@@ -67,13 +64,13 @@ def improvements(base: dict[str, Any], new: dict[str, Any], margin: float = 0.0)
     return kept, taken
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base")
     parser.add_argument("new")
     parser.add_argument("out")
     parser.add_argument("--margin", type=float, default=0.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     base = check_table(json.loads(Path(args.base).read_text()), args.base)
     new = json.loads(Path(args.new).read_text())
     if "environment" in new:  # a limits report: compared within its run already
@@ -82,3 +79,7 @@ if __name__ == "__main__":
         kept, taken = improvements(base, check_table(new, args.new), args.margin)
     save_table(args.out, merge_tables(base, kept))
     print("\n".join(taken) or "no row improved")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,11 @@
 """How well the plan's model chooses for shapes no table holds, from measurements alone (no GPU).
 
-    python benchmarks/model_check.py                       # the shipped H200 table, each shape left out in turn
-    python benchmarks/model_check.py --regret benchmarks/results/h200-run27/regret_vendors_other_model.json
+    python -m benchmarks.model_check                       # the shipped H200 table, each shape left out in turn
+    python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json
 
 Choice regret: the measured time of the backend the model picks over the fastest measured time at that point.
 ``--table``: the tuning table (default: the shipped H200 table). Leave-one-out: each of its shapes is removed in
-turn and planned from the others, against its own rows. ``--regret FILE``: a ``benchmarks/regret.py`` result on
+turn and planned from the others, against its own rows. ``--regret FILE``: a ``benchmarks.regret`` result on
 shapes outside the table, its pinned backends' times as the truth, planned from the whole table.
 ``--backends a,b``: choose among those only (``cuda-scaled-mm,triton``: a machine without the vendors).
 ``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.tuning.model``). Backends the
@@ -17,11 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fp8select.tuning import model
 from fp8select.tuning.table import SHIPPED_DIR

@@ -1,6 +1,6 @@
 """How close the automatic choice comes to the fastest backend, per point (the selection targets).
 
-    python benchmarks/regret.py --shapes deepseek-v3 --label vendors --out regret-vendors.json
+    python -m benchmarks.regret --shapes deepseek-v3 --label vendors --out regret_vendors_deepseek.json
 
 Times, as BENCHMARKING.md says, every accepted backend pinned (a selection whose chain is that
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
@@ -21,9 +21,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from distill_limits import json_lines
-
 import fp8select
+from benchmarks._cuda import require_cuda
+from benchmarks.distill_limits import json_lines
 from fp8select import bench
 
 SKIP = ("auto", "bf16-matmul", "reference")
@@ -104,7 +104,7 @@ def _portable(source: str) -> str:
     return os.path.relpath(source) if inside else ".../" + os.path.basename(source)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="deepseek-v3")
     parser.add_argument("--m", default=",".join(str(m) for m in bench.DEFAULT_M))
@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--budget-s", type=float, default=math.inf)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    require_cuda("regret")
     start = time.monotonic()
     selection = fp8select.resolve()
     print(selection.explain(), flush=True)

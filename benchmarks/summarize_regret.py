@@ -1,6 +1,6 @@
 """The selection figures of docs/performance.md, from the distilled regret JSONs of one or more runs.
 
-    python benchmarks/summarize_regret.py benchmarks/results/h200-run8 [--plot docs/h200-time-vs-m.png]
+    python -m benchmarks.summarize_regret benchmarks/results [--plot docs/h200-time-vs-m.png]
 
 Per set of runs (with and without the vendors; the DeepSeek-V3 shapes of the table, and other
 models' shapes by the model or measured at load time) it prints the regret of the automatic
@@ -81,11 +81,11 @@ def plot(pts: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory")
     parser.add_argument("--plot")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     directory = Path(args.directory)
     for label, names in SETS.items():
         pts = points(directory, names)

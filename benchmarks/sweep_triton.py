@@ -3,7 +3,7 @@
 
 Run on the target GPU (H200) from the repository root::
 
-    python benchmarks/sweep_triton.py --out $OUT/sweep.json [--shapes deepseek-v3]
+    python -m benchmarks.sweep_triton --out $OUT/sweep.json [--shapes deepseek-v3]
         [--m 1,8,16,64,128,512,2048,8192] [--budget-s 400] [--max-candidates 12]
         [--paths gemm,fused,decode,swap] [--quick]
 
@@ -58,8 +58,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks._cuda import require_cuda
+
 _T0 = time.monotonic()
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_M: tuple[int, ...] = (1, 8, 16, 64, 128, 512, 2048, 8192)
 QUICK_SHAPES: list[tuple[int, int]] = [(7168, 2048), (2112, 7168)]
@@ -76,9 +77,7 @@ RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 
 
 def _fp8select(module: str) -> Any:
-    """``fp8select.<module>``, imported from this checkout at first use."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
+    """``fp8select.<module>``, imported at first use (the parsers run without torch)."""
     return importlib.import_module(f"fp8select.{module}")
 
 
@@ -435,15 +434,11 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     if args.device == "cuda":
-        if not torch.cuda.is_available():
-            print("sweep_triton: CUDA is not available; this sweep needs an NVIDIA GPU (sm89+).", file=sys.stderr)
-            return 2
+        require_cuda("sweep_triton")
         cap = torch.cuda.get_device_capability()
         if cap < (8, 9):
             print(f"sweep_triton: fp8 tl.dot needs compute capability >= 8.9, found {cap}.", file=sys.stderr)
             return 2
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
     import triton
 
     torch.backends.cuda.matmul.allow_tf32 = False

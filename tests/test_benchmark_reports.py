@@ -1,21 +1,16 @@
-"""The benchmark reports from measured times (pure Python, no GPU): limits.py's prefill ratio (the Triton
-layer's against the vendors' of the same timing) and quantization floor; regret.py's table names;
-model_check.py's scoring of the model's choices."""
+"""The benchmark reports from measured times (pure Python, no GPU): benchmarks.limits's prefill ratio (the Triton
+layer's against the vendors' of the same timing) and quantization floor; benchmarks.regret's table names;
+benchmarks.model_check's scoring of the model's choices; decode_ab's distilled rows as merge_tuning folds them in."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import distill_limits
-import limits
-
+from benchmarks import distill_limits, limits
 from fp8select import roofline
 
 
@@ -51,7 +46,7 @@ def test_quantization_points_carry_the_floor_a_separate_quantizer_cannot_beat() 
 
 
 def test_regret_names_tables_without_the_machines_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import regret
+    from benchmarks import regret
 
     monkeypatch.chdir(tmp_path)
     assert regret._portable(str(tmp_path / "fp8select" / "data" / "t.json")) == "fp8select/data/t.json"
@@ -60,7 +55,7 @@ def test_regret_names_tables_without_the_machines_paths(monkeypatch: pytest.Monk
 
 
 def test_model_check_scores_the_models_choice_against_measured_times() -> None:
-    import model_check
+    from benchmarks import model_check
 
     # Two backends on three shapes: "a" twice as fast below N 4096, "b" 1.5x faster from there on.
     def rows(fast: bool) -> dict:
@@ -84,8 +79,7 @@ def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
     """decode_ab.py --distill: per point the median of three reports, the table's configuration (the layer)
     against the fastest fixed one; merge_tuning.py takes those faster by more than its margin."""
     pytest.importorskip("triton")
-    import decode_ab
-    import merge_tuning
+    from benchmarks import decode_ab, merge_tuning
 
     def report(layer: float, decode: float, gemm: float) -> dict:
         return {"env": {"device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "triton": "3.6.0"},

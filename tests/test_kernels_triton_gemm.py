@@ -12,7 +12,6 @@ original unquantized activation with the dequantized weight (loose: see UNQUANTI
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -554,13 +553,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _sweep_module() -> ModuleType:
-    path = REPO / "benchmarks" / "sweep_triton.py"
-    spec = importlib.util.spec_from_file_location("sweep_triton_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import sweep_triton
+
+    return sweep_triton
 
 
 def test_sweep_parsing() -> None:
@@ -578,11 +573,11 @@ def test_sweep_parsing() -> None:
 def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     cmd = [
-        sys.executable, str(REPO / "benchmarks" / "sweep_triton.py"), "--device", "cpu", "--out", str(out),
+        sys.executable, "-m", "benchmarks.sweep_triton", "--device", "cpu", "--out", str(out),
         "--shapes", "128x256", "--m", "1", "--replays", "1", "--max-candidates", "4", "--budget-s", "120",
     ]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["complete"] and report["quant_bitwise"]["row_major"]["fp8_mismatches"] == 0

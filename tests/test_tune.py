@@ -103,11 +103,7 @@ def test_bench_times_pinned_backends_and_auto_side_by_side(clocked: Any) -> None
                    (64, "auto"): 3.0}
     assert {(r["m"], r["ran"]) for r in rows if r["backend"] == "auto"} == {(4, "small"), (64, "large")}
 
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import regret
+    from benchmarks import regret
 
     points = regret.distill(rows)
     summary = regret.summarize(points)

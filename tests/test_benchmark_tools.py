@@ -1,0 +1,80 @@
+"""The maintained tools of benchmarks/ (no GPU): each imports as ``benchmarks.NAME`` without touching ``sys.path``,
+those that time kernels stop with one line and exit status 2 on a machine without CUDA (writing nothing), and the
+distilled results they keep stay small."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+# Tool name -> the smallest arguments with which it would start measuring on a GPU (output under OUT).
+NEEDS_CUDA = {
+    "regret": ["--out", "OUT/regret.json"],
+    "limits": ["--out", "OUT/limits.json"],
+    "decode_anatomy": ["--out", "OUT/anatomy.json"],
+    "decode_ab": ["--out", "OUT/ab.json"],
+    "gpu_check": ["--out", "OUT/check"],
+    "h200_checks": ["--out", "OUT/checks.json"],
+    "jit_warm": ["--out", "OUT/warm.json"],
+    "sweep_triton": ["--out", "OUT/sweep.json"],
+}
+ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check")
+
+
+def _tools() -> list[str]:
+    return sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+
+
+def test_every_tool_is_sorted_into_gpu_or_cpu() -> None:
+    assert sorted([*NEEDS_CUDA, *ON_CPU]) == _tools()
+
+
+def test_no_tool_patches_the_import_path() -> None:
+    for path in BENCHMARKS.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "sys.path" not in text and "PYTHONPATH" not in text, path.name
+
+
+@pytest.mark.parametrize("tool", sorted(NEEDS_CUDA))
+def test_a_gpu_tool_without_cuda_says_so_in_one_line_and_exits_2(
+        tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{tool}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [a.replace("OUT", str(tmp_path)) for a in NEEDS_CUDA[tool]]
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{tool}: error: needs a CUDA GPU"), err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_run_as_a_module_without_cuda() -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.regret", "--out", os.devnull], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_distilled_results_are_json_and_small() -> None:
+    files = sorted((BENCHMARKS / "results").iterdir())
+    assert files and all(p.suffix == ".json" and p.is_file() for p in files), files
+    assert sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files) < 2000
+
+
+def test_the_results_summarize_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import summarize_regret
+
+    summarize_regret.main([str(BENCHMARKS / "results")])
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == list(summarize_regret.SETS)  # every set has its kept file
