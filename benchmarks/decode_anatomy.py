@@ -2,7 +2,7 @@
 
     python -m benchmarks.decode_anatomy --out decode_anatomy.json [--ms 1,4,16] [--sweep LIMITS.json]
 
-For every DeepSeek-V3 weight of >= 16M elements (the decode target's set), timed as BENCHMARKING.md says (CUDA
+For every DeepSeek-V3 weight of >= 16M elements (the decode target's set), timed by the recipe of docs/measurements.md (CUDA
 graph, median of the replays, weights rotated past the L2):
 
 1. ``read``: the fastest of a few Triton kernels that only read the weight's bytes (each program xor-folds a

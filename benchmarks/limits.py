@@ -2,7 +2,7 @@
 
     python -m benchmarks.limits --budget-s 240 --out limits.json    # --dry-run: the plan, no CUDA
 
-Measured with fp8select.bench's helpers as BENCHMARKING.md says (CUDA graphs, median of >= 50 replays, weights
+Measured with fp8select.bench's helpers by the recipe of docs/measurements.md (CUDA graphs, median of >= 50 replays, weights
 rotated past the L2, fp64-reference check on poisoned outputs before timing), the Triton op timed whole (bf16 in):
 
 1. decode, M 1..16 on DeepSeek-V3 weights of >= 16M elements: the shipped table's config and the best of a sweep

@@ -2,7 +2,7 @@
 
     python -m benchmarks.regret --shapes deepseek-v3 --label vendors --out regret_vendors_deepseek.json
 
-Times, as BENCHMARKING.md says, every accepted backend pinned (a selection whose chain is that
+Times, by the recipe of docs/measurements.md, every accepted backend pinned (a selection whose chain is that
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
 (N, K, M): whole op with quantization, CUDA-graph replay, weights rotated past the L2, all of
 a point's columns timed together with their replays interleaved (``timing.time_graphs``).
