@@ -1,0 +1,116 @@
+"""The documentation holds together (no GPU): every relative link of README.md and docs/*.md reaches a file
+(and a heading, for a link with an anchor), the README's example runs, its figures are the ones
+docs/performance.md gives and benchmarks/results/ holds, and the alias table names every alias."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RESULTS = ROOT / "benchmarks" / "results"
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _prose(text: str) -> str:
+    """The text without fenced code blocks (a link inside one is code, not a link)."""
+    return FENCE.sub("", text)
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in _prose(page.read_text(encoding="utf-8")).splitlines():
+        if match := re.match(r"#{1,6} (.+)", line):
+            slug = _slug(match.group(1))
+            out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def _links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(_prose(page.read_text(encoding="utf-8"))) if not re.match(r"[a-z]+:", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_reaches_a_file_and_heading(page: Path) -> None:
+    for link in _links(page):
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.exists(), f"{page.name}: {link} -> no such file"
+        assert ROOT in target.parents or target == ROOT, f"{page.name}: {link} leaves the repository"
+        if anchor:
+            assert target.suffix == ".md" and anchor in _anchors(target), f"{page.name}: {link} -> no such heading"
+
+
+def test_the_slug_is_githubs() -> None:
+    assert _slug("The CLI (`fp8select explain ...`, `bench`, `tune`)") == "the-cli-fp8select-explain--bench-tune"
+    assert _slug("Failures at run time, not input") == "failures-at-run-time-not-input"
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150
+    assert all(page.name in readme for page in PAGES if page.parent.name == "docs" and page.name != "history.md")
+
+
+def _example() -> str:
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Example", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    return code
+
+
+def test_the_readmes_example_runs_on_a_cpu(tmp_path: Path) -> None:
+    env = {**os.environ, "FP8SELECT_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", _example()], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.Size([4, 2112]) torch.bfloat16" in proc.stdout and proc.stdout.rstrip().endswith("True")
+
+
+def _summary(name: str) -> dict:
+    summary: dict = json.loads((RESULTS / f"{name}.json").read_text(encoding="utf-8"))["summary"]
+    return summary
+
+
+def test_the_readmes_figures_are_performance_mds_and_the_results() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    performance = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    vendors, alone = _summary("regret_vendors_deepseek"), _summary("regret_novendors_deepseek")
+    figures = [f"{vendors['auto_regret_geomean']:.3f}", f"{vendors['auto_regret_worst']:.3f}",
+               f"{alone['auto_regret_geomean']:.3f}", f"{alone['auto_regret_worst']:.3f}",
+               *(f"{vendors['ideal_vs_always'][b]:.2f}x" for b in ("deepgemm", "triton", "cuda-scaled-mm")),
+               f"{alone['ideal_vs_always']['triton']:.2f}x"]
+    assert figures == ["0.999", "1.012", "1.000", "1.008", "1.08x", "1.14x", "1.28x", "1.06x"]  # the kept results
+    for text in (readme, performance):
+        for figure in figures:
+            assert figure in text, figure
+    model = _summary("regret_vendors_other_model")
+    assert f"{model['auto_regret_worst']:.2f}x" in readme and f"{model['auto_regret_worst']:.3f}" in performance
+
+
+def test_every_file_performance_md_quotes_is_kept() -> None:
+    performance = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    quoted = set(re.findall(r"`([a-z_*]+\.json)`", performance))
+    assert quoted and all(list(RESULTS.glob(name)) for name in quoted), quoted
+
+
+def test_the_alias_table_names_every_alias() -> None:
+    from fp8select.names import ALIASES
+
+    concepts = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    for alias in ALIASES:
+        assert f"`{alias}`" in concepts, alias
