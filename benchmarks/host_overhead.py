@@ -16,7 +16,7 @@ Phases (``--phases``, default all but startup), one JSON report:
 * ``startup``: time to first outputs in fresh processes (three DeepSeek-V3 shapes, M 1/64/4096),
   with empty JIT caches and warm, auto and pinned to DeepGEMM.
 
-Usage: ``python benchmarks/host_overhead.py --out DIR [--phases host,compile,stack,startup]``.
+Usage: ``python -m benchmarks.host_overhead --out DIR [--phases host,compile,stack,startup]``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks._cuda import require_cuda
 
 HOST_SHAPES = ((1024, 1024), (7168, 2048))
 HOST_M = 16
@@ -403,11 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for host_overhead.json")
     parser.add_argument("--phases", default="host,compile,stack", help=f"comma-separated, of {','.join(PHASES)}")
     args = parser.parse_args(argv)
+    require_cuda("host_overhead")
     import torch
-
-    if not torch.cuda.is_available():
-        print("host_overhead.py needs a CUDA GPU; none is available", file=sys.stderr)
-        return 2
     import triton
 
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

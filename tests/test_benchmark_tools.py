@@ -23,6 +23,7 @@ NEEDS_CUDA = {
     "decode_ab": ["--out", "OUT/ab.json"],
     "gpu_check": ["--out", "OUT/check"],
     "h200_checks": ["--out", "OUT/checks.json"],
+    "host_overhead": ["--out", "OUT/host"],
     "jit_warm": ["--out", "OUT/warm.json"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
