@@ -16,7 +16,8 @@ import pytest
 
 GPU_ALONE = ("TRITON_INTERPRET=1 in this process (a CPU interpreter test module set it): run the GPU tests in a "
              "process of their own, python -m pytest -m gpu tests/test_kernels_gpu.py tests/test_gpu.py "
-             "tests/test_gpu_vendors.py tests/test_verify_chain.py, then tests/test_compile_gpu.py "
+             "tests/test_gpu_vendors.py tests/test_verify_chain.py tests/test_triton_launch_gpu.py, then "
+             "tests/test_compile_gpu.py "
              "tests/test_transformers_gpu.py")
 
 
