@@ -166,6 +166,28 @@ def _raw_calls(n: int, k: int, w: Any, s: Any, x: Any) -> dict[str, Callable[[],
     return calls
 
 
+def _recorded_launches(call: Callable[[], object]) -> list[tuple[Any, Any, Any]]:
+    """The compiled-kernel launches one ``call`` makes, with their arguments: the floor of its Triton launches."""
+    import torch
+
+    from fp8select.kernels import triton_launch
+
+    seen: list[tuple[Any, Any, Any, Any]] = []
+    launch = triton_launch.BoundKernel.__call__
+
+    def record(self: Any, grid: Any, args: Any, key: Any = ()) -> None:
+        seen.append((self, grid, args, key))
+        launch(self, grid, args, key)
+
+    triton_launch.BoundKernel.__call__ = record  # type: ignore[method-assign]
+    try:
+        call()
+    finally:
+        triton_launch.BoundKernel.__call__ = launch  # type: ignore[method-assign]
+    device = torch.cuda.current_device()
+    return [(kernel._launches[(device, key)], grid, args) for kernel, grid, args, key in seen]
+
+
 def phase_host(report: dict[str, Any]) -> None:
     import torch
 
@@ -194,6 +216,11 @@ def phase_host(report: dict[str, Any]) -> None:
                 launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
                                        counters=layer.prepared["triton"].extra.get("fixup_counters"))
                 row["us"]["fp8select Triton launches alone (bound)"] = _host_us(lambda launches=launches: launches(x))
+                recorded = _recorded_launches(lambda layer=layer: layer(x))
+                stream = torch.cuda.current_stream().cuda_stream
+                row["us"]["Triton compiled launches alone (arguments prebuilt)"] = _host_us(
+                    lambda recorded=recorded, stream=stream: [launch(grid, args, stream) for launch, grid, args in recorded])
+                row["triton_launches"] = len(recorded)
             row["us"][f"layer pinned {backend}"] = _host_us(lambda layer=layer: layer(x))
         layer = auto.prepare(w, s)
         row["auto_plan"] = layer.main_plan.summary()
@@ -367,15 +394,25 @@ gen = torch.Generator(device="cuda").manual_seed(0)
 ws = [quantize_weight(torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.05) for n, k in shapes]
 torch.cuda.synchronize()
 t3 = time.perf_counter()
+import cProfile, io, pstats
+profile = cProfile.Profile() if sys.argv[4] == "profile" else None
+if profile is not None:
+    profile.enable()
 layers = [sel.prepare(w, s) for w, s in ws]
+if profile is not None:
+    profile.disable()
 t4 = time.perf_counter()
+text = io.StringIO()
+if profile is not None:
+    pstats.Stats(profile, stream=text).sort_stats("cumtime").print_stats(25)
 for layer, (n, k) in zip(layers, shapes):
     for m in ms:
         layer(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
 torch.cuda.synchronize()
 t5 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "prepare_s": t4 - t3, "first_calls_s": t5 - t4,
-                  "to_first_outputs_s": (t5 - t0) - (t3 - t2), "plans": [l.main_plan.summary() for l in layers]}))
+                  "to_first_outputs_s": (t5 - t0) - (t3 - t2), "plans": [l.main_plan.summary() for l in layers],
+                  "prepare_profile": text.getvalue().splitlines()[4:]}))
 """
 
 
@@ -386,9 +423,10 @@ def phase_startup(report: dict[str, Any]) -> None:
         env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton", "DG_JIT_CACHE_DIR": f"{cache}/dg",
                "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "XDG_CACHE_HOME": f"{cache}/xdg",
                "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
-        for state in ("empty", "warm"):
+        for state in ("empty", "warm", "warm, prepare profiled"):
             done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(STARTUP_SHAPES),
-                                   json.dumps(STARTUP_M)], env=env, capture_output=True, text=True, timeout=240)
+                                   json.dumps(STARTUP_M), "profile" if "profiled" in state else ""],
+                                  env=env, capture_output=True, text=True, timeout=240)
             line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
             row = {"backend": backend or "auto", "caches": state, **(json.loads(line) if line else
                                                                       {"error": done.stderr[-600:]})}
@@ -397,7 +435,48 @@ def phase_startup(report: dict[str, Any]) -> None:
     report["startup"] = rows
 
 
-PHASES = {"host": phase_host, "compile": phase_compile, "stack": phase_stack, "startup": phase_startup}
+def phase_profile(report: dict[str, Any]) -> None:
+    """Where a call's host time goes: cProfile of a few hundred calls of each path, top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    import fp8select
+    from fp8select.kernels.quant import M_MAJOR
+    from fp8select.kernels.triton_quant import TritonQuantizer
+
+    n, k = HOST_SHAPES[0]
+    w, s = _weights(n, k, 1)
+    x = torch.randn(HOST_M, k, device="cuda", dtype=torch.bfloat16)
+    paths: dict[str, Callable[[], object]] = {"quantizer": lambda q=TritonQuantizer(
+        k, dtype=torch.float8_e4m3fn, layout=M_MAJOR, device=x.device): q(x)}
+    for backend in ("triton", "deepgemm", "cuda-scaled-mm"):
+        try:
+            layer = fp8select.resolve(backend=backend).prepare(w, s)
+        except Exception:  # noqa: BLE001 - a backend this machine lacks
+            continue
+        paths[f"layer {backend}"] = lambda layer=layer: layer(x)
+    out = {}
+    for name, fn in paths.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(300):
+            fn()
+        profile.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(18)
+        out[name] = text.getvalue().splitlines()[4:]
+        print(name, "\n".join(out[name]), sep="\n", flush=True)
+    report["profile"] = out
+
+
+PHASES = {"profile": phase_profile, "host": phase_host, "compile": phase_compile, "stack": phase_stack, "startup": phase_startup}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,6 +216,7 @@ class BoundGemm:
         self.n_tiles = triton.cdiv(n, cfg.BLOCK_N)
         self.use_tma = bool(cfg.TMA) and _tma_ok(b)
         self.b_desc = TensorDescriptor(b, list(b.shape), [b.stride(0), 1], [cfg.BLOCK_N, SCALE_GROUP_K]) if self.use_tma else None
+        self.b_strides = (*b.stride(), *b_scale.stride())
         kernel = _w8a8_swap_kernel if cfg.swap else _w8a8_block_kernel
         # PDL for launches of up to PDL_MAX_M rows; a GEMM behind the quantizer only for weights up to its limit.
         self.pdl = use_pdl(kernel, device, 1, 0 if quant else n * k)
@@ -227,7 +228,8 @@ class BoundGemm:
         self._tile_gemm: BoundGemm | None = None  # the wgmma configuration's tiles on the tile kernel
 
     def __call__(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-        """Write ``out`` [M, N] from ``a`` [M, K] (fp8 with ``a_scale``, or unquantized when the path quantizes)."""
+        """Write ``out``, a contiguous [M, N], from ``a`` [M, K] (fp8 with ``a_scale``, or unquantized when the
+        path quantizes)."""
         cfg = self.cfg
         if self.wgmma:
             if _tma_ok(a) and _tma_ok(out):
@@ -241,9 +243,8 @@ class BoundGemm:
             self._tile_gemm(a, a_scale, bias, out)
             return
         m = a.shape[0]
-        n, k, split = self.n, self.k, self.split
-        grid0 = triton.cdiv(m, cfg.BLOCK_M) * self.n_tiles
-        swap = cfg.swap
+        n, split = self.n, self.split
+        grid0 = -(-m // cfg.BLOCK_M) * self.n_tiles
         counters = self.counters
         fixup = self.fixup and (counters is None or counters.numel() >= grid0)
         ws = torch.empty((split, m, n), dtype=torch.float32, device=out.device) if split > 1 else out
@@ -251,25 +252,30 @@ class BoundGemm:
             counters = out
         elif counters is None:
             counters = _fixup_counters(out.device, grid0)
-        scale = a_scale if a_scale is not None else self.b_scale  # unused placeholder when quantizing
+        swap = cfg.swap
         use_tma = self.use_tma and (swap or (not self.quant and _tma_ok(a)))
         pdl = self.pdl and m <= PDL_MAX_M
-        b_scale = self.b_scale
-        bias_arg = bias if bias is not None else b_scale
-        stride_bias = bias.stride(0) if bias is not None else 0
+        has_bias = bias is not None
+        stride_bias = bias.stride(0) if has_bias else 0
         if cfg.PERSISTENT and use_tma and not self.quant:
             programs = _persistent_programs(cfg, out.device, grid0)
             if programs:
-                self._persistent(a, scale, bias, bias_arg, stride_bias, out, m, programs)
+                self._persistent(a, a_scale, bias, stride_bias, out, m, programs)
                 return
         a_arg: Any = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K]) \
             if use_tma and not swap else a
-        b = self.b
-        args = (a_arg, scale, self.b_desc if use_tma else b, b_scale, bias_arg, out, ws, counters, m, n, k, split,
-                a.stride(0), a.stride(1), scale.stride(0) if a_scale is not None else 0,
-                scale.stride(1) if a_scale is not None else 0, b.stride(0), b.stride(1), b_scale.stride(0),
-                b_scale.stride(1), stride_bias, out.stride(0), out.stride(1), DEFAULT_EPS)
-        key = (tensor_class(a), tensor_class(a_scale), tensor_class(bias), int_class(a.stride(0)), int_class(a.stride(1)))
+        stride_am, stride_ak = a.stride()
+        if a_scale is None:  # the kernel quantizes: the weight scale stands in for the unused pointer
+            scale, stride_asm, stride_ask = self.b_scale, 0, 0
+        else:
+            scale = a_scale
+            stride_asm, stride_ask = a_scale.stride()
+        args = (a_arg, scale, self.b_desc if use_tma else self.b, self.b_scale, bias if has_bias else self.b_scale, out,
+                ws, counters, m, n, self.k, split, stride_am, stride_ak, stride_asm, stride_ask, *self.b_strides,
+                stride_bias, n, 1, DEFAULT_EPS)  # out: a contiguous [M, N]
+        # What Triton could specialize differently from call to call (triton_launch.py says why only these).
+        key = (a.dtype, a.data_ptr() % 16 == 0, int_class(stride_am), int_class(stride_ak),
+               a_scale is None or a_scale.data_ptr() % 16 == 0, has_bias and (bias.dtype, bias.data_ptr() % 16 == 0))
         if swap:
             # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
             # when M fits one tile (decode), else the whole tile.
@@ -277,7 +283,7 @@ class BoundGemm:
             if quant_rows not in (1, cfg.BLOCK_M) and not _REPEAT_RESHAPE_OK[0]:
                 quant_rows = cfg.BLOCK_M
             try:
-                self._kernel("swap", use_tma, bias is not None, fixup, pdl, quant_rows)((grid0, split, 1), args, key)
+                self._kernel("swap", use_tma, has_bias, fixup, pdl, quant_rows)((grid0, split, 1), args, key)
             except Exception:
                 # 1 < QUANT_ROWS < BLOCK_M repeats rows with a 3-D broadcast + reshape; should a
                 # Triton version fail to compile that, quantize the whole (wrapped) tile instead:
@@ -285,22 +291,24 @@ class BoundGemm:
                 if quant_rows in (1, cfg.BLOCK_M):
                     raise
                 _REPEAT_RESHAPE_OK[0] = False
-                self._kernel("swap", use_tma, bias is not None, fixup, pdl, cfg.BLOCK_M)((grid0, split, 1), args, key)
+                self._kernel("swap", use_tma, has_bias, fixup, pdl, cfg.BLOCK_M)((grid0, split, 1), args, key)
         else:
-            self._kernel("tile", use_tma, bias is not None, fixup, pdl, 0)((grid0, split, 1), args, key)
+            self._kernel("tile", use_tma, has_bias, fixup, pdl, 0)((grid0, split, 1), args, key)
         if split > 1 and not fixup:
             block = 1024
-            self._kernel("reduce", False, bias is not None, False, pdl, 0)(
-                (triton.cdiv(m * n, block), 1, 1), (ws, bias if bias is not None else ws, out, m * n, n, stride_bias),
-                (int_class(m * n), tensor_class(bias), int_class(stride_bias)))
+            self._kernel("reduce", False, has_bias, False, pdl, 0)(
+                (-(-m * n // block), 1, 1), (ws, bias if has_bias else ws, out, m * n, n, stride_bias),
+                (int_class(m * n), int_class(stride_bias), key[-1]))
 
-    def _persistent(self, a: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, bias_arg: torch.Tensor,
-                    stride_bias: int, out: torch.Tensor, m: int, programs: int) -> None:
+    def _persistent(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, stride_bias: int,
+                    out: torch.Tensor, m: int, programs: int) -> None:
         cfg, b_scale = self.cfg, self.b_scale
+        assert a_scale is not None  # persistent launches read a quantized activation
         a_desc = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K])
-        args = (a_desc, scale, self.b_desc, b_scale, bias_arg, out, m, self.n, self.k, programs, scale.stride(0),
-                scale.stride(1), b_scale.stride(0), b_scale.stride(1), stride_bias, out.stride(0), out.stride(1))
-        key = (tensor_class(scale), tensor_class(bias), int_class(programs))
+        args = (a_desc, a_scale, self.b_desc, b_scale, bias if bias is not None else b_scale, out, m, self.n, self.k,
+                programs, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1), stride_bias,
+                self.n, 1)
+        key = (tensor_class(a_scale), tensor_class(bias), int_class(programs))
         self._kernel("persistent", True, bias is not None, False, False, 0)((programs, 1, 1), args, key)
 
     def _kernel(self, kind: str, use_tma: bool, has_bias: bool, fixup: bool, pdl: bool, quant_rows: int) -> BoundKernel:

@@ -55,6 +55,20 @@ def _direct_supported(fn: Any) -> bool:
     return True
 
 
+def _device_and_stream() -> tuple[Any, Any]:
+    """The current device and its current stream, as Triton's dispatcher asks for them: torch's own
+    accessors where this torch has them (a microsecond less per launch than Triton's wrappers)."""
+    import torch
+
+    device = getattr(torch._C, "_cuda_getDevice", None)
+    stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if device is not None and stream is not None:
+        return device, stream
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_device, driver.active.get_current_stream
+
+
 class _Direct:
     """One compiled kernel and what its launcher needs besides the call's arguments."""
 
@@ -75,10 +89,11 @@ class _Direct:
     def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], stream: int) -> None:
         values = (*args, *self.tail)
         runtime = self.runtime
-        enter = runtime.launch_enter_hook
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if getattr(enter, "calls", None) == [] and getattr(leave, "calls", None) == []:
+            enter = leave = None  # empty hook chains (Triton 3.6 on) call nothing: the launcher skips None
         metadata = None if enter is None else self.compiled.launch_metadata(grid, stream, *values)
-        self.launcher(grid[0], grid[1], grid[2], stream, self.function, self.metadata, metadata, enter,
-                      runtime.launch_exit_hook, *values)
+        self.launcher(grid[0], grid[1], grid[2], stream, self.function, self.metadata, metadata, enter, leave, *values)
 
 
 class BoundKernel:
@@ -98,10 +113,7 @@ class BoundKernel:
         self._direct = _direct_supported(fn)
         self._names = tuple(fn.arg_names) if self._direct else ()
         if self._direct:
-            from triton.runtime.driver import driver
-
-            self._current = driver.active.get_current_device
-            self._stream = driver.active.get_current_stream
+            self._current, self._stream = _device_and_stream()
 
     def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], key: Hashable = ()) -> None:
         if not self._direct:

@@ -39,7 +39,7 @@ from .quant import (
     check_quant_params,
     fp8_format,
 )
-from .triton_launch import BoundKernel, int_class, tensor_class
+from .triton_launch import BoundKernel, int_class
 from .triton_pdl import PDL_MAX_M, pdl_enter, use_pdl
 
 __all__ = [
@@ -233,9 +233,11 @@ class TritonQuantizer:
         k, groups, layout = self._k, self._groups, self._layout
         x_q = torch.empty((rows, k), dtype=self._dtype, device=self._device)
         if layout.mn_major:
-            scale = torch.empty((groups, layout.padded_rows(rows)), dtype=torch.float32, device=self._device).t()
-            if scale.shape[0] != rows:
-                scale = scale[:rows]
+            padded = layout.padded_rows(rows)
+            if padded == rows:  # [groups, rows] storage seen as [rows, groups]: one allocation, no view
+                scale = torch.empty_strided((rows, groups), (1, rows), dtype=torch.float32, device=self._device)
+            else:
+                scale = torch.empty((groups, padded), dtype=torch.float32, device=self._device).t()[:rows]
         else:
             scale = torch.empty((rows, groups), dtype=torch.float32, device=self._device)
         if m == 0 or groups == 0:
@@ -248,9 +250,9 @@ class TritonQuantizer:
                 _quant_kernel, {**self._constexprs, "BLOCK_M": block_m, **({"PDL": True} if pdl else {})},
                 {"num_warps": 4, **({"launch_pdl": True} if pdl else {})})
         stride_xm, stride_xk = x.stride()
-        kernel((-(-m // block_m), groups, 1),
-               (x, x_q, scale, m, k, stride_xm, stride_xk, k, scale.stride(0), scale.stride(1), self._eps),
-               (tensor_class(x), int_class(stride_xm), int_class(stride_xk)))
+        stride_sm, stride_sg = scale.stride()
+        kernel((-(-m // block_m), groups, 1), (x, x_q, scale, m, k, stride_xm, stride_xk, k, stride_sm, stride_sg, self._eps),
+               (x.dtype, x.data_ptr() % 16 == 0, int_class(stride_xm), int_class(stride_xk)))  # as tensor_class(x)
         return x_q, scale
 
 
