@@ -14,7 +14,7 @@ Phases (``--phases``, default all but startup), one JSON report:
   fp8select around it); a hand-written dispatch over the vendors (FlashInfer below M 32, else
   sgl_kernel's quantizer + DeepGEMM); and fp8select under a CUDA graph (its GPU time, the floor).
 * ``startup``: time to first outputs in fresh processes (three DeepSeek-V3 shapes, M 1/64/4096),
-  with empty JIT caches and warm, auto and pinned to DeepGEMM.
+  with empty JIT caches and warm, auto and pinned to DeepGEMM and to FlashInfer.
 
 Usage: ``python -m benchmarks.host_overhead --out DIR [--phases host,compile,stack,startup]``.
 """
@@ -418,7 +418,7 @@ print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "prepare_s": t4 - t
 
 def phase_startup(report: dict[str, Any]) -> None:
     rows = []
-    for backend in ("", "deepgemm"):
+    for backend in ("", "deepgemm", "flashinfer"):
         cache = tempfile.mkdtemp(prefix="fp8select-startup-")
         env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton", "DG_JIT_CACHE_DIR": f"{cache}/dg",
                "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "XDG_CACHE_HOME": f"{cache}/xdg",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -170,11 +171,12 @@ class Fp8Linear:
                 plan = build_plan(problem, chain, self.caps, self._estimate, explicit=self.explicit,
                                   max_weight_copies=self.max_weight_copies)
             except UnsupportedProblemError as exc:
-                failed = [Candidate(len(exc.candidates) + i, name, False, f"prepare() raised {why}")
-                          for i, (name, why) in enumerate(self._failed.items(), 1)]
-                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *failed]) from None
+                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *self._failures(len(exc.candidates))]) \
+                    from None
             if self._prepare(plan):
                 break
+        if self._failed:  # the verdicts name what could not be prepared, and why
+            plan = replace(plan, candidates=(*plan.candidates, *self._failures(len(plan.candidates))))
         self.plans[key] = plan
         self._calls[key] = tuple(self._bind(route) for route in plan.routes)
         if act in ACTIVATION_DTYPES and out == (self.out_dtype or act):
@@ -184,6 +186,11 @@ class Fp8Linear:
             get_logger().warning("fp8select.explicit_choice_declined", backend=plan.explicit, n=self.n, k=self.k,
                                  act=dtype_name(act), out=dtype_name(out), routes=others)
         return plan
+
+    def _failures(self, ranked: int) -> list[Candidate]:
+        """A rejected verdict per backend whose ``prepare()`` failed, ranked after ``ranked`` others."""
+        return [Candidate(ranked + i, name, False, f"prepare() raised {why}")
+                for i, (name, why) in enumerate(self._failed.items(), 1)]
 
     def _prepare(self, plan: Plan) -> bool:
         """Prepare the plan's backends not prepared yet; False (and the backend marked failed) when one raises."""

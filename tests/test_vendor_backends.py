@@ -588,3 +588,17 @@ def test_package_symbols_round_trip_and_validation() -> None:
     edited = caps.with_overrides({"package_symbols.deep_gemm": '["fp8_gemm_nt"]'})
     assert edited.package_symbols == {"deep_gemm": ("fp8_gemm_nt",)}
     assert resolve(edited, plugins=False).backend.name == "deepgemm"
+
+
+def test_a_vendor_the_plan_does_not_use_is_never_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot recorded DeepGEMM's entry points, so its gate accepts without importing it; the
+    plan runs the reference (first in this order, nothing measured), so nothing imports deep_gemm (its import takes
+    seconds for some vendors)."""
+    imported: list[str] = []
+    monkeypatch.delitem(sys.modules, "deep_gemm", raising=False)
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real_import(name, *a))
+    selection = resolve(MATRIX["h200-deepgemm"][0], plugins=False, order=["reference", "deepgemm"], tuning=False)
+    layer = selection.prepare(*random_problem(256, 512))
+    assert layer.backends == ("reference",) and layer.candidates["deepgemm"].accepted
+    assert "deep_gemm" not in imported and "deep_gemm" not in sys.modules

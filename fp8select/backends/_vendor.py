@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fp8select.capabilities import Capabilities
 from fp8select.errors import Fp8SelectError
 from fp8select.guard import call
 from fp8select.kernels.quant import ScaleLayout
@@ -66,11 +67,20 @@ def require(module: str, names: Sequence[str], why: str = "") -> EntryPoint:
     return found
 
 
-def entry_points_gate(problem: Problem, verdict: Verdict, module: str, *entry_points: Sequence[str],
-                      why: str = "") -> Verdict:
+def entry_points_gate(problem: Problem, verdict: Verdict, caps: Capabilities, module: str,
+                      *entry_points: Sequence[str], why: str = "") -> Verdict:
     """``verdict``, or at load time (``problem.m is None``) the :func:`lookup` rejection of the
-    first of ``entry_points`` (each a tuple of alternative names) that ``module`` lacks."""
+    first of ``entry_points`` (each a tuple of alternative names) that ``module`` lacks.
+
+    Where the snapshot recorded the package's entry points (``package_symbols``, read from its
+    source without importing it) and every one needed is there, the package is not imported
+    here: only a backend the plan uses is prepared, and its ``prepare`` imports it (a failure
+    there leaves the backend out of the layer, with its reason). A vendor the plan does not use
+    costs no import (FlashInfer's takes seconds)."""
     if problem.m is None:
+        recorded = caps.package_symbols.get(module.split(".")[0])
+        if recorded is not None and all(any(n in recorded for n in names) for names in entry_points):
+            return verdict
         for names in entry_points:
             found = lookup(module, names, why)
             if isinstance(found, Verdict):
@@ -78,7 +88,7 @@ def entry_points_gate(problem: Problem, verdict: Verdict, module: str, *entry_po
     return verdict
 
 
-def e4m3fn_gate(verdict: Verdict, problem: Problem, module: str, *entry_points: Sequence[str],
+def e4m3fn_gate(verdict: Verdict, problem: Problem, caps: Capabilities, module: str, *entry_points: Sequence[str],
                 why: str = "") -> Verdict:
     """The gate of a kernel taking e4m3fn weights and pre-quantized inputs: ``verdict`` (the
     shared gate's) when it rejects, then :func:`dtypes_ok`, then :func:`entry_points_gate`."""
@@ -87,7 +97,7 @@ def e4m3fn_gate(verdict: Verdict, problem: Problem, module: str, *entry_points: 
     rejected = dtypes_ok(problem, (torch.float8_e4m3fn,), (torch.float8_e4m3fn,))
     if rejected is not None:
         return rejected
-    return entry_points_gate(problem, verdict, module, *entry_points, why=why)
+    return entry_points_gate(problem, verdict, caps, module, *entry_points, why=why)
 
 
 def multiple_of(problem: Problem, *, n: int = 1, k: int = 1, why: str = "") -> Verdict | None:

@@ -117,7 +117,7 @@ class AiterBackend(Backend):
             return Verdict.reject(f"requires M < {GFX950_NAN_MIN_M} for the non-preshuffled CK kernel on gfx950 with "
                                   f"HIP < 7.2 (NaN seen by SGLang; per-shape threshold unverified), found M={problem.m}, "
                                   f"HIP {caps.hip_version}")
-        return entry_points_gate(problem, verdict, MODULE, (GEMM_PRESHUFFLED if preshuffle else GEMM,))
+        return entry_points_gate(problem, verdict, caps, MODULE, (GEMM_PRESHUFFLED if preshuffle else GEMM,))
 
     def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
         """The pre-shuffled copy when opted in; an e4m3fnuz copy of an e4m3fn checkpoint on gfx942

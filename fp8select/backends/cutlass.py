@@ -66,7 +66,7 @@ class CutlassBackend(Backend):
 
     def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
         """The shared gate with e4m3fn operands; at load time, the entry point."""
-        return e4m3fn_gate(super().supports(problem, caps), problem, MODULE, (ENTRY_POINT,))
+        return e4m3fn_gate(super().supports(problem, caps), problem, caps, MODULE, (ENTRY_POINT,))
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

@@ -128,7 +128,7 @@ class DeepGemmBackend(Backend):
                 return Verdict.reject(rejected.reason + " (on sm100 DeepGEMM reads power-of-two UE8M0 activation "
                                                         "scales; a caller's fp32 scales would be truncated)")
             return rejected
-        return entry_points_gate(problem, verdict, MODULE, ENTRY_POINTS[arch], why=_why(arch))
+        return entry_points_gate(problem, verdict, caps, MODULE, ENTRY_POINTS[arch], why=_why(arch))
 
     def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
         """sm90 reads the checkpoint; sm100 a copy requantized with power-of-two block scales (counted as

@@ -128,7 +128,7 @@ class FlashInferBackend(Backend):
                 rejected = Verdict.reject(f"requires K >= {TRTLLM_MIN_K} on the trtllm kernel, found K={problem.k}")
         if rejected is not None:
             return rejected
-        return entry_points_gate(problem, verdict, MODULE, (ENTRY_POINTS[kernel],))
+        return entry_points_gate(problem, verdict, caps, MODULE, (ENTRY_POINTS[kernel],))
 
     @staticmethod
     def _sm90_gate(problem: Problem) -> Verdict | None:

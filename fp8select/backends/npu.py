@@ -79,7 +79,7 @@ class NpuBackend(Backend):
 
     def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
         """The shared gate with e4m3fn operands; at load time, both torch_npu ops."""
-        return e4m3fn_gate(super().supports(problem, caps), problem, MODULE, (QUANT,), (MATMUL,), why=WHY)
+        return e4m3fn_gate(super().supports(problem, caps), problem, caps, MODULE, (QUANT,), (MATMUL,), why=WHY)
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:

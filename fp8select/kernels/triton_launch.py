@@ -72,7 +72,7 @@ def _device_and_stream() -> tuple[Any, Any]:
 class _Direct:
     """One compiled kernel and what its launcher needs besides the call's arguments."""
 
-    __slots__ = ("compiled", "function", "launcher", "metadata", "runtime", "tail")
+    __slots__ = ("chain", "compiled", "function", "launcher", "metadata", "runtime", "tail")
 
     def __init__(self, compiled: Any, tail: tuple[Any, ...]) -> None:
         from triton import knobs
@@ -85,13 +85,16 @@ class _Direct:
         self.metadata = compiled.packed_metadata
         self.runtime = knobs.runtime
         self.tail = tail
+        # Triton 3.6 on keeps launch hooks in chains (``.calls``); earlier ones hold None or a hook.
+        self.chain = getattr(knobs, "HookChain", None)
 
     def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], stream: int) -> None:
         values = (*args, *self.tail)
         runtime = self.runtime
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if getattr(enter, "calls", None) == [] and getattr(leave, "calls", None) == []:
-            enter = leave = None  # empty hook chains (Triton 3.6 on) call nothing: the launcher skips None
+        chain = self.chain
+        if type(enter) is chain and type(leave) is chain and not enter.calls and not leave.calls:
+            enter = leave = None  # empty hook chains call nothing: the launcher skips None instead
         metadata = None if enter is None else self.compiled.launch_metadata(grid, stream, *values)
         self.launcher(grid[0], grid[1], grid[2], stream, self.function, self.metadata, metadata, enter, leave, *values)
 
