@@ -107,7 +107,7 @@ def numerics_sweep(selection: fp8select.Selection, quick: bool, rows: list[dict[
                 for name, layer in layers_by_backend.items():
                     row = {"n": n, "k": k, "m": m, "block": list(block), "backend": name}
                     try:
-                        row["ran"] = layer.plan(m).name
+                        row["ran"] = layer.backend_for(m).name
                         out = layer(x, bias=bias)
                         torch.cuda.synchronize()
                         row["rel_err"] = rel_err(out, ref)

@@ -132,7 +132,7 @@ def nonfinite() -> list[dict[str, Any]]:
             for row, value in bad.items():
                 x[row, 300 + row] = value
             try:
-                if layer.plan(m).name != backend.name:
+                if layer.backend_for(m).name != backend.name:
                     continue
                 y = layer(x).float()
                 nonfinite_rows = sorted(int(i) for i in (~torch.isfinite(y)).any(dim=1).nonzero().flatten())

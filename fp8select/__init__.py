@@ -14,6 +14,7 @@ from fp8select.errors import (
     InvalidDtypeError,
     InvalidInputError,
     NoBackendError,
+    NotPicklableError,
     RankMismatchError,
     UnknownBackendError,
     UnsupportedProblemError,
@@ -40,6 +41,7 @@ __all__ = [
     "InvalidDtypeError",
     "InvalidInputError",
     "NoBackendError",
+    "NotPicklableError",
     "Placement",
     "Plan",
     "PreparedWeight",
@@ -58,3 +60,12 @@ __all__ = [
     "resolve",
     "warmup",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``fp8select.nn`` on first use, so ``import fp8select`` imports no ``torch.nn`` module code of ours."""
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module("fp8select.nn")
+    raise AttributeError(f"module 'fp8select' has no attribute {name!r}")

@@ -251,7 +251,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 row["hbm_fraction"] = round(hbm_us / median, 4)
                 row["tflops"] = round(2 * m * n * k / median / 1e6, 2)
                 if name == "auto":
-                    row["ran"] = layers[name][0].plan(m).name
+                    row["ran"] = layers[name][0].backend_for(m).name
             if BF16 in errors:
                 rows.append({**common, "backend": BF16, "error": errors[BF16]})
             elif BF16 in times:

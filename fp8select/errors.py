@@ -82,3 +82,8 @@ class RankMismatchError(Fp8SelectError, RuntimeError):
 class NotPreparedError(Fp8SelectError, RuntimeError):
     """A module called before its weights were loaded and laid out for a backend (or while they
     sit on a device its selection does not run on)."""
+
+
+class NotPicklableError(Fp8SelectError, TypeError):
+    """An object that holds device-bound state (a prepared layer's launches) asked to be pickled or
+    deep-copied: pickle what it was made from instead."""

@@ -25,7 +25,7 @@ from fp8select._log import get_logger
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, Launch, PreparedWeight
 from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX, bucket_index
 from fp8select.capabilities import Capabilities
-from fp8select.errors import InvalidDtypeError, InvalidInputError, UnsupportedProblemError
+from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
 from fp8select.guard import call
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
@@ -247,8 +247,10 @@ class Fp8Linear:
         """The backends this layer runs (those of its plans), smallest M first."""
         return tuple(dict.fromkeys(n for plan in self.plans.values() for n in plan.backends))
 
-    def plan(self, m: int, act_dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> Backend:
+    def backend_for(self, m: int, act_dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None) -> Backend:
         """The backend a call with ``m`` rows of ``act_dtype`` runs on (raises when none can)."""
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise InvalidInputError(f"m: expected a number of rows >= 0, found {m!r}")
         out = out_dtype or self.out_dtype or act_dtype
         route = self._plan_for(act_dtype, out).route(m)
         if route.backend is None:
@@ -372,6 +374,21 @@ class Fp8Linear:
             raise InvalidInputError(f"bias: expected device {self.device}, found {bias.device}")
         if not bias.dtype.is_floating_point or bias.dtype.itemsize == 1:
             raise InvalidDtypeError(f"bias: expected a bf16/fp16/fp32 tensor, found {dtype_name(bias.dtype)}")
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise NotPicklableError(
+            "Fp8Linear: a prepared layer holds launches bound to this process's device and kernels, so it is not "
+            "pickled or deep-copied; pickle the BlockFp8Linear module (it prepares again when loaded) or the "
+            "checkpoint's weight and scale, and prepare again")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NoReturn:
+        self.__reduce_ex__(4)
+
+    def __copy__(self) -> Fp8Linear:
+        """A second handle on the same prepared weights and launches (registered anew for the custom op)."""
+        twin = object.__new__(Fp8Linear)
+        twin.__dict__.update(self.__dict__)
+        return twin
 
     def __repr__(self) -> str:
         return (f"Fp8Linear(N={self.n}, K={self.k}, block={list(self.block_size)}, "

@@ -13,6 +13,7 @@ its tile by M); pass the exact batch sizes your engine captures as ``ms`` to cov
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,30 @@ def _layers(target: Any) -> list[Fp8Linear]:
                             f"found {type(target).__name__}")
 
 
+def _device_bytes(device: torch.device) -> int | None:
+    """The memory of ``device`` (a GPU's, or the host's for the CPU), None where it is not known."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def _check_fits(layer: Fp8Linear, m: int, dtype: torch.dtype) -> None:
+    """A typed error, before anything is allocated, for an M whose activation and output alone would
+    not fit in the layer's device: no call of the layer could have that many rows."""
+    total = _device_bytes(layer.device)
+    out_size = (layer.out_dtype or dtype).itemsize
+    need = m * (layer.k * dtype.itemsize + layer.n * out_size)
+    if total is not None and need > total:
+        raise InvalidInputError(f"ms: expected sizes whose activation and output fit in {layer.device} "
+                                f"({total / 2**30:.1f} GiB), found M={m}: {need / 2**30:.1f} GiB for N={layer.n}, "
+                                f"K={layer.k}")
+
+
 def _default_ms(layer: Fp8Linear) -> list[int]:
     ms: set[int] = set()
     for route in layer.main_plan.routes:
@@ -67,6 +92,9 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
     if ms is not None and (not ms or not all(isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms)):
         raise InvalidInputError(f"ms: expected positive integers, found {ms!r}")
     layers = _layers(target)
+    if ms is not None:
+        for layer in layers:
+            _check_fits(layer, max(ms), dtype)
     distinct: dict[tuple[Any, ...], Fp8Linear] = {}
     for layer in layers:
         same = (layer.n, layer.k, layer.block_size, layer.weight_dtype, str(layer.device), layer.main_plan.fingerprint())

@@ -649,3 +649,12 @@ def test_a_backend_whose_prepare_exits_is_left_out() -> None:
 
     layer = Fp8Linear([Exits(), ReferenceBackend()], CPU, _w(), _s())
     assert layer.backends == ("reference",)
+
+
+def test_warmup_sizes_no_call_could_have_fail_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fp8select import warmup
+
+    layer = resolve(CPU, plugins=False).prepare(*random_problem(128, 256, seed=1))
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: pytest.fail("allocated an activation"))
+    with pytest.raises(InvalidInputError, match=r"ms: expected sizes whose activation and output fit in cpu"):
+        warmup(layer, ms=[10**12])

@@ -53,7 +53,7 @@ def test_every_accepted_backend_is_correct(selection: fp8select.Selection, block
         layer = fp8select.resolve(selection.capabilities, backend=backend.name, plugins=False).prepare(w, s, block)
         out = layer(x, bias=bias)
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-        assert rel_err(out, ref) < 1e-2, (backend.name, layer.plan(m).name)
+        assert rel_err(out, ref) < 1e-2, (backend.name, layer.backend_for(m).name)
 
 
 def test_three_d_and_strided_inputs(selection: fp8select.Selection) -> None:

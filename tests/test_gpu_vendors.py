@@ -129,7 +129,7 @@ def test_pinned_backend_runs_every_m_and_matches_the_reference(backend: str, n: 
     layer, w, s = _layer(backend, n, k)
     bias = _randn(n, seed=n)
     for m in MS:
-        assert layer.plan(m).name == backend, (m, layer.describe())
+        assert layer.backend_for(m).name == backend, (m, layer.describe())
         x = _randn(m, k, seed=m + n + k)
         out = layer(x, bias=bias)
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
@@ -158,7 +158,7 @@ def test_pre_quantized_input(backend: str) -> None:
     w, s = random_problem(n, k, BLOCK, seed=n + k, device="cuda")
     layer = _selection(backend).prepare(w, s, BLOCK, out_dtype=torch.bfloat16)
     q, xs = quantize_groups(_randn(5, k, seed=5).float())
-    runs = layer.plan(5, torch.float8_e4m3fn).name
+    runs = layer.backend_for(5, torch.float8_e4m3fn).name
     assert (runs == backend) == (backend != "flashinfer"), runs
     ref = expected(q, w, s, BLOCK, input_scale=xs)
     assert rel_err(layer(q.contiguous(), input_scale=xs.float()), ref) < TOL

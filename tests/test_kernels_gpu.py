@@ -225,7 +225,7 @@ def test_every_accepted_backend_gives_nan_rows() -> None:
         finite = torch.isfinite(out).all(dim=1).tolist()
         want = [row not in (3, 9, 15) for row in range(16)]
         if finite != want:
-            failures.append(f"{backend.name} ({layer.plan(16).name}): finite rows {finite}")
+            failures.append(f"{backend.name} ({layer.backend_for(16).name}): finite rows {finite}")
     assert not failures, failures
 
 

@@ -106,7 +106,7 @@ def test_mxfp8_block_is_rejected_naming_supported(selection) -> None:  # type: i
 def test_layer_reports_its_plan(selection) -> None:  # type: ignore[no-untyped-def]
     w, s = random_problem(256, 256, seed=9)
     layer = selection.prepare(w, s)
-    assert layer.backends == ("reference",) and layer.plan(7).name == "reference"
+    assert layer.backends == ("reference",) and layer.backend_for(7).name == "reference"
     assert "reference" in repr(layer) and "rule" in layer.describe()
 
 
@@ -123,3 +123,38 @@ def test_triton_on_gfx942_converts_the_weight_to_fnuz_once() -> None:
 
     assert torch.equal(dequant_weight(pw.weight, pw.scale, (128, 128)), dequant_weight(w, s, (128, 128)))
     assert TritonBackend().prepare(w, s, (128, 128), MATRIX["mi355x"][0]).weight is w
+
+
+def test_backend_for_takes_a_number_of_rows(selection) -> None:  # type: ignore[no-untyped-def]
+    layer = selection.prepare(*random_problem(128, 256, seed=11))
+    assert layer.backend_for(0).name == layer.backend_for(1).name == "reference"
+    for bad in (-3, -1, 2.0, True, "4"):
+        with pytest.raises(InvalidInputError, match="m: expected a number of rows"):
+            layer.backend_for(bad)
+
+
+def test_a_prepared_layer_refuses_pickling_with_what_to_pickle_instead(selection) -> None:  # type: ignore[no-untyped-def]
+    import copy
+    import io
+    import pickle
+
+    from fp8select import NotPicklableError
+
+    layer = selection.prepare(*random_problem(128, 256, seed=12))
+    for dump in (pickle.dumps, lambda obj: torch.save(obj, io.BytesIO()), copy.deepcopy):
+        with pytest.raises(NotPicklableError, match="BlockFp8Linear module") as info:
+            dump(layer)
+        assert isinstance(info.value, TypeError)
+    twin = copy.copy(layer)  # a shallow copy shares the prepared weights and still runs
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    assert torch.equal(twin(x), layer(x))
+
+
+def test_nn_is_an_attribute_of_the_package() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, fp8select; assert 'fp8select.nn' not in sys.modules; "
+            "assert fp8select.nn.BlockFp8Linear.__name__ == 'BlockFp8Linear'; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

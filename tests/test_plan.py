@@ -266,7 +266,7 @@ def test_the_layer_runs_each_bucket_on_its_backend_with_its_config() -> None:
         x = torch.randn(m, K, dtype=torch.bfloat16)
         assert rel_err(layer(x), expected(x, w, s, (128, 128))) < 1e-2
     assert [(name, m) for name, m, _ in Fake.ran] == [("b", 1), ("b", 3), ("b", 4), ("a", 5), ("a", 9)]
-    assert layer.plan(4).name == "b" and layer.plan(5).name == "a"
+    assert layer.backend_for(4).name == "b" and layer.backend_for(5).name == "a"
     assert "measured" in layer.describe() and "M 1-4" in repr(layer)
 
 
@@ -317,7 +317,7 @@ def test_another_dtype_gets_its_own_plan_with_a_backend_that_takes_it() -> None:
     assert layer.backends == ("bf16only",)
     x = torch.randn(3, K, dtype=torch.float16)
     assert rel_err(layer(x), expected(x, w, s, (128, 128))) < 1e-2
-    assert layer.plan(3, torch.float16).name == "anything" and set(layer.prepared) == {"bf16only", "anything"}
+    assert layer.backend_for(3, torch.float16).name == "anything" and set(layer.prepared) == {"bf16only", "anything"}
 
 
 def test_outputs_carry_no_gradient() -> None:
@@ -348,14 +348,14 @@ def test_an_explicit_choice_is_obeyed_over_measurements(monkeypatch: pytest.Monk
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     w, s = _weights()
     auto = resolve(CPU_TRITON, plugins=False, tuning=_interp_table("triton")).prepare(w, s)
-    assert {auto.plan(m).name for m in (1, 64, 4096)} == {"triton"}
+    assert {auto.backend_for(m).name for m in (1, 64, 4096)} == {"triton"}
     sel = resolve(CPU_TRITON, plugins=False, backend="reference", tuning=_interp_table("triton"))
     explicit = sel.prepare(w, s)
-    assert {explicit.plan(m).name for m in (1, 64, 4096)} == {"reference"}
+    assert {explicit.backend_for(m).name for m in (1, 64, 4096)} == {"reference"}
     assert explicit.backends == ("reference",)
     env = resolve(CPU_TRITON.with_overrides({"env.FP8SELECT_BACKEND": "reference"}), plugins=False,
                   tuning=_interp_table("triton"))
-    assert env.prepare(w, s).plan(1).name == "reference"
+    assert env.prepare(w, s).backend_for(1).name == "reference"
 
 
 def test_a_malformed_tuning_mapping_is_a_typed_error_at_resolve() -> None:

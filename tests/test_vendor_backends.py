@@ -99,7 +99,7 @@ def test_deepgemm_sm90_end_to_end(monkeypatch: pytest.MonkeyPatch, row: str, api
 def test_deepgemm_routes_fp16_calls_to_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = install(monkeypatch, "deep_gemm", arch="sm90")
     layer, w, s = _layer("h200-deepgemm", "deepgemm", 256, 512)
-    assert layer.plan(4, torch.float16).name == "reference"  # DeepGEMM writes bf16 only
+    assert layer.backend_for(4, torch.float16).name == "reference"  # DeepGEMM writes bf16 only
     _run_and_compare(layer, w, s, (4,), dtype=torch.float16)
     assert not fake.calls_to("fp8_gemm_nt")
 
@@ -170,7 +170,7 @@ def test_deepgemm_sm100_keeps_a_ue8m0_checkpoint_shared(monkeypatch: pytest.Monk
 def test_deepgemm_sm100_sends_pre_quantized_input_to_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = install(monkeypatch, "deep_gemm", arch="sm100")
     layer, w, s = _layer("b200-deepgemm", "deepgemm", 256, 512, out_dtype=torch.bfloat16)
-    assert layer.plan(4, torch.float8_e4m3fn).name == "reference"
+    assert layer.backend_for(4, torch.float8_e4m3fn).name == "reference"
     q, xs = quantize_groups(torch.randn(4, 512))
     y = layer(q.contiguous(), input_scale=xs.float())
     w2, s2 = vl.requantize_ue8m0(w, s)  # the fallback shares the requantized weight
@@ -235,7 +235,7 @@ def test_flashinfer_trtllm_end_to_end(monkeypatch: pytest.MonkeyPatch, n: int, k
     assert call.arguments["backend"] == "trtllm" and call.arguments["a"].shape == (5, k)
     assert call.arguments["a_scale"].stride() == (1, 5) and call.arguments["b_scale"] is s
     # fp16 output is not written by the TRT-LLM kernel: such calls go to the fallback
-    assert layer.plan(4, torch.float16).name == "reference"
+    assert layer.backend_for(4, torch.float16).name == "reference"
     _run_and_compare(layer, w, s, (4,), dtype=torch.float16)
     assert len(fake.calls_to("gemm_fp8_nt_groupwise")) == 4
 
@@ -270,7 +270,7 @@ def test_flashinfer_sm90_small_m_by_rule_any_m_when_measured(monkeypatch: pytest
     layer, w, s = _layer("h200-flashinfer", "flashinfer", 256, 512, seed=4)
     assert layer.prepared["flashinfer"].weight_nk is w
     # Nothing measured: SGLang's speed rule (M < 32, by bucket) applies; it is no gate.
-    assert [layer.plan(m).name for m in (1, 31, 32, 33, 1024)] == ["flashinfer"] * 3 + ["reference"] * 2
+    assert [layer.backend_for(m).name for m in (1, 31, 32, 33, 1024)] == ["flashinfer"] * 3 + ["reference"] * 2
     assert FlashInferBackend().supports_m(1024, layer.caps).ok
     _run_and_compare(layer, w, s, (1, 5, 31, 32, 40))
     _run_and_compare(layer, w, s, (2,), dtype=torch.float16)  # the kernel quantizes bf16 only: another backend
@@ -367,7 +367,7 @@ def test_aiter_gfx950_shares_the_weight_and_avoids_large_m(monkeypatch: pytest.M
     _all_ok(fake)
     # HIP 6.4 < 7.2: the non-preshuffled CK kernel gave NaN at M >= 4096 in SGLang; the plan keeps a
     # backend out of a whole M bucket (2049..4096) where its gate rejects part of it
-    assert layer.plan(2048).name == "aiter" and layer.plan(2049).name == "reference"
+    assert layer.backend_for(2048).name == "aiter" and layer.backend_for(2049).name == "reference"
 
 
 def test_aiter_gfx950_preshuffle_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -380,7 +380,7 @@ def test_aiter_gfx950_preshuffle_opt_in(monkeypatch: pytest.MonkeyPatch) -> None
     _all_ok(fake)
     call = fake.calls_to("gemm_a8w8_blockscale_bpreshuffle")[1]
     assert call.arguments["x_scale"].stride() == (1, 5)  # column-major activation scales
-    assert layer.plan(8192).name == "aiter"  # HIP 7.2 preshuffle path: no large-M limit known
+    assert layer.backend_for(8192).name == "aiter"  # HIP 7.2 preshuffle path: no large-M limit known
 
 
 def test_aiter_wrong_layouts_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -445,7 +445,7 @@ def test_pre_quantized_input(monkeypatch: pytest.MonkeyPatch, row: str, backend:
     layer, w, s = _layer(row, backend, 256, 512, out_dtype=torch.bfloat16)
     for m in (1, 5):
         q, xs = quantize_groups(torch.randn(m, 512))
-        assert layer.plan(m, torch.float8_e4m3fn).name == runs_on
+        assert layer.backend_for(m, torch.float8_e4m3fn).name == runs_on
         y = layer(q.contiguous(), input_scale=xs.float())
         assert rel_err(y, expected(q, w, s, BLOCK, input_scale=xs)) < TOL
     assert all(c.ok for c in fake.calls) and bool(fake.calls) == (runs_on == backend)
