@@ -89,7 +89,7 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
         layer = selection.prepare(w, s)
         torch.cuda.synchronize()
         out.append({"n": n, "k": k, "seconds": round(time.perf_counter() - t0, 3), "plan": layer.main_plan.summary(),
-                    "measured": sum(len(b) for g in selection.measured_at_load.get((n, k), {}).get("groups", [])
+                    "measured": sum(len(b) for g in selection._memo.measured.get((n, k), {}).get("groups", [])
                                     for b in g["shapes"].values())})
         print(f"load-time tuning {n}x{k}: {out[-1]}", flush=True)
     return out

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal, overload
+
+import torch
 
 from fp8select._log import get_logger
 from fp8select.backends import BUILTIN_BACKENDS, DEFAULT_ORDER, Backend
@@ -36,7 +39,7 @@ from fp8select.tuning.sources import find_tables, measurements_for
 from fp8select.tuning.table import check_table
 from fp8select.verdict import Candidate
 from fp8select.verify import remembered
-from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_later
+from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_in_background
 
 ENV_BACKEND = "FP8SELECT_BACKEND"
 ENV_DISABLE = "FP8SELECT_DISABLE"
@@ -95,11 +98,27 @@ def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[
     return Selection(chosen, tuple(candidates), source, caps, chain, tuple(disabled))
 
 
+@overload
 def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
             disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
-            plugins: bool | Iterable[Any] = True, verify: bool | None = None,
+            plugins: bool | Iterable[Any] = True, verify: bool | None = None, background: Literal[False] = False,
             group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
-            max_weight_copies: int | None = 1) -> Selection:
+            max_weight_copies: int | None = 1) -> Selection: ...
+
+
+@overload
+def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
+            disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
+            plugins: bool | Iterable[Any] = True, verify: bool | None = None, background: Literal[True],
+            group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
+            max_weight_copies: int | None = 1) -> Future[Selection]: ...
+
+
+def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
+            disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
+            plugins: bool | Iterable[Any] = True, verify: bool | None = None, background: bool = False,
+            group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
+            max_weight_copies: int | None = 1) -> Selection | Future[Selection]:
     """Choose the block-FP8 linear backend for this machine (or for ``capabilities``).
 
     ``backend`` forces a choice (an error if it is rejected, never a silent substitute);
@@ -113,20 +132,20 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     snapshot's device and compares it with an fp64 reference (:mod:`fp8select.verify`); one
     that raises or is numerically wrong is rejected with that reason (event
     ``fp8select.verify_failed``) and the next accepted backend is taken, except that an
-    explicit choice that fails raises :class:`BackendRejectedError`. ``verify=None`` (the
-    default) means on when the capabilities were detected here (not passed in) and the
-    device is not a CPU: a detected GPU is the case where a declared gate can be wrong and
-    the check is cheap, while a passed-in snapshot may describe another machine (a replay,
-    a what-if) whose device this process does not have, and the CPU's only backends are the
-    pure-torch reference and the Triton interpreter. With verification on, functional
-    probes for uncertain version gates also run (:func:`fp8select.verify.run_functional_probes`).
-    A built-in backend that passed before on this device model with the same versions is not
-    run again (:func:`fp8select.verify.remembered`, kept in the cache directory);
-    ``verify=True`` always runs every check, before returning. With ``verify=None`` on a CUDA
-    device, an automatic choice whose chain needs running is verified on a side thread while
-    the caller goes on (:mod:`fp8select.verify_chain`): the selection's ``backend``, ``chain``,
-    ``verdicts`` and ``notes``, ``prepare()`` and ``explain()`` wait for it; ``wait()`` waits
-    explicitly. An explicit choice, or a process ``group``, is verified before returning.
+    explicit choice that fails raises :class:`BackendRejectedError`. ``verify=True`` runs every
+    check (the snapshot's device must be usable here); ``False`` none; ``None`` (the default)
+    verifies where it can: the snapshot's device is a GPU (a CPU's only backends are the
+    pure-torch reference and the Triton interpreter) and this process can use it (a replayed
+    snapshot of another machine is not verified, and its notes say so). With verification on,
+    functional probes for uncertain version gates also run
+    (:func:`fp8select.verify.run_functional_probes`), and a built-in backend that passed before
+    on this device model with the same versions is not run again (:func:`fp8select.verify.remembered`,
+    kept in the cache directory), except with ``verify=True``.
+
+    ``background``: False (the default) returns the settled :class:`Selection`, verified. True
+    returns a ``concurrent.futures.Future`` of it at once and verifies on a side thread while
+    the caller goes on (loading its weights; :mod:`fp8select.verify_chain`); ``result()`` gives
+    the selection, or raises what resolving raised. Not with a ``group``.
 
     ``group``: a ``torch.distributed`` process group (or ``"world"`` for the default one);
     the ranks exchange fingerprints and choices (:func:`fp8select.distributed.agree`), and
@@ -145,20 +164,28 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     """
     _check_arguments(capabilities, verify, plugins, group, on_mismatch, tuning)
     check_max_weight_copies(max_weight_copies)
+    if not isinstance(background, bool):
+        raise InvalidDtypeError(f"background: expected True or False, found {background!r}")
+    if background and group is not None:
+        raise InvalidInputError("background: a process group resolves collectively, before returning; "
+                                "pass background=False with a group")
     given = check_table(tuning) if isinstance(tuning, Mapping) else None
-    detected = capabilities is None
     caps = detect_capabilities() if capabilities is None else capabilities
-    do_verify = verify if verify is not None else (detected and caps.device_kind != "cpu")
     if group is None:
-        selection, later = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True,
-                                         background=verify is None)
+        selection, later = _resolve_here(caps, backend, disable, order, plugins, verify, background=background)
         selection = _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
-        return later(selection) if later is not None else selection
+        if not background:
+            return selection
+        if later is not None:
+            return later(selection)
+        done: Future[Selection] = Future()
+        done.set_result(selection)
+        return done
     from fp8select.distributed import agree
 
     outcome: Selection | BaseException
     try:
-        outcome, _ = _resolve_here(caps, backend, disable, order, plugins, do_verify, verify is True)
+        outcome, _ = _resolve_here(caps, backend, disable, order, plugins, verify)
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
     agreed = agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch)
@@ -218,13 +245,14 @@ def _names(value: object, parameter: str) -> tuple[str, ...]:
 
 
 def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str] | str, order: Sequence[str] | str | None,
-                  plugins: bool | Iterable[Any], do_verify: bool, force_verify: bool = False, *,
-                  background: bool = False) -> tuple[Selection, Callable[[Selection], Selection] | None]:
-    """This process's decision: choose, then verify when asked; logs ``fp8select.resolved``.
+                  plugins: bool | Iterable[Any], verify: bool | None, *,
+                  background: bool = False) -> tuple[Selection, Callable[[Selection], Future[Selection]] | None]:
+    """This process's decision: choose, then verify (``verify``: as :func:`resolve` says); logs
+    ``fp8select.resolved``.
 
-    With ``background``, an automatic choice on a CUDA (or CPU) device whose chain is not all remembered
-    is verified on a side thread instead (:mod:`fp8select.verify_chain`): the second value
-    starts that on the finished selection (None when verification is done or off)."""
+    With ``background``, a chain on a CUDA (or CPU) device that is not all remembered is verified
+    on a side thread instead (:mod:`fp8select.verify_chain`): the second value starts that on the
+    finished selection and returns its future (None when verification is done or off)."""
     if backend is not None and not isinstance(backend, str):
         raise InvalidDtypeError(f"backend: expected a backend name or None, found {backend!r}")
     timeout_s = plugin_timeout(caps.env) if plugins is not False and plugins is not None else None
@@ -232,7 +260,8 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
     names_arg = _names(order, "order") if order is not None else None
     if names_arg == ():
         raise InvalidInputError(f"order: expected at least one backend name, found {order!r}")
-    if do_verify:
+    device = _verification_device(caps, verify)
+    if device is not None:
         from fp8select.verify import run_functional_probes
 
         caps = run_functional_probes(caps)
@@ -257,13 +286,16 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
                            disabled=disabled, disabled_source=disabled_source, origins=origins,
                            failures=[(f.plugin, f.reason) for f in loaded.failures])
         later = None
-        if do_verify:
-            device = usable_device(selection)
-            known = {} if force_verify else remembered(caps)  # read once: the steady start-up path
-            if background and explicit is None and device.type in BACKGROUND_DEVICES and not all_remembered(selection, known):
-                later = functools.partial(verify_later, log=log, device=device)
+        if device is not None:
+            known = {} if verify is True else remembered(caps)  # read once: the steady start-up path
+            if background and device.type in BACKGROUND_DEVICES and not all_remembered(selection, known):
+                later = functools.partial(verify_in_background, explicit=explicit, explicit_source=explicit_source,
+                                          log=log, device=device)
             else:
                 selection = verify_chain(selection, explicit, explicit_source, log, known=known, device=device)
+        elif verify is None and caps.device_kind != "cpu":
+            selection = replace(selection, notes=(*selection.notes, "not verified: the snapshot's device is not this "
+                                                  "process's, or not usable here (verify=True runs the checks)"))
     except (BackendRejectedError, NoBackendError) as exc:
         log.warning("fp8select.resolved", backend=None, source=explicit_source if explicit else "auto",
                     rejected={c.name: c.reason for c in exc.candidates if not c.accepted})
@@ -271,8 +303,30 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
     log.info("fp8select.resolved", backend=selection.backend.name, source=selection.source,
              chain=[b.name for b in selection.chain],
              rejected={c.name: c.reason for c in selection.verdicts if not c.accepted},
-             fingerprint=caps.fingerprint(), verified="in background" if later is not None else do_verify)
+             fingerprint=caps.fingerprint(), verified="in background" if later is not None else device is not None)
     return selection, later
+
+
+SAME_DEVICE = ("device_kind", "device_name", "compute_capability", "gfx_arch")
+"""The facts by which a snapshot describes this process's device (``verify=None`` verifies only then)."""
+
+
+def _verification_device(caps: Capabilities, verify: bool | None) -> torch.device | None:
+    """The device to verify on, None for no verification: ``verify=True`` needs the snapshot's device
+    (a typed error when it is not usable here); ``None`` verifies a GPU when the snapshot describes
+    this process's device (detected here, or a snapshot of this machine) and it is usable."""
+    if verify is False or (verify is None and caps.device_kind == "cpu"):
+        return None
+    if verify is None:
+        here = detect_capabilities()
+        if any(getattr(here, f) != getattr(caps, f) for f in SAME_DEVICE):
+            return None
+    try:
+        return usable_device(caps)
+    except InvalidInputError:
+        if verify:
+            raise
+        return None
 
 
 def _load(plugins: bool | Iterable[Any], backends: Mapping[str, Backend], timeout_s: float | None = None) -> LoadedPlugins:

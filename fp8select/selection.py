@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import EllipsisType
 from typing import Any
 
@@ -21,13 +21,31 @@ from fp8select.verdict import Candidate
 
 SOURCES = ("argument", "environment", "auto")
 
-VERIFIED_FIELDS = ("backend", "verdicts", "chain", "notes")
-"""The fields a background verification decides: read, they wait for it (:mod:`fp8select.verify_chain`)."""
+
+class SelectionMemo:
+    """What a selection's methods keep so as not to repeat work: the layers ``linear()`` prepared
+    (per weight tensor, :class:`~fp8select.dropin.PreparedLayers`) and the tables ``prepare(...,
+    tune=True)`` measured (per shape; they are also written to the cache directory). It never
+    changes what a method returns, only how soon; every copy of a selection (``replace``,
+    ``copy``, ``deepcopy``, a pickle) starts with an empty one."""
+
+    def __init__(self) -> None:
+        self.layers = PreparedLayers()
+        self.measured: dict[tuple[int, int], Mapping[str, Any]] = {}
+
+    def __copy__(self) -> SelectionMemo:
+        return SelectionMemo()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SelectionMemo:
+        return SelectionMemo()
+
+    def __reduce__(self) -> tuple[type[SelectionMemo], tuple[()]]:
+        return SelectionMemo, ()
 
 
 @dataclass(frozen=True)
 class Selection:
-    """What :func:`fp8select.resolve` decided.
+    """What :func:`fp8select.resolve` decided: a plain value, settled when it is returned.
 
     ``backend`` is the chosen backend; ``verdicts`` has one entry per candidate in priority
     order (never pre-filtered), plus one rejected entry per plugin that failed to load;
@@ -36,11 +54,7 @@ class Selection:
     among them per M bucket (by ``measurements``, the device's tuning tables, read from
     ``tuning_sources``), and an explicit choice runs wherever its gate accepts the call.
     ``max_weight_copies`` bounds the copies of a weight a layer may hold beyond the
-    checkpoint's (None: no bound).
-
-    While ``resolve()``'s verification runs in the background (``pending``), reading one of
-    :data:`VERIFIED_FIELDS` waits for it and then sees the verified value; no field ever
-    shows one value and later another. :meth:`wait` waits explicitly.
+    checkpoint's (None: no bound). ``group`` is the process group it was agreed in, if any.
     """
 
     backend: Backend
@@ -56,41 +70,12 @@ class Selection:
     tables: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)
     group: Any = field(default=None, repr=False, compare=False)
     # How to measure a layer shape at load time (set by resolve(): fp8select.tuning.loadtime.measure_shape;
-    # measurement code sits above this module), and the shapes measured so far: (N, K) -> their rows.
+    # measurement code sits above this module).
     load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
-    measured_at_load: dict[tuple[int, int], Mapping[str, Any]] = field(default_factory=dict, repr=False, compare=False)
-    # The verification still running, if any (fp8select.verify_chain.PendingVerification); cleared once settled.
-    pending: Any = field(default=None, repr=False, compare=False)
-    # The layers linear() prepared, per weight tensor (a cache: each copy of the selection has its own).
-    _dropin: PreparedLayers = field(default_factory=PreparedLayers, init=False, repr=False, compare=False)
+    _memo: SelectionMemo = field(default_factory=SelectionMemo, init=False, repr=False, compare=False)
 
-    def __getattribute__(self, name: str) -> Any:
-        if name in VERIFIED_FIELDS and object.__getattribute__(self, "pending") is not None:
-            object.__getattribute__(self, "_settle")()
-        return object.__getattribute__(self, name)
-
-    def _settle(self) -> None:
-        """Take the verified fields from the finished verification (waits; raises what it raised)."""
-        pending = object.__getattribute__(self, "pending")
-        if pending is None:
-            return
-        verified = pending.result()
-        for name in VERIFIED_FIELDS:
-            object.__setattr__(self, name, object.__getattribute__(verified, name))
-        object.__setattr__(self, "pending", None)
-
-    def wait(self) -> Selection:
-        """Wait for a background verification to finish (at once when none runs); returns ``self``.
-
-        Raises :class:`~fp8select.errors.NoBackendError` when every backend failed it."""
-        self._settle()
-        return self
-
-    @property
-    def verifying(self) -> bool:
-        """Whether the background verification is still running (reading a verified field would wait)."""
-        pending = object.__getattribute__(self, "pending")
-        return pending is not None and not pending.done()
+    def __copy__(self) -> Selection:
+        return replace(self)  # the same decision, with an empty memo of its own
 
     @property
     def explicit(self) -> str | None:
@@ -163,14 +148,15 @@ class Selection:
                          max_weight_copies=copies)
 
     def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
+        measured = self._memo.measured
         if self.load_time_measure is None:
             return self.measurements
-        if (n, k) not in self.measured_at_load:
+        if (n, k) not in measured:
             table = self.load_time_measure(self, n, k, device=device, group=self.group)
             if table is None:
                 return self.measurements
-            self.measured_at_load[(n, k)] = table
-        return measurements_for(self.capabilities, self.chain, [*self.tables, *self.measured_at_load.values()])
+            measured[(n, k)] = table
+        return measurements_for(self.capabilities, self.chain, [*self.tables, *measured.values()])
 
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:
@@ -193,7 +179,7 @@ class Selection:
         says when a layer is prepared again, and that it is freed with the weight). The output
         dtype is the activation's; a pre-quantized fp8 ``input`` needs ``out_dtype``.
         """
-        dropin = self._dropin
+        dropin = self._memo.layers
         layer = dropin.get(weight, weight_scale, block_size, out_dtype)
         if layer is None:
             layer = dropin.keep(weight, weight_scale, block_size, out_dtype, self.prepare)

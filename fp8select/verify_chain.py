@@ -1,21 +1,19 @@
-"""Verifying a selection's chain on the device: at once, or on a side thread while the engine loads.
+"""Verifying a selection's chain on the device: before ``resolve()`` returns, or as a future.
 
 :func:`verify_chain` runs each backend of the chain through :func:`fp8select.verify.verify_backend`
 (or takes a pass remembered for these versions) and turns failures into rejected verdicts.
-
 On a machine whose caches are empty (fp8select's, Triton's, DeepGEMM's and FlashInfer's),
 verifying means importing the vendors and compiling each backend's kernels once: 16 s without
-the vendors and 46 s with them on the H200 (run 10). An engine resolves at
-start-up and then loads its checkpoint, which takes longer than that, so by default
-:func:`fp8select.resolve` starts :class:`PendingVerification` and returns; the selection's
-verified fields (``backend``, ``chain``, ``verdicts``, ``notes``) wait for it when first read,
-and so do ``prepare()``, ``explain()`` and the CLI. No reader ever sees an unverified chain.
-
+the vendors and 46 s with them on the H200. An engine resolves at start-up and then loads its
+checkpoint, which takes longer than that, so ``resolve(..., background=True)`` returns a
+``concurrent.futures.Future`` of the verified selection at once (:func:`verify_in_background`):
+the engine loads its weights and then takes ``future.result()``. A selection is always a
+settled value; only the future waits.
 The thread runs on the caller's device (its index taken where ``resolve()`` was called, not
 the thread's default device 0) and on its own CUDA stream, so the caller's streams never
 wait for it. A ``fork`` waits for it first (a child process has no copy of the thread).
-Capture CUDA graphs after the first ``prepare()`` (or :meth:`Selection.wait`): while the
-thread runs, its allocations would break a capture in progress.
+Capture CUDA graphs after taking the result: while the thread runs, its allocations would break
+a capture in progress.
 """
 
 from __future__ import annotations
@@ -25,28 +23,29 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from fp8select.capabilities import Capabilities
 from fp8select.errors import BackendRejectedError, InvalidInputError, NoBackendError
 from fp8select.selection import Selection
 from fp8select.verdict import Verdict
 from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
 
-__all__ = ["BACKGROUND_DEVICES", "PendingVerification", "all_remembered", "usable_device", "verify_chain", "verify_later"]
+__all__ = ["BACKGROUND_DEVICES", "all_remembered", "usable_device", "verify_chain", "verify_in_background"]
 
 BACKGROUND_DEVICES = ("cuda", "cpu")
 """Device types verified on a side thread (CUDA: on the caller's device and a stream of its own).
-Others (XPU, NPU) are verified before ``resolve()`` returns: their per-thread device and stream
-rules are not tested here."""
+Others (XPU, NPU) are verified before ``resolve(..., background=True)`` returns its (completed)
+future: their per-thread device and stream rules are not tested here."""
 
 
-def usable_device(selection: Selection) -> torch.device:
-    """The device the chain is verified on, with its index (the caller's current CUDA device);
-    a clear error when this process cannot use the snapshot's device."""
-    caps = selection.capabilities
+def usable_device(caps: Capabilities) -> torch.device:
+    """The device a chain for ``caps`` is verified on, with its index (the caller's current CUDA
+    device); a clear error when this process cannot use the snapshot's device."""
     device = device_for(caps)
     try:
         torch.empty(1, device=device)
@@ -82,7 +81,7 @@ def verify_chain(selection: Selection, explicit: str | None, explicit_source: st
     every check).
     """
     caps = selection.capabilities
-    device = device if device is not None else usable_device(selection)
+    device = device if device is not None else usable_device(caps)
     candidates = list(selection.verdicts)
     index = {c.name: i for i, c in enumerate(candidates)}
     known = remembered(caps) if known is None else known
@@ -137,14 +136,17 @@ def _run_each(backends: list[Any], selection: Selection, device: torch.device) -
     return out
 
 
-def verify_later(selection: Selection, log: Any, device: torch.device) -> Selection:
-    """``selection`` returned at once, its (automatic) chain verified on a side thread; logs
-    ``fp8select.verified`` when that finishes."""
+def verify_in_background(selection: Selection, explicit: str | None, explicit_source: str, log: Any,
+                         device: torch.device) -> Future[Selection]:
+    """A future of ``selection`` with its chain verified (:func:`verify_chain`) on a side thread; logs
+    ``fp8select.verified`` when that finishes. The future raises what the verification raised
+    (:class:`~fp8select.errors.NoBackendError` when every backend failed it, ``BackendRejectedError``
+    when an explicit choice did)."""
     def work() -> Selection:
         start = time.perf_counter()
         try:
-            verified = verify_chain(selection, None, "auto", log, device=device)
-        except NoBackendError:
+            verified = verify_chain(selection, explicit, explicit_source, log, device=device)
+        except (NoBackendError, BackendRejectedError):
             log.warning("fp8select.verified", backend=None, seconds=round(time.perf_counter() - start, 3))
             raise
         log.info("fp8select.verified", backend=verified.backend.name, chain=[b.name for b in verified.chain],
@@ -152,19 +154,43 @@ def verify_later(selection: Selection, log: Any, device: torch.device) -> Select
                  seconds=round(time.perf_counter() - start, 3))
         return verified
 
-    return replace(selection, pending=PendingVerification(work, device))
+    future: Future[Selection] = Future()
+    future.set_running_or_notify_cancel()
+    _install_fork_hook()
+    _RUNNING.add(future)
+    # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
+    threading.Thread(target=_run, args=(future, work, device), name="fp8select-verify").start()
+    return future
+
+
+def _run(future: Future[Selection], work: Callable[[], Selection], device: torch.device) -> None:
+    """``work()`` into ``future``, on ``device`` and a CUDA stream of its own (the caller's streams never wait)."""
+    try:
+        if device.type == "cuda":
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+                result = work()
+                torch.cuda.current_stream().synchronize()
+        else:
+            result = work()
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever holds the future
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+    finally:
+        _RUNNING.discard(future)
 
 
 # Running verifications, for the fork hook: process state by nature (threads are), weakly held.
-_RUNNING: weakref.WeakSet[PendingVerification] = weakref.WeakSet()
+_RUNNING: weakref.WeakSet[Future[Selection]] = weakref.WeakSet()
 _FORK_HOOK = threading.Lock()
 _fork_hook_installed = False
 
 
 def _wait_for_all() -> None:
-    for pending in list(_RUNNING):
-        if pending._thread is not threading.current_thread():  # a fork from the verification itself
-            pending.wait()
+    if threading.current_thread().name == "fp8select-verify":
+        return  # a fork from the verification itself
+    for future in list(_RUNNING):
+        wait([future])
 
 
 def _install_fork_hook() -> None:
@@ -174,54 +200,3 @@ def _install_fork_hook() -> None:
         if not _fork_hook_installed and hasattr(os, "register_at_fork"):
             os.register_at_fork(before=_wait_for_all)
             _fork_hook_installed = True
-
-
-class PendingVerification:
-    """``work()`` (the chain's verification, returning the verified selection) on a side thread."""
-
-    def __init__(self, work: Callable[[], Any], device: torch.device) -> None:
-        self._work = work
-        self._device = device
-        self._done = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
-        _install_fork_hook()
-        _RUNNING.add(self)
-        # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
-        self._thread = threading.Thread(target=self._run, name="fp8select-verify")
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            if self._device.type == "cuda":
-                with torch.cuda.device(self._device), torch.cuda.stream(torch.cuda.Stream(self._device)):
-                    self._result = self._work()
-                    torch.cuda.current_stream().synchronize()
-            else:
-                self._result = self._work()
-        except BaseException as exc:  # noqa: BLE001 - handed to the reader, re-raised there
-            self._error = exc
-        finally:
-            self._work = None  # type: ignore[assignment]  # nothing kept alive longer than needed
-            self._done.set()
-            _RUNNING.discard(self)
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def __copy__(self) -> PendingVerification:
-        return self  # one verification, however many copies of the selection wait for it
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> PendingVerification:
-        return self  # (a model holding a selection may be deep-copied while it runs)
-
-    def wait(self) -> None:
-        self._done.wait()
-
-    def result(self) -> Any:
-        """The verified selection (waits for it); re-raises what the verification raised
-        (:class:`~fp8select.errors.NoBackendError` when every backend failed)."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result

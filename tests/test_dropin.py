@@ -39,7 +39,7 @@ def test_the_same_weight_is_prepared_once(counted: tuple[Selection, list[Any]]) 
     first = sel.linear(x, w, [128, 128], s)
     for _ in range(3):
         assert torch.equal(sel.linear(x, w, [128, 128], s), first)
-    assert len(prepared) == 1 and len(sel._dropin) == 1
+    assert len(prepared) == 1 and len(sel._memo.layers) == 1
     assert rel_err(first, expected(x, w, s, (128, 128))) < 1e-2
 
 
@@ -77,10 +77,10 @@ def test_the_layer_is_freed_with_the_weight(counted: tuple[Selection, list[Any]]
     sel.linear(torch.randn(2, K, dtype=torch.bfloat16), w, [128, 128], s)
     layer = weakref.ref(prepared.pop())
     storage = weakref.ref(w.untyped_storage())
-    assert len(sel._dropin) == 1
+    assert len(sel._memo.layers) == 1
     del w
     gc.collect()
-    assert len(sel._dropin) == 0 and layer() is None and storage() is None
+    assert len(sel._memo.layers) == 0 and layer() is None and storage() is None
 
 
 def test_bad_arguments_keep_their_typed_errors() -> None:
@@ -104,4 +104,16 @@ def test_copies_of_a_selection_keep_their_own_layers() -> None:
     sel = resolve(CPU, plugins=False)
     w, s = random_problem(N, K, seed=8)
     sel.linear(torch.randn(2, K, dtype=torch.bfloat16), w, [128, 128], s)
-    assert len(replace(sel, max_weight_copies=0)._dropin) == 0 and len(sel._dropin) == 1
+    assert len(replace(sel, max_weight_copies=0)._memo.layers) == 0 and len(sel._memo.layers) == 1
+
+
+def test_every_copy_of_a_selection_starts_with_no_layers() -> None:
+    import copy
+    import pickle
+
+    sel = resolve(CPU, plugins=False)
+    w, s = random_problem(N, K, seed=9)
+    sel.linear(torch.randn(2, K, dtype=torch.bfloat16), w, [128, 128], s)
+    for twin in (copy.copy(sel), copy.deepcopy(sel), pickle.loads(pickle.dumps(sel))):
+        assert len(twin._memo.layers) == 0 and twin.to_dict() == sel.to_dict()
+    assert len(sel._memo.layers) == 1

@@ -164,7 +164,7 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     # the selection keeps what it measured: the layer's plan is measured there, once per shape
     meas = sel._measure_at_load(512, 768, torch.device("cpu"))
     assert meas is not None and meas.estimate("small", 512, 768, 16).source == "measured"  # type: ignore[union-attr]
-    assert list(sel.measured_at_load) == [(512, 768)]
+    assert list(sel._memo.measured) == [(512, 768)]
     from fp8select.tuning.sources import wants_load_time_tuning
 
     assert wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))

@@ -247,8 +247,9 @@ def test_verification_is_off_for_passed_snapshots_by_default() -> None:
     assert resolve(CPU, plugins=[_plugin(Raises())], verify=False).backend.name == "raises"
 
 
-def test_verification_is_on_by_default_for_a_detected_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Detected caps on a GPU machine (faked: an H200 snapshot whose 'device' is the CPU)."""
+def test_verification_is_on_by_default_for_this_processs_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's device is a GPU (faked: detection finds an H200 whose 'device' is the CPU); a
+    snapshot of another machine is not verified by default, and its notes say so."""
     import fp8select.resolver
     import fp8select.verify_chain
 
@@ -256,7 +257,7 @@ def test_verification_is_on_by_default_for_a_detected_gpu(monkeypatch: pytest.Mo
     monkeypatch.setattr(fp8select.resolver, "detect_capabilities", lambda: h200)
     monkeypatch.setattr(fp8select.verify_chain, "device_for", lambda caps: torch.device("cpu"))
     with capture_logs() as logs:
-        selection = resolve(plugins=False).wait()  # verified on a side thread (fp8select.verify_chain)
+        selection = resolve(plugins=False)  # settled: verified before it returns
     # cuda-scaled-mm cannot run block-wise on a CPU (torch raises), so verification rejects it
     # and the next backend that computes correctly here is taken.
     verdict = next(c for c in selection.verdicts if c.name == "cuda-scaled-mm")
@@ -265,6 +266,8 @@ def test_verification_is_on_by_default_for_a_detected_gpu(monkeypatch: pytest.Mo
     assert any(e["event"] == "fp8select.verify_failed" and e["backend"] == "cuda-scaled-mm" for e in logs)
     # ...and verify=False keeps the declared choice
     assert resolve(plugins=False, verify=False).backend.name == "cuda-scaled-mm"
+    other = resolve(MATRIX["h100-torch2.10"][0], plugins=False)
+    assert any(n.startswith("not verified: the snapshot's device is not this process's") for n in other.notes)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
