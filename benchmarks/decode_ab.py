@@ -28,7 +28,7 @@ import torch
 import fp8select
 from benchmarks import limits
 from benchmarks._cuda import require_cuda
-from fp8select import bench, timing
+from fp8select.measure import bench, timing
 from fp8select.kernels import triton_gemm
 from fp8select.kernels.triton_config import TritonConfig
 

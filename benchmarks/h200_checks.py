@@ -35,13 +35,13 @@ torch.empty(1, device="cuda"); torch.cuda.synchronize()
 t1 = time.perf_counter()
 import fp8select
 t2 = time.perf_counter()
-from fp8select.capabilities import detect_capabilities
+from fp8select.detect import detect_capabilities, forget_detected
 caps = detect_capabilities()
 t3 = time.perf_counter()
 from fp8select.plugins import load_plugins
 load_plugins()
 t4 = time.perf_counter()
-detect_capabilities.cache_clear()
+forget_detected()
 
 def spin(until):  # pure-Python work (the worst case for sharing the GIL); iterations done
     n = 0
@@ -88,7 +88,7 @@ def prepare_cost(shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
     import torch
 
     import fp8select
-    from fp8select.bench import random_weight
+    from fp8select.measure.bench import random_weight
 
     sel = fp8select.resolve()
     rows = []
@@ -118,7 +118,7 @@ def nonfinite() -> list[dict[str, Any]]:
     import torch
 
     import fp8select
-    from fp8select.bench import fp64_reference, random_weight
+    from fp8select.measure.bench import fp64_reference, random_weight
 
     sel = fp8select.resolve()
     n, k = 2112, 7168
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     require_cuda("h200_checks")
     skip = set(args.skip.split(","))
-    from fp8select.bench import SHAPE_SETS
+    from fp8select.measure.bench import SHAPE_SETS
 
     result: dict[str, Any] = {"label": args.label}
     sections = {"startup": lambda: startup(tempfile.mkdtemp(prefix="fp8select-cache-")),

@@ -23,7 +23,7 @@ from benchmarks._cuda import require_cuda
 def _work(items: list[tuple[str, int, int]], queue: Any) -> None:
 
     import fp8select
-    from fp8select.bench import random_weight
+    from fp8select.measure.bench import random_weight
     from fp8select.warmup import warmup
 
     results = []
@@ -41,7 +41,7 @@ def _work(items: list[tuple[str, int, int]], queue: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fp8select.bench import parse_shapes
+    from fp8select.measure.bench import parse_shapes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="deepseek-v3")

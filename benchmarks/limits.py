@@ -2,7 +2,7 @@
 
     python -m benchmarks.limits --budget-s 240 --out limits.json    # --dry-run: the plan, no CUDA
 
-Measured with fp8select.bench's helpers by the recipe of docs/measurements.md (CUDA graphs, median of >= 50 replays, weights
+Measured with fp8select.measure.bench's helpers by the recipe of docs/measurements.md (CUDA graphs, median of >= 50 replays, weights
 rotated past the L2, fp64-reference check on poisoned outputs before timing), the Triton op timed whole (bf16 in):
 
 1. decode, M 1..16 on DeepSeek-V3 weights of >= 16M elements: the shipped table's config and the best of a sweep
@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
-from fp8select import bench, roofline, timing
+from fp8select import roofline
+from fp8select.measure import bench, timing
 from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
 from fp8select.kernels.triton_search import SMEM_LIMIT_BYTES, fill_split, smem_bytes
-from fp8select.tuning.table import SHIPPED_DIR, load_table, table_path
+from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
 
 _T0 = time.monotonic()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8select.buckets import m_bucket
-from fp8select.tuning.table import check_table, merge_tables, save_table
+from fp8select.measured.table import check_table, merge_tables, save_table
 
 VERSION_KEYS = ("torch", "cuda", "triton")  # what the Triton rows' speed depends on (tuning.table.backend_versions)
 

@@ -8,7 +8,7 @@ Choice regret: the measured time of the backend the model picks over the fastest
 turn and planned from the others, against its own rows. ``--regret FILE``: a ``benchmarks.regret`` result on
 shapes outside the table, its pinned backends' times as the truth, planned from the whole table.
 ``--backends a,b``: choose among those only (``cuda-scaled-mm,triton``: a machine without the vendors).
-``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.tuning.model``). Backends the
+``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.measured.model``). Backends the
 truth lacks are not chosen from; times are whole ops, so a pick is right or wrong by the same measure.
 """
 
@@ -20,8 +20,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fp8select.tuning import model
-from fp8select.tuning.table import SHIPPED_DIR
+from fp8select.measured import model
+from fp8select.measured.table import SHIPPED_DIR
 
 Truth = dict[tuple[int, int, int], dict[str, float]]
 

@@ -24,7 +24,7 @@ from typing import Any
 import fp8select
 from benchmarks._cuda import require_cuda
 from benchmarks.distill_limits import json_lines
-from fp8select import bench
+from fp8select.measure import bench
 
 SKIP = ("auto", "bf16-matmul", "reference")
 
@@ -78,7 +78,7 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
     plan is open) timed; the auto layers measured afterwards reuse what it found."""
     import torch
 
-    from fp8select.tuning.sources import wants_load_time_tuning
+    from fp8select.measured.sources import wants_load_time_tuning
 
     if not wants_load_time_tuning(selection.capabilities):
         return []

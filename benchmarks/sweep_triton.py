@@ -72,7 +72,7 @@ RESERVE_S = 10.0  # kept back from the budget for the final write and teardown
 # ---------------------------------------------------------------------------------------------
 # Pure helpers (no CUDA): parsing. Candidate configs and the search live in
 # fp8select.kernels.triton_search (shared with the tune command), the shape set and CUDA-graph
-# timing in fp8select.timing, roofline figures in fp8select.roofline.
+# timing in fp8select.measure.timing, roofline figures in fp8select.roofline.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -88,7 +88,7 @@ def _search_module() -> Any:
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """``deepseek-v3`` or a list of ``NxK`` / ``N,K`` pairs separated by commas or spaces."""
     if text.strip().lower() in ("deepseek-v3", "deepseek_v3", "dsv3"):
-        return list(_fp8select("bench").SHAPE_SETS["deepseek-v3"])
+        return list(_fp8select("measure.bench").SHAPE_SETS["deepseek-v3"])
     numbers = [int(tok) for tok in text.replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if tok]
     if not numbers or len(numbers) % 2:
         raise ValueError(f"--shapes wants 'deepseek-v3' or N,K pairs, got {text!r}")
@@ -154,7 +154,8 @@ class Sweeper:
         import torch
         import torch.nn.functional as F
 
-        from fp8select import bench, roofline, timing
+        from fp8select import roofline
+        from fp8select.measure import bench, timing
         from fp8select.backends.reference import dequantize_activation, dequantize_weight
         from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
@@ -192,7 +193,7 @@ class Sweeper:
     def time_calls(self, calls: Sequence[Callable[[], object]]) -> dict[str, float]:
         """Per-call microseconds: median/min/max over ``replays`` replays of all ``calls``.
 
-        On CUDA :func:`fp8select.timing.time_graph` (one warm-up on a side stream, which also
+        On CUDA :func:`fp8select.measure.timing.time_graph` (one warm-up on a side stream, which also
         compiles every kernel, then the calls captured once into a graph, each replay timed
         with events); on the CPU smoke test, wall-clock time.
         """

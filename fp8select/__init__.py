@@ -6,7 +6,8 @@ device: everything happens when :func:`resolve` (or :func:`detect_capabilities`)
 
 from fp8select._version import __version__ as __version__
 from fp8select.backends import DEFAULT_ORDER, Backend, PreparedWeight
-from fp8select.capabilities import Capabilities, detect_capabilities
+from fp8select.capabilities import Capabilities
+from fp8select.detect import detect_capabilities, forget_detected
 from fp8select.errors import (
     BackendRejectedError,
     CapabilitiesError,
@@ -55,6 +56,7 @@ __all__ = [
     "WarmupReport",
     "choose",
     "detect_capabilities",
+    "forget_detected",
     "hookimpl",
     "quantize_weight",
     "resolve",

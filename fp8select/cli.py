@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fp8select.bench import DEFAULT_M
-from fp8select.capabilities import Capabilities, detect_capabilities
+from fp8select.measure.bench import DEFAULT_M
+from fp8select.capabilities import Capabilities
+from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
 from fp8select.resolver import parse_names, resolve
 
@@ -298,7 +299,7 @@ def _write_json(data: Any) -> Callable[[Path], None]:
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
-    from fp8select import bench
+    from fp8select.measure import bench
 
     shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
     if args.replays < 1:
@@ -338,10 +339,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     import torch
 
-    from fp8select import bench
-    from fp8select.tuning.sources import find_tables
-    from fp8select.tuning.table import cache_dir, load_table, merge_tables, new_table, save_table, table_path
-    from fp8select.tuning.tune import tune
+    from fp8select.measure import bench
+    from fp8select.measured.sources import find_tables
+    from fp8select.measured.table import cache_dir, load_table, merge_tables, new_table, save_table, table_path
+    from fp8select.measure.tune import tune
 
     shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
     if args.replays < 1 or args.max_configs < 1:

@@ -183,7 +183,7 @@ def broadcast_table(table: Mapping[str, Any] | None, group: Any = None, src: int
     :class:`~fp8select.errors.InvalidInputError` on ``src`` and
     :class:`~fp8select.errors.RankMismatchError` naming it on the other ranks, rather than spreading.
     """
-    from fp8select.tuning.table import validate_table
+    from fp8select.measured.table import validate_table
 
     def checked() -> dict[str, Any]:
         if table is None:

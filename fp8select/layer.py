@@ -29,7 +29,7 @@ from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableE
 from fp8select.guard import call
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
-from fp8select.tuning.model import Measurements
+from fp8select.measured.model import Measurements
 from fp8select.verdict import Candidate
 
 FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))

@@ -2,7 +2,7 @@
 
 :func:`build_plan` is a pure decision over values: the layer's problem, the selection's chain
 of accepted backends, each backend's gate, each backend's expected time per bucket
-(:class:`fp8select.tuning.model.Estimate`), whether the choice was explicit, and how many
+(:class:`fp8select.measured.model.Estimate`), whether the choice was explicit, and how many
 extra copies of the weight the layer may hold. Per bucket (:mod:`fp8select.buckets`):
 
 * **explicit** (``resolve(backend=...)`` or ``FP8SELECT_BACKEND``): that backend, wherever its
@@ -36,7 +36,7 @@ from fp8select.capabilities import Capabilities
 from fp8select.errors import UnsupportedProblemError
 from fp8select.guard import safe_verdict
 from fp8select.problem import Problem
-from fp8select.tuning.model import Estimate, Measurements
+from fp8select.measured.model import Estimate, Measurements
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",

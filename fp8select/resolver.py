@@ -21,7 +21,8 @@ import torch
 
 from fp8select._log import get_logger
 from fp8select.backends import BUILTIN_BACKENDS, DEFAULT_ORDER, Backend
-from fp8select.capabilities import Capabilities, detect_capabilities
+from fp8select.capabilities import Capabilities
+from fp8select.detect import detect_capabilities
 from fp8select.errors import (
     BackendRejectedError,
     InvalidDtypeError,
@@ -34,9 +35,9 @@ from fp8select.layer import check_max_weight_copies
 from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
 from fp8select.selection import Selection
-from fp8select.tuning.loadtime import measure_shape
-from fp8select.tuning.sources import find_tables, measurements_for
-from fp8select.tuning.table import check_table
+from fp8select.measure.loadtime import measure_shape
+from fp8select.measured.sources import find_tables, measurements_for
+from fp8select.measured.table import check_table
 from fp8select.verdict import Candidate
 from fp8select.verify import remembered
 from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_in_background
@@ -153,7 +154,7 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     ``"raise"`` raises :class:`~fp8select.errors.RankMismatchError` with each rank's verdicts.
     Every rank must call ``resolve`` with a group (it is a collective).
 
-    ``tuning``: True reads the measurements of this device (:mod:`fp8select.tuning.sources`: the
+    ``tuning``: True reads the measurements of this device (:mod:`fp8select.measured.sources`: the
     tables shipped with fp8select, the cache directory's, ``FP8SELECT_TUNING_TABLE``); each layer
     prepared from the selection then plans, per M bucket, the fastest backend of the chain
     (:mod:`fp8select.plan`). False uses none (the plan follows the priority order); a mapping

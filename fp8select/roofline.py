@@ -1,7 +1,7 @@
 """The least time a block-FP8 linear can take: bytes over memory bandwidth, FLOPs over peak.
 
 ``bench`` reports measured times against these floors, and the plan's model
-(:mod:`fp8select.tuning.model`) expresses measured times as multiples of them, so that a
+(:mod:`fp8select.measured.model`) expresses measured times as multiples of them, so that a
 measurement of one shape says something about another. The ceilings are the lent H200's
 (copy bandwidth measured there, FP8 peak from the datasheet); on another device the floors
 are off by a constant factor, which cancels in the model's comparisons. Pure Python.

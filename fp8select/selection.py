@@ -15,8 +15,8 @@ from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, build_plan, estimator
 from fp8select.problem import Problem
-from fp8select.tuning.model import Measurements
-from fp8select.tuning.sources import measurements_for, wants_load_time_tuning
+from fp8select.measured.model import Measurements
+from fp8select.measured.sources import measurements_for, wants_load_time_tuning
 from fp8select.verdict import Candidate
 
 SOURCES = ("argument", "environment", "auto")
@@ -69,7 +69,7 @@ class Selection:
     max_weight_copies: int | None = 1
     tables: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)
     group: Any = field(default=None, repr=False, compare=False)
-    # How to measure a layer shape at load time (set by resolve(): fp8select.tuning.loadtime.measure_shape;
+    # How to measure a layer shape at load time (set by resolve(): fp8select.measure.loadtime.measure_shape;
     # measurement code sits above this module).
     load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
     _memo: SelectionMemo = field(default_factory=SelectionMemo, init=False, repr=False, compare=False)
@@ -135,7 +135,7 @@ class Selection:
         ``max_weight_copies`` overrides the selection's bound for this layer (None: no bound; the
         default ``...`` keeps the selection's). ``tune`` (default: ``FP8SELECT_TUNE=load``) measures
         a CUDA layer's shape first where the tables do not settle its plan
-        (:mod:`fp8select.tuning.loadtime`; with a process group, on rank 0 for every rank).
+        (:mod:`fp8select.measure.loadtime`; with a process group, on rank 0 for every rank).
         """
         copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
         measurements = self.measurements

@@ -228,7 +228,7 @@ def _xpu_blockwise_works(device: str, caps_json: str) -> bool:
 
 def verification_key(backend: Backend, caps: Capabilities) -> str:
     from fp8select._version import __version__
-    from fp8select.tuning.table import backend_versions
+    from fp8select.measured.table import backend_versions
 
     payload = {"device": caps.device_name, "cc": caps.compute_capability, "gfx": caps.gfx_arch, "backend": backend.name,
                "versions": backend_versions(caps, backend.packages), "fp8select": __version__}
@@ -236,7 +236,7 @@ def verification_key(backend: Backend, caps: Capabilities) -> str:
 
 
 def _verified_path(caps: Capabilities) -> Path:
-    from fp8select.tuning.table import cache_dir
+    from fp8select.measured.table import cache_dir
 
     return cache_dir(caps.env) / VERIFIED_FILE
 

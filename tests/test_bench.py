@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from fp8select import Fp8SelectError, bench, timing
+from fp8select import Fp8SelectError
+from fp8select.measure import bench, timing
 
 
 def test_parse_shapes_mixes_sets_and_pairs() -> None:

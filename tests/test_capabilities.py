@@ -10,8 +10,9 @@ from dataclasses import replace
 import pytest
 from matrix import MATRIX
 
-from fp8select import Capabilities, CapabilitiesError, detect_capabilities, resolve
-from fp8select.capabilities import FrozenMap, read_env
+from fp8select import Capabilities, CapabilitiesError, detect_capabilities, forget_detected, resolve
+from fp8select.capabilities import FrozenMap
+from fp8select.detect import read_env
 
 SNAPSHOT_KEYS = {"device_kind", "device_name", "compute_capability", "gfx_arch", "torch_version", "cuda_version",
                  "hip_version", "xpu_version", "has_scaled_mm", "scaling_types", "float8_dtypes", "packages", "env",
@@ -96,9 +97,9 @@ def test_environment_is_read_on_every_call(monkeypatch: pytest.MonkeyPatch) -> N
     assert "FP8SELECT_BACKEND" not in detect_capabilities().env
 
 
-def test_cache_clear_gathers_the_facts_again() -> None:
+def test_forget_detected_gathers_the_facts_again() -> None:
     first = detect_capabilities()
-    detect_capabilities.cache_clear()  # type: ignore[attr-defined]
+    forget_detected()
     again = detect_capabilities()
     assert again == first and again is not first
 

@@ -245,7 +245,7 @@ def test_every_rank_ends_with_rank_0s_plan(results: list[dict[str, Any]]) -> Non
 
 def test_tune_on_one_rank_measures_on_the_source_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from fp8select import distributed
-    from fp8select.tuning import tune as tuning
+    from fp8select.measure import tune as tuning
 
     calls: list[Any] = []
     monkeypatch.setattr(tuning, "tune", lambda selection, shapes, **kw: (calls.append((shapes, kw)) or {"groups": []}, []))

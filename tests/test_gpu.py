@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def selection() -> fp8select.Selection:
-    fp8select.detect_capabilities.cache_clear()
+    fp8select.forget_detected()
     return fp8select.resolve(plugins=False)
 
 

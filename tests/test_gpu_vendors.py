@@ -57,7 +57,7 @@ BACKENDS = tuple(VENDORS)
 
 @functools.cache
 def _capabilities() -> fp8select.Capabilities:
-    fp8select.detect_capabilities.cache_clear()
+    fp8select.forget_detected()
     return fp8select.detect_capabilities()
 
 

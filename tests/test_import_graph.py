@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fp8select"
-MEASUREMENT = {"fp8select.bench", "fp8select.tuning.tune", "fp8select.tuning.loadtime"}
+MEASUREMENT = {"fp8select.measure.bench", "fp8select.measure.tune", "fp8select.measure.loadtime"}
 CALL_PATH = ("fp8select.layer", "fp8select.ops", "fp8select.plan")
 
 

@@ -208,7 +208,7 @@ def test_every_accepted_backend_gives_nan_rows() -> None:
     """Each backend of the chain, pinned: a NaN/inf activation row gives a non-finite output row.
     (An adapter whose vendor kernel quantizes inside and drops NaN would call
     ``propagate_nonfinite_rows`` on its output.)"""
-    fp8select.detect_capabilities.cache_clear()
+    fp8select.forget_detected()
     selection = fp8select.resolve(plugins=False)
     n = 2112
     w, s = random_problem(n, K - 32, device="cuda")

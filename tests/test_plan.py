@@ -20,8 +20,8 @@ from fp8select.layer import Fp8Linear
 from fp8select.plan import EXPLICIT, GATE, MEASURED, MODEL, RULE, build_plan
 from fp8select.problem import Problem
 from fp8select.roofline import floor_us
-from fp8select.tuning.model import Measurements
-from fp8select.tuning.table import new_table
+from fp8select.measured.model import Measurements
+from fp8select.measured.table import new_table
 from fp8select.verdict import Verdict
 
 CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",))

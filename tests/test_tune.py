@@ -8,11 +8,12 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from fp8select import Capabilities, bench, hookimpl, resolve, timing
+from fp8select import Capabilities, hookimpl, resolve
+from fp8select.measure import bench, timing
 from fp8select.backends.reference import ReferenceBackend
-from fp8select.timing import Timing
-from fp8select.tuning.table import merge_tables, new_table, validate_table
-from fp8select.tuning.tune import tune
+from fp8select.measure.timing import Timing
+from fp8select.measured.table import merge_tables, new_table, validate_table
+from fp8select.measure.tune import tune
 
 CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), device_name="cpu-test")
 N, K = 256, 384
@@ -119,7 +120,7 @@ def test_the_tune_command_saves_after_every_shape_and_merges_into_the_table(
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cli, "resolve", lambda **kw: clocked)
-    from fp8select.tuning import tune as tune_module
+    from fp8select.measure import tune as tune_module
 
     real = tune_module.tune
     saved: list[int] = []
@@ -141,8 +142,8 @@ def test_the_tune_command_saves_after_every_shape_and_merges_into_the_table(
 
 
 def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, tmp_path: Any) -> None:
-    from fp8select.tuning import loadtime
-    from fp8select.tuning.table import load_table, table_path
+    from fp8select.measure import loadtime
+    from fp8select.measured.table import load_table, table_path
 
     # Measured at another shape: small is 3x faster up to M=8, large 1.67x faster above; between
     # M=8 and M=16 the estimates of a new shape are close (a real choice), elsewhere far apart.
@@ -165,7 +166,7 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     meas = sel._measure_at_load(512, 768, torch.device("cpu"))
     assert meas is not None and meas.estimate("small", 512, 768, 16).source == "measured"  # type: ignore[union-attr]
     assert list(sel._memo.measured) == [(512, 768)]
-    from fp8select.tuning.sources import wants_load_time_tuning
+    from fp8select.measured.sources import wants_load_time_tuning
 
     assert wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
     assert not wants_load_time_tuning(CPU)
@@ -176,7 +177,7 @@ def test_the_triton_search_tries_the_wgmma_path_only_where_it_runs(monkeypatch: 
     """Where the wgmma path would fall back to the gemm path's kernel, tuning does not time it again."""
     pytest.importorskip("triton")
     from fp8select.kernels import triton_gemm
-    from fp8select.tuning.tune import _search_triton
+    from fp8select.measure.tune import _search_triton
 
     monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: runs)
     timed: list[Any] = []
@@ -194,8 +195,8 @@ def test_the_triton_search_starts_from_the_nearest_shapes_configuration_fitted(m
     from fp8select.backends.triton import TritonBackend
     from fp8select.kernels import triton_gemm
     from fp8select.kernels.triton_config import TritonConfig
-    from fp8select.tuning.model import Measurements
-    from fp8select.tuning.tune import _search_triton
+    from fp8select.measured.model import Measurements
+    from fp8select.measure.tune import _search_triton
 
     monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: False)
     measured = TritonConfig.from_dict({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4,

@@ -26,7 +26,8 @@ from fp8select.backends.cutlass import CutlassBackend
 from fp8select.backends.deepgemm import DeepGemmBackend
 from fp8select.backends.flashinfer import FlashInferBackend
 from fp8select.backends.npu import NpuBackend
-from fp8select.capabilities import _installed_packages, _package_symbols, replace_caps
+from fp8select.capabilities import replace_caps
+from fp8select.detect import _installed_packages, _package_symbols
 from fp8select.kernels import vendor_layouts as vl
 from fp8select.kernels.quant import ROW_MAJOR
 from fp8select.layer import Fp8Linear

@@ -27,7 +27,7 @@ from fp8select import (
     resolve,
 )
 from fp8select.backends.reference import ReferenceBackend
-from fp8select.bench import random_weight
+from fp8select.measure.bench import random_weight
 from fp8select.plugins import Placement, hookimpl
 from fp8select.probes import DeviceKind
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fp8select import Capabilities, InvalidInputError
-from fp8select.tuning.table import (
+from fp8select.measured.table import (
     SCHEMA,
     TuningCacheWarning,
     backend_versions,

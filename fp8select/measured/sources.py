@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fp8select.capabilities import Capabilities
-from fp8select.tuning.model import Measurements
-from fp8select.tuning.table import ENV_TABLE, SHIPPED_DIR, backend_versions, cache_dir, load_table, table_path
+from fp8select.measured.model import Measurements
+from fp8select.measured.table import ENV_TABLE, SHIPPED_DIR, backend_versions, cache_dir, load_table, table_path
 
 __all__ = ["ENV_TUNE", "find_tables", "measurements_for", "wants_load_time_tuning"]
 

@@ -1,6 +1,6 @@
 """Measure a layer shape at load time, where the model is not sure (opt-in: ``FP8SELECT_TUNE=load``).
 
-The plan's model (:mod:`fp8select.tuning.model`) picks well on average but can lose 10-20% at
+The plan's model (:mod:`fp8select.measured.model`) picks well on average but can lose 10-20% at
 a near tie on a shape far from any measured one. With ``FP8SELECT_TUNE=load`` (or
 ``selection.prepare(..., tune=True)``), a layer whose shape the tables do not hold is measured
 before its plan is made, but only where it matters: the M buckets whose best estimates lie
@@ -25,8 +25,8 @@ from fp8select.buckets import M_BUCKETS
 from fp8select.capabilities import Capabilities
 from fp8select.plan import gate
 from fp8select.problem import Problem
-from fp8select.tuning.model import MEASURED, Measurements
-from fp8select.tuning.table import cache_dir, load_table, merge_tables, save_table, table_path
+from fp8select.measured.model import MEASURED, Measurements
+from fp8select.measured.table import cache_dir, load_table, merge_tables, save_table, table_path
 
 __all__ = ["CLOSE", "ENV_BUDGET", "measure_shape", "points_to_measure"]
 
@@ -74,7 +74,7 @@ def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = N
     start = time.monotonic()
 
     def measure() -> dict[str, Any]:
-        from fp8select.tuning.tune import tune
+        from fp8select.measure.tune import tune
 
         table, _ = tune(selection, [(n, k)], sorted({m for ms in todo.values() for m in ms}), force=True, replays=10,
                         max_configs=2, budget_s=budget_s(caps), only=lambda name, m: m in todo.get(name, ()),

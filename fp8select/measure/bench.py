@@ -7,7 +7,7 @@ out) and separately of the GEMM alone (pre-quantized input), median of >= 50 rep
 min and max, weights rotated through enough copies to exceed the L2 several times. bf16
 ``torch.matmul`` on the dequantized weight is timed in the same run as a yardstick. A
 point's columns are timed together, their replays interleaved in shuffled order
-(:func:`fp8select.timing.time_graphs`), not one after another.
+(:func:`fp8select.measure.timing.time_graphs`), not one after another.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fp8select import timing
+from fp8select.measure import timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.errors import Fp8SelectError
@@ -156,7 +156,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
     ``torch.matmul`` on the dequantized weight. ``auto`` rows time the layer a user gets from
     ``selection.prepare`` (its plan), with the backend it ran in ``ran``. ``gemm_alone`` adds
     the GEMM on a pre-quantized input; ``bf16`` the yardstick. All of a point's columns are
-    timed together, interleaved (:func:`fp8select.timing.time_graphs`). No new shape is started
+    timed together, interleaved (:func:`fp8select.measure.timing.time_graphs`). No new shape is started
     after ``budget_s`` seconds.
     """
     start = time.monotonic()
@@ -222,7 +222,7 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 except BaseException as exc:  # noqa: BLE001 - a backend failing here is a result, not a crash
                     row["error"] = describe(exc)
             # Every column of the point in one interleaved timing (whole ops, GEMMs alone, the bf16
-            # yardstick), so that drift and heat reach them alike (fp8select.timing).
+            # yardstick), so that drift and heat reach them alike (fp8select.measure.timing).
             columns = {name: [functools.partial(layer, x) for layer in layers[name]] for name in timed}
             for name, row in timed.items():
                 if gemm_layers.get(name):

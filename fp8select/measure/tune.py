@@ -6,8 +6,8 @@ search (:mod:`fp8select.kernels.triton_search`), starting from the configuration
 known for that point (any version's row, or the nearest measured shape's, fitted to this one). Then the correct
 backends are timed together as the whole op a user calls (bf16 in, activation quantization
 included), CUDA-graph replay with the weights rotated past the L2, their replays interleaved
-(:func:`fp8select.timing.time_graphs`): those times are the table's. A row goes into the
-group of its backend at the versions installed here (:func:`~fp8select.tuning.table.backend_versions`);
+(:func:`fp8select.measure.timing.time_graphs`): those times are the table's. A row goes into the
+group of its backend at the versions installed here (:func:`~fp8select.measured.table.backend_versions`);
 rows the ``known`` table has for the same backend, versions, shape and bucket are skipped
 unless ``force``: ``tune`` measures only what is missing.
 """
@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from fp8select import bench, timing
+from fp8select.measure import bench, timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import m_bucket
 from fp8select.guard import PASS_THROUGH, describe
 from fp8select.plan import fitted_config, gate
 from fp8select.problem import Problem
-from fp8select.tuning.model import Measurements
-from fp8select.tuning.table import backend_versions, new_table, shape_key
+from fp8select.measured.model import Measurements
+from fp8select.measured.table import backend_versions, new_table, shape_key
 
 __all__ = ["DEFAULT_TUNE_M", "tune", "tune_on_one_rank"]
 
@@ -55,7 +55,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
     """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``.
 
     ``table`` holds only the new measurements (merge it into the cache's with
-    :func:`~fp8select.tuning.table.merge_tables`); ``rows`` every timing for the record.
+    :func:`~fp8select.measured.table.merge_tables`); ``rows`` every timing for the record.
     ``backends`` limits the measurement to those names (default: the chain but ``reference``).
     No new point is started after ``budget_s`` seconds; each point gets a fair share of what
     is left for its Triton search. ``on_shape(table)`` is called after each shape, so a caller
