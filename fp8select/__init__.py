@@ -25,7 +25,8 @@ from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, Route
 from fp8select.plugins import Placement, hookimpl
 from fp8select.problem import Problem
-from fp8select.resolver import choose, resolve
+from fp8select.decision import Decision, choose
+from fp8select.resolver import resolve
 from fp8select.selection import Selection
 from fp8select.verdict import Candidate, Verdict
 from fp8select.warmup import WarmupReport, warmup
@@ -37,6 +38,7 @@ __all__ = [
     "Candidate",
     "Capabilities",
     "CapabilitiesError",
+    "Decision",
     "Fp8Linear",
     "Fp8SelectError",
     "InvalidDtypeError",

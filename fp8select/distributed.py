@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fp8select._log import get_logger
 from fp8select.errors import InvalidDtypeError, InvalidInputError, RankMismatchError
-from fp8select.selection import Candidate, Selection
+from fp8select.decision import Decision
+from fp8select.verdict import Candidate
+
+D = TypeVar("D", bound=Decision)
+"""A decision or a subclass of it (a Selection): returned as the type it was given."""
 
 __all__ = ["MISMATCH_POLICIES", "RankReport", "agree", "broadcast_table", "measure_on_one_rank"]
 
@@ -47,8 +51,8 @@ class RankReport:
     error: str | None = None
 
     @classmethod
-    def of(cls, rank: int, outcome: Selection | BaseException) -> RankReport:
-        if isinstance(outcome, Selection):
+    def of(cls, rank: int, outcome: Decision | BaseException) -> RankReport:
+        if isinstance(outcome, Decision):
             return cls(rank, outcome.capabilities.fingerprint(), outcome.backend.name, outcome.source,
                        tuple(c.name for c in outcome.verdicts), tuple(b.name for b in outcome.chain),
                        {c.name: c.reason for c in outcome.verdicts})
@@ -94,7 +98,7 @@ def exchange(report: RankReport, group: Any = None) -> list[RankReport]:
             for i, r in enumerate(gathered)]
 
 
-def agree(outcome: Selection | BaseException, group: Any = None, *, on_mismatch: str = "common") -> Selection:
+def agree(outcome: D | BaseException, group: Any = None, *, on_mismatch: str = "common") -> D:
     """Reconcile this rank's decision with every other rank's in ``group`` (a collective).
 
     ``outcome`` is this rank's :class:`~fp8select.selection.Selection`, or the exception its
@@ -108,7 +112,7 @@ def agree(outcome: Selection | BaseException, group: Any = None, *, on_mismatch:
     policy = _check_policy(on_mismatch)
     dist = _dist()
     rank = dist.get_rank(group)
-    if not isinstance(outcome, (Selection, BaseException)):
+    if not isinstance(outcome, (Decision, BaseException)):
         # Still take part in the exchange (the other ranks are waiting), then raise.
         outcome = InvalidDtypeError(f"outcome: expected a Selection or the exception resolve raised, "
                                     f"found {type(outcome).__name__}")
@@ -147,7 +151,7 @@ def agree(outcome: Selection | BaseException, group: Any = None, *, on_mismatch:
     return result
 
 
-def _narrow(selection: Selection, reports: Sequence[RankReport], chosen: str, common: Sequence[str]) -> Selection:
+def _narrow(selection: D, reports: Sequence[RankReport], chosen: str, common: Sequence[str]) -> D:
     """``selection`` with ``chosen`` first and only backends every rank accepts in its chain."""
     by_name = {b.name: b for b in selection.chain}
     chain = [by_name[chosen]] + [by_name[n] for n in common if n != chosen and n in by_name]

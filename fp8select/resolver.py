@@ -1,12 +1,13 @@
-"""The resolver: a pure choice over a snapshot, and ``resolve()`` which gathers its inputs.
+"""``resolve()``: what an engine calls at start-up, from facts to a settled :class:`Selection`.
 
-:func:`choose` is a pure function of (capabilities, candidates in priority order, explicit
-choice, disabled set). :func:`resolve` detects capabilities when none are given, reads
+:func:`resolve` detects capabilities when none are given, reads
 ``FP8SELECT_BACKEND`` / ``FP8SELECT_DISABLE`` from the snapshot's environment when the
-arguments are not given, loads plugins, calls :func:`choose`, optionally verifies the
+arguments are not given, loads plugins, calls :func:`fp8select.decision.choose` (the pure
+choice), verifies the
 chosen chain on the device (:mod:`fp8select.verify_chain`) and reconciles the decision across the
 ranks of a process group (:mod:`fp8select.distributed`), and logs one ``fp8select.resolved``
-event.
+event. It also gives the selection its tuning tables and its load-time measurer, so it sits
+above measurement (:mod:`fp8select.measure`) in the import order.
 """
 
 from __future__ import annotations
@@ -20,17 +21,11 @@ from typing import Any, Literal, overload
 import torch
 
 from fp8select._log import get_logger
-from fp8select.backends import BUILTIN_BACKENDS, DEFAULT_ORDER, Backend
+from fp8select.backends import DEFAULT_ORDER, Backend
 from fp8select.capabilities import Capabilities
 from fp8select.detect import detect_capabilities
-from fp8select.errors import (
-    BackendRejectedError,
-    InvalidDtypeError,
-    InvalidInputError,
-    NoBackendError,
-    UnknownBackendError,
-)
-from fp8select.guard import safe_verdict
+from fp8select.decision import ENV_BACKEND, ENV_DISABLE, builtin_backends, choose
+from fp8select.errors import BackendRejectedError, InvalidDtypeError, InvalidInputError, NoBackendError
 from fp8select.layer import check_max_weight_copies
 from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
@@ -38,66 +33,8 @@ from fp8select.selection import Selection
 from fp8select.measure.loadtime import measure_shape
 from fp8select.measured.sources import find_tables, measurements_for
 from fp8select.measured.table import check_table
-from fp8select.verdict import Candidate
 from fp8select.verify import remembered
 from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_in_background
-
-ENV_BACKEND = "FP8SELECT_BACKEND"
-ENV_DISABLE = "FP8SELECT_DISABLE"
-
-
-def builtin_backends() -> dict[str, Backend]:
-    """A fresh instance of every built-in backend, by name."""
-    return {cls.name: cls() for cls in BUILTIN_BACKENDS}
-
-
-def _check(backend: Backend, caps: Capabilities) -> tuple[bool, str]:
-    """A backend's device-level verdict; a (plugin) gate that raises (even SystemExit) or answers nonsense is a rejection."""
-    verdict = safe_verdict(backend.check, caps, what="device-level check")
-    return verdict.ok, verdict.reason
-
-
-def choose(caps: Capabilities, backends: Mapping[str, Backend], order: Sequence[str], *,
-           explicit: str | None = None, explicit_source: str = "argument",
-           disabled: Sequence[str] = (), disabled_source: str = "argument",
-           origins: Mapping[str, str] | None = None, failures: Sequence[tuple[str, str]] = ()) -> Selection:
-    """Evaluate every candidate in ``order`` against ``caps`` and pick one (pure). A name repeated in
-    ``order`` counts once, at its first place."""
-    valid = tuple(dict.fromkeys(order))
-    for name in valid:
-        if name not in backends:
-            raise UnknownBackendError(name, sorted(backends), parameter="order")
-    if explicit is not None and explicit not in backends:
-        raise UnknownBackendError(explicit, valid, parameter="backend" if explicit_source == "argument" else ENV_BACKEND)
-    for name in disabled:
-        if name not in backends:
-            raise UnknownBackendError(name, valid, parameter="disable" if disabled_source == "argument" else ENV_DISABLE)
-    origins = origins or {}
-    candidates: list[Candidate] = []
-    names = list(valid) + ([explicit] if explicit is not None and explicit not in valid else [])
-    for rank, name in enumerate(names, 1):
-        if name in disabled:
-            how = "disable=" if disabled_source == "argument" else f"{ENV_DISABLE}="
-            candidates.append(Candidate(rank, name, False, f"disabled by {how}{','.join(disabled)}", origins.get(name, "builtin")))
-            continue
-        ok, reason = _check(backends[name], caps)
-        candidates.append(Candidate(rank, name, ok, reason, origins.get(name, "builtin")))
-    for offset, (plugin, reason) in enumerate(failures, len(candidates) + 1):
-        candidates.append(Candidate(offset, f"plugin:{plugin}", False, reason, "plugin"))
-
-    accepted = [backends[c.name] for c in candidates if c.accepted]
-    if explicit is not None:
-        requested = next(c for c in candidates if c.name == explicit)
-        if not requested.accepted:
-            raise BackendRejectedError(explicit, explicit_source, candidates)
-        chosen, source = backends[explicit], explicit_source
-    elif accepted:
-        chosen, source = accepted[0], "auto"
-    else:
-        raise NoBackendError(f"this machine ({caps.device_kind}, torch {caps.torch_version})", candidates)
-    chain = (chosen, *[b for b in accepted if b is not chosen])
-    return Selection(chosen, tuple(candidates), source, caps, chain, tuple(disabled))
-
 
 @overload
 def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
@@ -283,9 +220,9 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
 
     log = get_logger()
     try:
-        selection = choose(caps, backends, names, explicit=explicit, explicit_source=explicit_source,
-                           disabled=disabled, disabled_source=disabled_source, origins=origins,
-                           failures=[(f.plugin, f.reason) for f in loaded.failures])
+        selection = Selection.of(choose(caps, backends, names, explicit=explicit, explicit_source=explicit_source,
+                                        disabled=disabled, disabled_source=disabled_source, origins=origins,
+                                        failures=[(f.plugin, f.reason) for f in loaded.failures]))
         later = None
         if device is not None:
             known = {} if verify is True else remembered(caps)  # read once: the steady start-up path

@@ -1,25 +1,21 @@
-"""The result of a resolution: the chosen backend, every verdict, and where the choice came from."""
+"""What ``resolve()`` returns: the decision, with the measurements and means to prepare its layers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import EllipsisType
 from typing import Any
 
 import torch
 
-from fp8select.backends.base import Backend
-from fp8select.capabilities import Capabilities
+from fp8select.decision import Decision
 from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, build_plan, estimator
 from fp8select.problem import Problem
 from fp8select.measured.model import Measurements
 from fp8select.measured.sources import measurements_for, wants_load_time_tuning
-from fp8select.verdict import Candidate
-
-SOURCES = ("argument", "environment", "auto")
 
 
 class SelectionMemo:
@@ -44,26 +40,17 @@ class SelectionMemo:
 
 
 @dataclass(frozen=True)
-class Selection:
-    """What :func:`fp8select.resolve` decided: a plain value, settled when it is returned.
+class Selection(Decision):
+    """What :func:`fp8select.resolve` decided (a :class:`~fp8select.decision.Decision`: ``backend``,
+    ``verdicts``, ``source``, ``capabilities``, ``chain``, ``disabled``, ``notes``) with what its
+    layers are planned from: a plain value, settled when it is returned.
 
-    ``backend`` is the chosen backend; ``verdicts`` has one entry per candidate in priority
-    order (never pre-filtered), plus one rejected entry per plugin that failed to load;
-    ``source`` says whether the choice came from an ``argument``, the ``environment`` or
-    ``auto``; ``chain`` lists the accepted backends, chosen first: each layer's plan picks
-    among them per M bucket (by ``measurements``, the device's tuning tables, read from
-    ``tuning_sources``), and an explicit choice runs wherever its gate accepts the call.
-    ``max_weight_copies`` bounds the copies of a weight a layer may hold beyond the
-    checkpoint's (None: no bound). ``group`` is the process group it was agreed in, if any.
+    Each layer's plan picks among the ``chain`` per M bucket (by ``measurements``, the device's
+    tuning tables, read from ``tuning_sources``), and an explicit choice runs wherever its gate
+    accepts the call. ``max_weight_copies`` bounds the copies of a weight a layer may hold beyond
+    the checkpoint's (None: no bound). ``group`` is the process group it was agreed in, if any.
     """
 
-    backend: Backend
-    verdicts: tuple[Candidate, ...]
-    source: str
-    capabilities: Capabilities
-    chain: tuple[Backend, ...]
-    disabled: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())
     measurements: Measurements | None = field(default=None, repr=False, compare=False)
     tuning_sources: tuple[str, ...] = ()
     max_weight_copies: int | None = 1
@@ -77,14 +64,10 @@ class Selection:
     def __copy__(self) -> Selection:
         return replace(self)  # the same decision, with an empty memo of its own
 
-    @property
-    def explicit(self) -> str | None:
-        """The backend named by ``backend=`` / ``FP8SELECT_BACKEND``, None for an automatic choice."""
-        return None if self.source == "auto" else self.backend.name
-
-    @property
-    def fallbacks(self) -> tuple[Backend, ...]:
-        return self.chain[1:]
+    @classmethod
+    def of(cls, decision: Decision, **more: Any) -> Selection:
+        """``decision`` as a selection (``more``: its other fields)."""
+        return cls(**{f.name: getattr(decision, f.name) for f in fields(Decision)}, **more)
 
     def explain(self) -> str:
         caps = self.capabilities

@@ -25,15 +25,18 @@ import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from fp8select.capabilities import Capabilities
 from fp8select.errors import BackendRejectedError, InvalidInputError, NoBackendError
-from fp8select.selection import Selection
+from fp8select.decision import Decision
 from fp8select.verdict import Verdict
 from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
+
+D = TypeVar("D", bound=Decision)
+"""A decision or a subclass of it (a Selection): returned as the type it was given."""
 
 __all__ = ["BACKGROUND_DEVICES", "all_remembered", "usable_device", "verify_chain", "verify_in_background"]
 
@@ -58,21 +61,21 @@ def usable_device(caps: Capabilities) -> torch.device:
     return device
 
 
-def _keys(selection: Selection) -> dict[str, str | None]:
+def _keys(selection: D) -> dict[str, str | None]:
     """Backend name -> its verification key (None for a plugin backend: its versions are unknown)."""
     origin = {c.name: c.origin for c in selection.verdicts}
     return {b.name: verification_key(b, selection.capabilities) if origin.get(b.name) == "builtin" else None
             for b in selection.chain}
 
 
-def all_remembered(selection: Selection, known: Mapping[str, str]) -> bool:
+def all_remembered(selection: D, known: Mapping[str, str]) -> bool:
     """Whether every backend of the chain passed before with these versions (``known``: the remembered
     passes, :func:`fp8select.verify.remembered`), so that verifying is instant."""
     return all(key is not None and key in known for key in _keys(selection).values())
 
 
-def verify_chain(selection: Selection, explicit: str | None, explicit_source: str, log: Any, *,
-                 known: Mapping[str, str] | None = None, device: torch.device | None = None) -> Selection:
+def verify_chain(selection: D, explicit: str | None, explicit_source: str, log: Any, *,
+                 known: Mapping[str, str] | None = None, device: torch.device | None = None) -> D:
     """``selection`` with every backend of its chain verified; failures become rejected verdicts.
 
     The whole chain is verified, not only the choice: the layer calls a fallback for the
@@ -118,7 +121,7 @@ def verify_chain(selection: Selection, explicit: str | None, explicit_source: st
                    notes=(*selection.notes, *notes))
 
 
-def _run_each(backends: list[Any], selection: Selection, device: torch.device) -> dict[str, tuple[Verdict, float]]:
+def _run_each(backends: list[Any], selection: D, device: torch.device) -> dict[str, tuple[Verdict, float]]:
     """Each backend's verdict and seconds, one after the other.
 
     Not at once on several threads: vendor packages import each other (sgl-kernel and FlashInfer)
@@ -136,13 +139,13 @@ def _run_each(backends: list[Any], selection: Selection, device: torch.device) -
     return out
 
 
-def verify_in_background(selection: Selection, explicit: str | None, explicit_source: str, log: Any,
-                         device: torch.device) -> Future[Selection]:
+def verify_in_background(selection: D, explicit: str | None, explicit_source: str, log: Any,
+                         device: torch.device) -> Future[D]:
     """A future of ``selection`` with its chain verified (:func:`verify_chain`) on a side thread; logs
     ``fp8select.verified`` when that finishes. The future raises what the verification raised
     (:class:`~fp8select.errors.NoBackendError` when every backend failed it, ``BackendRejectedError``
     when an explicit choice did)."""
-    def work() -> Selection:
+    def work() -> D:
         start = time.perf_counter()
         try:
             verified = verify_chain(selection, explicit, explicit_source, log, device=device)
@@ -154,7 +157,7 @@ def verify_in_background(selection: Selection, explicit: str | None, explicit_so
                  seconds=round(time.perf_counter() - start, 3))
         return verified
 
-    future: Future[Selection] = Future()
+    future: Future[D] = Future()
     future.set_running_or_notify_cancel()
     _install_fork_hook()
     _RUNNING.add(future)
@@ -163,7 +166,7 @@ def verify_in_background(selection: Selection, explicit: str | None, explicit_so
     return future
 
 
-def _run(future: Future[Selection], work: Callable[[], Selection], device: torch.device) -> None:
+def _run(future: Future[D], work: Callable[[], D], device: torch.device) -> None:
     """``work()`` into ``future``, on ``device`` and a CUDA stream of its own (the caller's streams never wait)."""
     try:
         if device.type == "cuda":
@@ -181,7 +184,7 @@ def _run(future: Future[Selection], work: Callable[[], Selection], device: torch
 
 
 # Running verifications, for the fork hook: process state by nature (threads are), weakly held.
-_RUNNING: weakref.WeakSet[Future[Selection]] = weakref.WeakSet()
+_RUNNING: weakref.WeakSet[Future[D]] = weakref.WeakSet()
 _FORK_HOOK = threading.Lock()
 _fork_hook_installed = False
 

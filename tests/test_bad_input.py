@@ -35,7 +35,7 @@ from fp8select import (
 )
 from fp8select.cli import main
 from fp8select.plugins import PluginWarning
-from fp8select.resolver import choose
+from fp8select.decision import choose
 
 CPU = MATRIX["cpu-only"][0]
 CPU_TRITON = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), packages={"triton": "3.9.0"},
@@ -631,7 +631,7 @@ def test_misbehaving_plugin_is_reported_and_ignored(case: str, tmp_path: Path, m
 
 
 def test_choose_lists_a_repeated_name_once() -> None:
-    from fp8select.resolver import builtin_backends
+    from fp8select.decision import builtin_backends
 
     sel = choose(CPU, builtin_backends(), ["reference", "triton", "reference"])
     assert [c.name for c in sel.verdicts] == ["reference", "triton"]

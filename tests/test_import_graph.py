@@ -1,5 +1,5 @@
-"""The import graph goes one way: no circle among fp8select's modules (type-only and lazy imports
-count too), and the call path never reaches measurement code."""
+"""The import graph goes one way: every module imports only modules of its own layer or below
+(type-only and lazy imports count too), no circle, and the call path never reaches measurement code."""
 
 from __future__ import annotations
 
@@ -7,6 +7,27 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fp8select"
+# The layers, bottom first (a name ending in * is a package and everything in it). docs/architecture.md
+# says what each holds and why ``resolve()`` and ``nn`` sit above measurement.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("fp8select._version", "fp8select._log", "fp8select.errors", "fp8select.verdict", "fp8select.names",
+     "fp8select.buckets", "fp8select.problem", "fp8select.roofline", "fp8select.guard", "fp8select.dropin",
+     "fp8select.capabilities"),                                          # values and typed errors
+    ("fp8select.detect",),                                               # the one place that reads the machine
+    ("fp8select.probes*",),                                              # pure predicates over the snapshot
+    ("fp8select.kernels*",),                                             # kernels, configurations, layouts
+    ("fp8select.backends*",),                                            # gates, prepare, bind, run
+    ("fp8select.plugins", "fp8select.decision"),                         # the choice: a Decision
+    ("fp8select.measured*",),                                            # the measured data plans read
+    ("fp8select.plan",),                                                 # per layer: a route per M bucket
+    ("fp8select.ops", "fp8select.layer", "fp8select.warmup"),            # the call path
+    ("fp8select.distributed", "fp8select.selection"),                    # ranks agreeing; the selection facade
+    ("fp8select.verify", "fp8select.verify_chain"),                      # verification of a chain
+    ("fp8select.measure*",),                                             # timing, bench, tune, load-time measuring
+    ("fp8select.resolver",),                                             # resolve(): facts to a settled Selection
+    ("fp8select.nn", "fp8select.integrations*"),                         # modules that resolve when not given one
+    ("fp8select.cli", "fp8select.__main__", "fp8select._docs", "fp8select"),  # the command line, the package
+)
 MEASUREMENT = {"fp8select.measure.bench", "fp8select.measure.tune", "fp8select.measure.loadtime"}
 CALL_PATH = ("fp8select.layer", "fp8select.ops", "fp8select.plan")
 
@@ -56,3 +77,17 @@ def test_the_call_path_imports_no_measurement_code() -> None:
     graph = _graph()
     for module in CALL_PATH:
         assert not _reach(graph, module) & MEASUREMENT, module
+
+
+def _layer(module: str) -> int:
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if module == name.rstrip("*") or (name.endswith("*") and module.startswith(name[:-1] + ".")):
+                return index
+    raise AssertionError(f"{module} is in no layer of LAYERS: place it")
+
+
+def test_every_module_imports_only_its_layer_and_below() -> None:
+    graph = _graph()
+    climbs = sorted(f"{m} -> {t}" for m in graph for t in graph[m] if _layer(t) > _layer(m))
+    assert not climbs, f"imports that climb to a higher layer: {climbs}"
