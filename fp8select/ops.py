@@ -37,7 +37,7 @@ import torch
 from fp8select.errors import InvalidInputError
 
 
-class Fp8Linear(Protocol):
+class OpLayer(Protocol):
     """What the op needs of a layer (:class:`fp8select.layer.Fp8Linear`, which imports this module)."""
 
     n: int
@@ -55,15 +55,15 @@ class _LiveLayers:
     """Handle -> layer, by weak reference. Handles are never reused, so a stale one is an error, not another layer."""
 
     def __init__(self) -> None:
-        self._layers: weakref.WeakValueDictionary[int, Fp8Linear] = weakref.WeakValueDictionary()
+        self._layers: weakref.WeakValueDictionary[int, OpLayer] = weakref.WeakValueDictionary()
         self._next = itertools.count(1)
 
-    def add(self, layer: Fp8Linear) -> int:
+    def add(self, layer: OpLayer) -> int:
         handle = next(self._next)
         self._layers[handle] = layer
         return handle
 
-    def get(self, handle: int) -> Fp8Linear:
+    def get(self, handle: int) -> OpLayer:
         layer = self._layers.get(handle)
         if layer is None:
             raise InvalidInputError(
@@ -71,7 +71,7 @@ class _LiveLayers:
                 "(a compiled graph outlived the layer it was traced with)")
         return layer
 
-    def holds(self, handle: int, layer: Fp8Linear) -> bool:
+    def holds(self, handle: int, layer: OpLayer) -> bool:
         return self._layers.get(handle) is layer
 
     def __len__(self) -> int:
@@ -83,7 +83,7 @@ class _LiveLayers:
 _LIVE = _LiveLayers()
 
 
-def register(layer: Fp8Linear) -> int:
+def register(layer: OpLayer) -> int:
     """Give ``layer`` a handle for the custom op (once; defines the op on first use) and return it."""
     _define()
     handle = layer.__dict__.get(HANDLE_ATTR)
@@ -99,7 +99,7 @@ def live_layers() -> int:
     return len(_LIVE)
 
 
-def compiled_call(layer: Fp8Linear, x: torch.Tensor, bias: torch.Tensor | None = None,
+def compiled_call(layer: OpLayer, x: torch.Tensor, bias: torch.Tensor | None = None,
                   input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``layer`` on ``x`` as one ``fp8select::linear`` node, for a graph being compiled (the layer's
     ``__call__`` runs its eager ``forward`` otherwise). Inputs are detached: inference only."""

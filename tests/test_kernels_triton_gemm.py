@@ -353,9 +353,11 @@ def test_decode_falls_back_to_whole_tile_when_row_repeat_fails(monkeypatch: pyte
     w, ws = _weight(n, k, 128)
     want = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg("decode"))
     monkeypatch.setattr(tgk, "_repeat_rows", _repeat_rows_without_reshape)
-    monkeypatch.setattr(tg, "_REPEAT_RESHAPE_OK", [True])
-    got = tg.linear(x, w, ws, (128, 128), out_dtype=torch.float32, config=_cfg("decode"))
-    assert tg._REPEAT_RESHAPE_OK == [False]
+    bound = tg.BoundLinear(w, ws, (128, 128), _cfg("decode"), out_dtype=torch.float32)
+    got = bound(x)
+    gemm, _ = bound._bind(_cfg("decode"))
+    assert not gemm.repeat_rows_ok  # learnt once, for this bound launch
+    assert torch.equal(bound(x), got)
     assert torch.equal(got, want)  # whole wrapped tile quantized: same rows, same results
     _check(got, x, xq, xs, w, ws, 128, None, torch.float32)
 

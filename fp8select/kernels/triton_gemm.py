@@ -186,10 +186,6 @@ def _wgmma_device(index: int) -> bool:
     return True
 
 
-_REPEAT_RESHAPE_OK = [True]
-"""Cleared when the swap kernel's row repetition for 1 < QUANT_ROWS < BLOCK_M failed to compile."""
-
-
 class BoundGemm:
     """The GEMM of one weight under one launch configuration, bound once: ``gemm(a, a_scale, bias, out)``.
 
@@ -226,6 +222,7 @@ class BoundGemm:
             BLOCK_K=SCALE_GROUP_K, **fp8_constexprs(b.dtype))
         self._kernels: dict[tuple[Any, ...], BoundKernel] = {}
         self._tile_gemm: BoundGemm | None = None  # the wgmma configuration's tiles on the tile kernel
+        self.repeat_rows_ok = True  # False once the swap kernel's row repetition failed to compile (see __call__)
 
     def __call__(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
         """Write ``out``, a contiguous [M, N], from ``a`` [M, K] (fp8 with ``a_scale``, or unquantized when the
@@ -280,7 +277,7 @@ class BoundGemm:
             # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
             # when M fits one tile (decode), else the whole tile.
             quant_rows = min(1 << (m - 1).bit_length(), cfg.BLOCK_M)
-            if quant_rows not in (1, cfg.BLOCK_M) and not _REPEAT_RESHAPE_OK[0]:
+            if quant_rows not in (1, cfg.BLOCK_M) and not self.repeat_rows_ok:
                 quant_rows = cfg.BLOCK_M
             try:
                 self._kernel("swap", use_tma, has_bias, fixup, pdl, quant_rows)((grid0, split, 1), args, key)
@@ -290,7 +287,7 @@ class BoundGemm:
                 # same results, more quantization work. Compilation fails before any launch.
                 if quant_rows in (1, cfg.BLOCK_M):
                     raise
-                _REPEAT_RESHAPE_OK[0] = False
+                self.repeat_rows_ok = False
                 self._kernel("swap", use_tma, has_bias, fixup, pdl, cfg.BLOCK_M)((grid0, split, 1), args, key)
         else:
             self._kernel("tile", use_tma, has_bias, fixup, pdl, 0)((grid0, split, 1), args, key)
