@@ -102,7 +102,7 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-def call(fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> Outcome[T]:
+def call_foreign(fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> Outcome[T]:
     """Call foreign ``fn(*args)``; any exception but ``KeyboardInterrupt`` becomes an error.
 
     With ``timeout_s``, the call runs in a daemon thread and is abandoned (left to finish or
@@ -119,7 +119,7 @@ def call(fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> Ou
     box: list[Outcome[T]] = []
 
     def run() -> None:
-        box.append(call(fn, *args))
+        box.append(call_foreign(fn, *args))
 
     thread = threading.Thread(target=run, name="fp8select-foreign-call", daemon=True)
     thread.start()
@@ -137,13 +137,13 @@ def safe_verdict(fn: Callable[..., object], *args: Any, what: str = "gate") -> V
     object whose ``ok`` is not a bool), rejects the backend with a reason naming what happened
     (``its problem-level gate raised RuntimeError: boom``), so it is never chosen and then fails.
     """
-    outcome = call(fn, *args)
+    outcome = call_foreign(fn, *args)
     if outcome.error is not None:
         return Verdict.reject(f"its {what} raised {outcome.error}")
     verdict = outcome.value
     if isinstance(verdict, Verdict) and isinstance(verdict.ok, bool) and isinstance(verdict.reason, str):
         return verdict
-    read = call(lambda: (getattr(verdict, "ok", None), getattr(verdict, "reason", None)))
+    read = call_foreign(lambda: (getattr(verdict, "ok", None), getattr(verdict, "reason", None)))
     ok, reason = read.value if read.value is not None else (None, None)
     if isinstance(ok, bool) and isinstance(reason, str):
         return Verdict(ok, reason)

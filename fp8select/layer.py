@@ -26,7 +26,7 @@ from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, Launch, Prepared
 from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX, bucket_index
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
-from fp8select.guard import call
+from fp8select.guard import call_foreign
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
 from fp8select.measured.model import Measurements
@@ -35,7 +35,8 @@ from fp8select.verdict import Candidate
 FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-Call = Callable[..., torch.Tensor]
+CheckedRun = Callable[..., torch.Tensor]
+"""A route's ``run`` with its prepared weight bound: what the checked path calls (any input a backend takes)."""
 _STRIDED = torch.strided
 _TENSOR = torch.Tensor
 _LAST_BUCKET = BUCKET_INDEX[-1]
@@ -142,7 +143,7 @@ class Fp8Linear:
         self.prepared: dict[str, PreparedWeight] = {}
         self._failed: dict[str, str] = {}
         self.plans: dict[tuple[torch.dtype, torch.dtype], Plan] = {}
-        self._calls: dict[tuple[torch.dtype, torch.dtype], tuple[Call, ...]] = {}
+        self._checked_runs: dict[tuple[torch.dtype, torch.dtype], tuple[CheckedRun, ...]] = {}
         # Per unquantized activation dtype, each bucket's launch bound at prepare time (the fast path).
         self._launches: dict[torch.dtype, tuple[Launch, ...]] = {}
         self.main_plan = self._plan_for(torch.bfloat16, out_dtype or torch.bfloat16)
@@ -178,7 +179,7 @@ class Fp8Linear:
         if self._failed:  # the verdicts name what could not be prepared, and why
             plan = replace(plan, candidates=(*plan.candidates, *self._failures(len(plan.candidates))))
         self.plans[key] = plan
-        self._calls[key] = tuple(self._bind(route) for route in plan.routes)
+        self._checked_runs[key] = tuple(self._bind(route) for route in plan.routes)
         if act in ACTIVATION_DTYPES and out == (self.out_dtype or act):
             self._launches[act] = tuple(self._launch(route, out) for route in plan.routes)
         if plan.explicit is not None and any(r.why == GATE for r in plan.routes):
@@ -210,7 +211,7 @@ class Fp8Linear:
                     "was made for")
             weight, scale = source
             # A backend that cannot prepare (whatever it raises, SystemExit included) is left out, with its reason.
-            outcome = call(backend.prepare, weight, scale, self.block_size, self.caps)
+            outcome = call_foreign(backend.prepare, weight, scale, self.block_size, self.caps)
             if outcome.error is not None or not isinstance(outcome.value, PreparedWeight):
                 self._failed[name] = outcome.error or f"returned {type(outcome.value).__name__}, expected a PreparedWeight"
                 get_logger().warning("fp8select.prepare_failed", backend=name, n=self.n, k=self.k, error=self._failed[name])
@@ -220,7 +221,7 @@ class Fp8Linear:
                 self._shared[layout] = (prepared.weight_nk, prepared.scale_nk if prepared.scale_nk is not None else scale)
         return True
 
-    def _bind(self, route: Route) -> Call:
+    def _bind(self, route: Route) -> CheckedRun:
         """The call of one route: the backend's run with its prepared weight (and launch config) bound."""
         if route.backend is None:
             return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
@@ -318,11 +319,11 @@ class Fp8Linear:
         m = x2.shape[0]
         if m == 0:
             return torch.empty((*lead, self.n), dtype=out_dtype, device=x.device)
-        calls = self._calls.get((x.dtype, out_dtype))
-        if calls is None:
+        runs = self._checked_runs.get((x.dtype, out_dtype))
+        if runs is None:
             self._plan_for(x.dtype, out_dtype)
-            calls = self._calls[(x.dtype, out_dtype)]
-        out = calls[bucket_index(m)](x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
+            runs = self._checked_runs[(x.dtype, out_dtype)]
+        out = runs[bucket_index(m)](x2, input_scale=scale2, bias=bias, out_dtype=out_dtype)
         return out.reshape(*lead, self.n)
 
     def _check_input(self, x: object, input_scale: object) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:

@@ -30,7 +30,7 @@ import pluggy
 
 from fp8select.backends.base import Backend
 from fp8select.errors import InvalidInputError
-from fp8select.guard import Outcome, call, safe_repr
+from fp8select.guard import Outcome, call_foreign, safe_repr
 from fp8select.names import RESERVED, canonical
 
 PROJECT = "fp8select"
@@ -118,7 +118,7 @@ def load_plugins(extra: Iterable[Any] = (), *, entry_points: bool = True, taken:
 
     candidates: list[tuple[str, Any]] = []
     if entry_points:
-        listed = call(lambda: list(importlib.metadata.entry_points(group=PROJECT)))
+        listed = call_foreign(lambda: list(importlib.metadata.entry_points(group=PROJECT)))
         if listed.error is not None:
             fail("entry-points", f"could not list the {PROJECT!r} entry points: {listed.error}")
         for ep in listed.value or ():
@@ -128,20 +128,20 @@ def load_plugins(extra: Iterable[Any] = (), *, entry_points: bool = True, taken:
             else:
                 candidates.append((ep.name, loaded.value))
     for obj in extra:
-        named = call(lambda obj=obj: getattr(obj, "__name__", None))
+        named = call_foreign(lambda obj=obj: getattr(obj, "__name__", None))
         candidates.append((named.value if isinstance(named.value, str) else type(obj).__name__, obj))
 
     names = set(taken)
     found: list[PluginBackend] = []
     for plugin_name, obj in candidates:
-        registered = call(pm.register, obj, plugin_name)
+        registered = call_foreign(pm.register, obj, plugin_name)
         if registered.error is not None:
             fail(plugin_name, f"is not a valid plugin: {registered.error}")
             continue
         for impl in pm.hook.fp8select_backends.get_hookimpls():
             if impl.plugin is not obj:
                 continue
-            returned = call(_collect, impl.function, timeout_s=timeout_s)
+            returned = call_foreign(_collect, impl.function, timeout_s=timeout_s)
             if returned.error is not None:
                 verb = "" if returned.timed_out else "raised "
                 fail(plugin_name, f"hook fp8select_backends {verb}{returned.error}")
@@ -194,7 +194,7 @@ def _unpack(item: Any) -> tuple[Backend | None, str | None, str | None, str | No
         after = canonical(item.after) if item.after is not None else None
         item = item.backend
     if isinstance(item, type) and issubclass(item, Backend):
-        made = call(item)
+        made = call_foreign(item)
         if made.error is not None:
             return None, None, None, f"constructing backend {item.__name__} raised {made.error}"
         item = made.value
@@ -205,7 +205,7 @@ def _unpack(item: Any) -> tuple[Backend | None, str | None, str | None, str | No
 
 def _name_problem(backend: Backend, taken: set[str]) -> str | None:
     """Why ``backend``'s name cannot be used, or None."""
-    read = call(lambda: backend.name)
+    read = call_foreign(lambda: backend.name)
     kind = type(backend).__name__
     if read.error is not None:
         return f"backend {kind}: reading its name raised {read.error}"
@@ -270,13 +270,13 @@ _PENDING_LOCK = threading.Lock()
 def _load_entry_point(ep: importlib.metadata.EntryPoint, timeout_s: float | None) -> Outcome[Any]:
     """``ep.load()`` in a daemon thread, waited for until ``timeout_s`` after the import started."""
     if timeout_s is None:
-        return call(ep.load)
+        return call_foreign(ep.load)
     key = f"{ep.group}:{ep.name}={ep.value}"
     with _PENDING_LOCK:
         job = _PENDING.get(key)
         if job is None:
             box: list[Outcome[Any]] = []
-            thread = threading.Thread(target=lambda: box.append(call(ep.load)), name=f"fp8select-plugin-import-{ep.name}",
+            thread = threading.Thread(target=lambda: box.append(call_foreign(ep.load)), name=f"fp8select-plugin-import-{ep.name}",
                                       daemon=True)
             job = _PENDING[key] = _Import(thread, box, time.monotonic())
             thread.start()

@@ -19,7 +19,7 @@ import torch
 
 from fp8select.capabilities import Capabilities
 from fp8select.errors import Fp8SelectError
-from fp8select.guard import call
+from fp8select.guard import call_foreign
 from fp8select.kernels.quant import ScaleLayout
 from fp8select.kernels.vendor_layouts import to_mn_major
 from fp8select.problem import Problem, dtype_name
@@ -46,7 +46,7 @@ def lookup(module: str, names: Sequence[str], why: str = "") -> EntryPoint | Ver
     another torch or CUDA raises ``ImportError``, ``OSError`` or ``RuntimeError`` alike.
     """
     wanted = " or ".join(f"{module}.{n}" for n in names) + (f" ({why})" if why else "")
-    imported = call(importlib.import_module, module)  # SystemExit at import included: never the host's exit
+    imported = call_foreign(importlib.import_module, module)  # SystemExit at import included: never the host's exit
     if imported.error is not None:
         return Verdict.reject(f"requires {wanted}, found import {module} failed: {imported.error}")
     mod = imported.value
