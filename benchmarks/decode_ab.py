@@ -28,9 +28,9 @@ import torch
 import fp8select
 from benchmarks import limits
 from benchmarks._cuda import require_cuda
-from fp8select.measure import bench, timing
 from fp8select.kernels import triton_gemm
 from fp8select.kernels.triton_config import TritonConfig
+from fp8select.measure import bench, timing
 
 _BASE = {"BLOCK_K": 128, "BLOCK_M": 16, "GROUP_M": 8}
 CONFIGS = {  # the shipped table's M 1 and M 16 configurations of 7168 x 16384, and variants of them

@@ -28,9 +28,9 @@ from typing import Any
 
 from benchmarks import limits
 from benchmarks._cuda import require_cuda
-from fp8select.measure import bench, timing
 from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
+from fp8select.measure import bench, timing
 
 SWEEP = Path(__file__).resolve().parent / "results" / "limits_decode.json"  # a distilled limits report
 MODES = {"off": False, "pdl": True}

@@ -44,18 +44,18 @@ STARTUP_SHAPES = ((7168, 2048), (4096, 7168), (24576, 1536))
 STARTUP_M = (1, 64, 4096)
 
 
-def _host_us(fn: Callable[[], object], calls: int = 300, rounds: int = 7) -> float:
-    """Median host microseconds per call of ``fn``, no synchronize inside a round."""
+def _host_us(fn: Callable[..., object], *args: Any, calls: int = 300, rounds: int = 7) -> float:
+    """Median host microseconds per call of ``fn(*args)``, no synchronize inside a round."""
     import torch
 
     for _ in range(30):
-        fn()
+        fn(*args)
     torch.cuda.synchronize()
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
-            fn()
+            fn(*args)
         times.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return round(statistics.median(times), 2)
@@ -166,8 +166,13 @@ def _raw_calls(n: int, k: int, w: Any, s: Any, x: Any) -> dict[str, Callable[[],
     return calls
 
 
-def _recorded_launches(call: Callable[[], object]) -> list[tuple[Any, Any, Any]]:
-    """The compiled-kernel launches one ``call`` makes, with their arguments: the floor of its Triton launches."""
+def _launch_all(recorded: list[tuple[Any, Any, Any]], stream: int) -> None:
+    for launch, grid, args in recorded:
+        launch(grid, args, stream)
+
+
+def _recorded_launches(call: Callable[..., object], *call_args: Any) -> list[tuple[Any, Any, Any]]:
+    """The compiled-kernel launches ``call(*call_args)`` makes, with their arguments: the floor of its Triton launches."""
     import torch
 
     from fp8select.kernels import triton_launch
@@ -181,7 +186,7 @@ def _recorded_launches(call: Callable[[], object]) -> list[tuple[Any, Any, Any]]
 
     triton_launch.BoundKernel.__call__ = record  # type: ignore[method-assign]
     try:
-        call()
+        call(*call_args)
     finally:
         triton_launch.BoundKernel.__call__ = launch  # type: ignore[method-assign]
     device = torch.cuda.current_device()
@@ -215,25 +220,24 @@ def phase_host(report: dict[str, Any]) -> None:
                 route = layer.main_plan.route(HOST_M)
                 launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
                                        counters=layer.prepared["triton"].extra.get("fixup_counters"))
-                row["us"]["fp8select Triton launches alone (bound)"] = _host_us(lambda launches=launches: launches(x))
-                recorded = _recorded_launches(lambda layer=layer: layer(x))
+                row["us"]["fp8select Triton launches alone (bound)"] = _host_us(launches, x)
+                recorded = _recorded_launches(layer, x)
                 stream = torch.cuda.current_stream().cuda_stream
-                row["us"]["Triton compiled launches alone (arguments prebuilt)"] = _host_us(
-                    lambda recorded=recorded, stream=stream: [launch(grid, args, stream) for launch, grid, args in recorded])
+                row["us"]["Triton compiled launches alone (arguments prebuilt)"] = _host_us(_launch_all, recorded, stream)
                 row["triton_launches"] = len(recorded)
-            row["us"][f"layer pinned {backend}"] = _host_us(lambda layer=layer: layer(x))
+            row["us"][f"layer pinned {backend}"] = _host_us(layer, x)
         layer = auto.prepare(w, s)
         row["auto_plan"] = layer.main_plan.summary()
-        row["us"]["layer auto"] = _host_us(lambda: layer(x))
+        row["us"]["layer auto"] = _host_us(layer, x)
         with torch.inference_mode():
-            row["us"]["layer auto, inference_mode"] = _host_us(lambda: layer(x))
+            row["us"]["layer auto, inference_mode"] = _host_us(layer, x)
         module = BlockFp8Linear(k, n, bias=False, selection=auto, device="cuda")
         module.load_state_dict({"weight": w, "weight_scale_inv": s})
         with torch.no_grad():
-            row["us"]["module auto (no_grad)"] = _host_us(lambda: module(x))
-        row["us"]["module auto (grad mode)"] = _host_us(lambda: module(x))
+            row["us"]["module auto (no_grad)"] = _host_us(module, x)
+        row["us"]["module auto (grad mode)"] = _host_us(module, x)
         block = [128, 128]
-        row["us"]["drop-in sel.linear auto"] = _host_us(lambda: auto.linear(x, w, block, s))
+        row["us"]["drop-in sel.linear auto"] = _host_us(auto.linear, x, w, block, s)
         rows.append(row)
         print(json.dumps(row), flush=True)
     report["host"] = rows
@@ -257,13 +261,12 @@ def phase_compile(report: dict[str, Any]) -> None:
             start = time.perf_counter()
             compiled(x)
             compile_s = time.perf_counter() - start
-            eager = _host_us(lambda module=module: module(x))
-            graph = _host_us(lambda compiled=compiled: compiled(x))
+            eager = _host_us(module, x)
+            graph = _host_us(compiled, x)
             layer = module.fp8_layer
-            layer_us = _host_us(lambda layer=layer: layer(x))
+            layer_us = _host_us(layer, x)
             handle = layer._fp8select_handle
-            op_us = _host_us(lambda handle=handle: torch.ops.fp8select.linear.default(x, None, None, handle, n,
-                                                                                      torch.bfloat16))
+            op_us = _host_us(torch.ops.fp8select.linear.default, x, None, None, handle, n, torch.bfloat16)
             equal = bool(torch.equal(compiled(x), module(x)))
         row = {"n": n, "k": k, "m": HOST_M, "eager_module_us": eager, "compiled_module_us": graph,
                "eager_layer_us": layer_us, "custom_op_direct_us": op_us,
@@ -324,11 +327,11 @@ def phase_stack(report: dict[str, Any]) -> None:
         raws = [_route_raw(layer, m) for layer in layers]
 
         def fp8select_pass(xs: list[Any] = xs) -> None:
-            for layer, x in zip(layers, xs):
+            for layer, x in zip(layers, xs, strict=True):
                 layer(x)
 
         def raw_pass(xs: list[Any] = xs, raws: list[Any] = raws) -> None:
-            for raw, x in zip(raws, xs):
+            for raw, x in zip(raws, xs, strict=True):
                 raw(x)
 
         row: dict[str, Any] = {"m": m, "plans": [layer.main_plan.route(m).backend for layer in layers]}
@@ -336,7 +339,8 @@ def phase_stack(report: dict[str, Any]) -> None:
             for label, fn in (("fp8select_eager_ms", fp8select_pass), ("raw_routes_eager_ms", raw_pass)):
                 row[label] = min(row.get(label, float("inf")), _pass_ms(fn))
         if hand is not None:
-            row["hand_written_eager_ms"] = _pass_ms(lambda xs=xs: [f(x) for f, x in zip(hand(m), xs)])
+            calls = hand(m)
+            row["hand_written_eager_ms"] = _pass_ms(lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)])
         row["fp8select_graphed_ms"] = _graph_ms(fp8select_pass)
         row["ratio_vs_raw_routes"] = round(row["fp8select_eager_ms"] / row["raw_routes_eager_ms"], 3)
         if hand is not None:
@@ -450,8 +454,8 @@ def phase_profile(report: dict[str, Any]) -> None:
     n, k = HOST_SHAPES[0]
     w, s = _weights(n, k, 1)
     x = torch.randn(HOST_M, k, device="cuda", dtype=torch.bfloat16)
-    paths: dict[str, Callable[[], object]] = {"quantizer": lambda q=TritonQuantizer(
-        k, dtype=torch.float8_e4m3fn, layout=M_MAJOR, device=x.device): q(x)}
+    quantizer = TritonQuantizer(k, dtype=torch.float8_e4m3fn, layout=M_MAJOR, device=x.device)
+    paths: dict[str, Callable[[], object]] = {"quantizer": lambda: quantizer(x)}
     for backend in ("triton", "deepgemm", "cuda-scaled-mm"):
         try:
             layer = fp8select.resolve(backend=backend).prepare(w, s)

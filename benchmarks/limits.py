@@ -37,10 +37,10 @@ from typing import Any
 
 from benchmarks._cuda import require_cuda
 from fp8select import roofline
-from fp8select.measure import bench, timing
 from fp8select.buckets import m_bucket
 from fp8select.kernels.triton_config import SCALE_GROUP_K, TritonConfig
 from fp8select.kernels.triton_search import SMEM_LIMIT_BYTES, fill_split, smem_bytes
+from fp8select.measure import bench, timing
 from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
 
 _T0 = time.monotonic()

@@ -155,12 +155,12 @@ class Sweeper:
         import torch.nn.functional as F
 
         from fp8select import roofline
-        from fp8select.measure import bench, timing
         from fp8select.backends.reference import dequantize_activation, dequantize_weight
         from fp8select.kernels import triton_gemm, triton_search
         from fp8select.kernels.quant import M_MAJOR, quantize_per_token_group
         from fp8select.kernels.triton_config import TritonConfig
         from fp8select.kernels.triton_quant import quantize_per_token_group_triton
+        from fp8select.measure import bench, timing
 
         self.torch = torch
         self.F = F

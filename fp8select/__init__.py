@@ -7,6 +7,7 @@ device: everything happens when :func:`resolve` (or :func:`detect_capabilities`)
 from fp8select._version import __version__ as __version__
 from fp8select.backends import DEFAULT_ORDER, Backend, PreparedWeight
 from fp8select.capabilities import Capabilities
+from fp8select.decision import Decision, choose
 from fp8select.detect import detect_capabilities, forget_detected
 from fp8select.errors import (
     BackendRejectedError,
@@ -25,7 +26,6 @@ from fp8select.layer import Fp8Linear
 from fp8select.plan import Plan, Route
 from fp8select.plugins import Placement, hookimpl
 from fp8select.problem import Problem
-from fp8select.decision import Decision, choose
 from fp8select.resolver import resolve
 from fp8select.selection import Selection
 from fp8select.verdict import Candidate, Verdict

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fp8select.measure.bench import DEFAULT_M
 from fp8select.capabilities import Capabilities
 from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
+from fp8select.measure.bench import DEFAULT_M
 from fp8select.resolver import parse_names, resolve
 
 DESCRIPTION = "Choose, explain and run the kernel for block-wise FP8 linear layers."
@@ -340,9 +340,9 @@ def _tune(args: argparse.Namespace) -> int:
     import torch
 
     from fp8select.measure import bench
+    from fp8select.measure.tune import tune
     from fp8select.measured.sources import find_tables
     from fp8select.measured.table import cache_dir, load_table, merge_tables, new_table, save_table, table_path
-    from fp8select.measure.tune import tune
 
     shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
     if args.replays < 1 or args.max_configs < 1:

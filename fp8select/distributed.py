@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fp8select._log import get_logger
-from fp8select.errors import InvalidDtypeError, InvalidInputError, RankMismatchError
 from fp8select.decision import Decision
+from fp8select.errors import InvalidDtypeError, InvalidInputError, RankMismatchError
 from fp8select.verdict import Candidate
 
 D = TypeVar("D", bound=Decision)

@@ -74,8 +74,11 @@ class PreparedLayers:
             return prepare(weight, weight_scale, block_size, out_dtype=out_dtype)  # raises its typed error
         layer = prepare(weight.detach(), weight_scale.detach(), block_size, out_dtype=out_dtype)
         key, entries = id(weight), self._entries
-        entries[key] = _Entry(weight, weight_scale, tuple(block_size), out_dtype, layer,
-                              weakref.ref(weight, lambda _, key=key: entries.pop(key, None)))
+
+        def forget(_: weakref.ref[torch.Tensor]) -> None:
+            entries.pop(key, None)
+
+        entries[key] = _Entry(weight, weight_scale, tuple(block_size), out_dtype, layer, weakref.ref(weight, forget))
         return layer
 
     def __len__(self) -> int:

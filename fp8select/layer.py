@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import torch
@@ -27,9 +27,9 @@ from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX, bucket_index
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
 from fp8select.guard import call_foreign
+from fp8select.measured.model import Measurements
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
-from fp8select.measured.model import Measurements
 from fp8select.verdict import Candidate
 
 FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))

@@ -35,8 +35,8 @@ from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range
 from fp8select.capabilities import Capabilities
 from fp8select.errors import UnsupportedProblemError
 from fp8select.guard import safe_verdict
-from fp8select.problem import Problem
 from fp8select.measured.model import Estimate, Measurements
+from fp8select.problem import Problem
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",

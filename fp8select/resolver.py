@@ -23,18 +23,19 @@ import torch
 from fp8select._log import get_logger
 from fp8select.backends import DEFAULT_ORDER, Backend
 from fp8select.capabilities import Capabilities
-from fp8select.detect import detect_capabilities
 from fp8select.decision import ENV_BACKEND, ENV_DISABLE, builtin_backends, choose
+from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, InvalidDtypeError, InvalidInputError, NoBackendError
 from fp8select.layer import check_max_weight_copies
-from fp8select.names import explicit_choice, parse_names
-from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
-from fp8select.selection import Selection
 from fp8select.measure.loadtime import measure_shape
 from fp8select.measured.sources import find_tables, measurements_for
 from fp8select.measured.table import check_table
+from fp8select.names import explicit_choice, parse_names
+from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
+from fp8select.selection import Selection
 from fp8select.verify import remembered
 from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_in_background
+
 
 @overload
 def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,

@@ -12,10 +12,10 @@ import torch
 from fp8select.decision import Decision
 from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
-from fp8select.plan import Plan, build_plan, estimator
-from fp8select.problem import Problem
 from fp8select.measured.model import Measurements
 from fp8select.measured.sources import measurements_for, wants_load_time_tuning
+from fp8select.plan import Plan, build_plan, estimator
+from fp8select.problem import Problem
 
 
 class SelectionMemo:

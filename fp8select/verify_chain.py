@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 import torch
 
 from fp8select.capabilities import Capabilities
-from fp8select.errors import BackendRejectedError, InvalidInputError, NoBackendError
 from fp8select.decision import Decision
+from fp8select.errors import BackendRejectedError, InvalidInputError, NoBackendError
 from fp8select.verdict import Verdict
 from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
 
@@ -184,7 +184,7 @@ def _run(future: Future[D], work: Callable[[], D], device: torch.device) -> None
 
 
 # Running verifications, for the fork hook: process state by nature (threads are), weakly held.
-_RUNNING: weakref.WeakSet[Future[D]] = weakref.WeakSet()
+_RUNNING: weakref.WeakSet[Future[Any]] = weakref.WeakSet()
 _FORK_HOOK = threading.Lock()
 _fork_hook_installed = False
 

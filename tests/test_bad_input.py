@@ -34,8 +34,8 @@ from fp8select import (
     resolve,
 )
 from fp8select.cli import main
-from fp8select.plugins import PluginWarning
 from fp8select.decision import choose
+from fp8select.plugins import PluginWarning
 
 CPU = MATRIX["cpu-only"][0]
 CPU_TRITON = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), packages={"triton": "3.9.0"},

@@ -17,11 +17,11 @@ from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
 from fp8select.backends.reference import ReferenceBackend
 from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range, m_bucket
 from fp8select.layer import Fp8Linear
+from fp8select.measured.model import Measurements
+from fp8select.measured.table import new_table
 from fp8select.plan import EXPLICIT, GATE, MEASURED, MODEL, RULE, build_plan
 from fp8select.problem import Problem
 from fp8select.roofline import floor_us
-from fp8select.measured.model import Measurements
-from fp8select.measured.table import new_table
 from fp8select.verdict import Verdict
 
 CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",))

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fp8select import Capabilities, hookimpl, resolve
-from fp8select.measure import bench, timing
 from fp8select.backends.reference import ReferenceBackend
+from fp8select.measure import bench, timing
 from fp8select.measure.timing import Timing
-from fp8select.measured.table import merge_tables, new_table, validate_table
 from fp8select.measure.tune import tune
+from fp8select.measured.table import merge_tables, new_table, validate_table
 
 CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=("float8_e4m3fn",), device_name="cpu-test")
 N, K = 256, 384
@@ -195,8 +195,8 @@ def test_the_triton_search_starts_from_the_nearest_shapes_configuration_fitted(m
     from fp8select.backends.triton import TritonBackend
     from fp8select.kernels import triton_gemm
     from fp8select.kernels.triton_config import TritonConfig
-    from fp8select.measured.model import Measurements
     from fp8select.measure.tune import _search_triton
+    from fp8select.measured.model import Measurements
 
     monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: False)
     measured = TritonConfig.from_dict({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4,

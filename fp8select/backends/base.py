@@ -183,7 +183,7 @@ class Backend:
         calls :meth:`run`; a backend overrides it to do once, here, what does not depend on the
         call (entry points, scale layouts, quantizer constants, kernel handles).
         """
-        run = self.run
+        run: Callable[..., torch.Tensor] = self.run  # a backend with launch configurations takes config=
         if config is not None:
             return lambda x, bias: run(prepared, x, input_scale=None, bias=bias, out_dtype=out_dtype, caps=caps,
                                        config=config)

@@ -229,7 +229,7 @@ class BoundGemm:
         path quantizes)."""
         cfg = self.cfg
         if self.wgmma:
-            if _tma_ok(a) and _tma_ok(out):
+            if a_scale is not None and _tma_ok(a) and _tma_ok(out):  # (wgmma reads a quantized activation)
                 from . import gluon_gemm
 
                 gluon_gemm.launch(a, a_scale, self.b, self.b_scale, self.scale_bn, bias, out, cfg)
@@ -253,7 +253,7 @@ class BoundGemm:
         use_tma = self.use_tma and (swap or (not self.quant and _tma_ok(a)))
         pdl = self.pdl and m <= PDL_MAX_M
         has_bias = bias is not None
-        stride_bias = bias.stride(0) if has_bias else 0
+        stride_bias = bias.stride(0) if bias is not None else 0
         if cfg.PERSISTENT and use_tma and not self.quant:
             programs = _persistent_programs(cfg, out.device, grid0)
             if programs:
@@ -272,7 +272,7 @@ class BoundGemm:
                 stride_bias, n, 1, DEFAULT_EPS)  # out: a contiguous [M, N]
         # What Triton could specialize differently from call to call (triton_launch.py says why only these).
         key = (a.dtype, a.data_ptr() % 16 == 0, int_class(stride_am), int_class(stride_ak),
-               a_scale is None or a_scale.data_ptr() % 16 == 0, has_bias and (bias.dtype, bias.data_ptr() % 16 == 0))
+               a_scale is None or a_scale.data_ptr() % 16 == 0, bias is not None and (bias.dtype, bias.data_ptr() % 16 == 0))
         if swap:
             # Activation rows the kernel loads per tile: all of M, rounded up to a power of two,
             # when M fits one tile (decode), else the whole tile.

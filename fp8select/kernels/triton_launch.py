@@ -143,6 +143,6 @@ class BoundKernel:
         """The values of the parameters after the positional ones, as the dispatcher passes them."""
         params = self._fn.params
         values = []
-        for name, param in zip(self._names[positional:], params[positional:]):
+        for name, param in zip(self._names[positional:], params[positional:], strict=True):
             values.append(self._kwargs[name] if name in self._kwargs else param.default)
         return tuple(values)

@@ -212,8 +212,19 @@ class TritonQuantizer:
     GEMM that needs M padded (the other rows are left unwritten; a GEMM's rows are independent).
     """
 
-    __slots__ = ("_constexprs", "_dtype", "_eps", "_groups", "_k", "_kernels", "_layout", "_device", "_pdl",
-                 "_rows_cap", "_group_size")
+    __slots__ = (
+        "_constexprs",
+        "_device",
+        "_dtype",
+        "_eps",
+        "_group_size",
+        "_groups",
+        "_k",
+        "_kernels",
+        "_layout",
+        "_pdl",
+        "_rows_cap",
+    )
 
     def __init__(self, k: int, *, dtype: torch.dtype, layout: ScaleLayout, device: torch.device,
                  group_size: int = 128, eps: float = DEFAULT_EPS) -> None:

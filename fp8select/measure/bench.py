@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from fp8select.measure import timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.errors import Fp8SelectError
 from fp8select.guard import PASS_THROUGH, describe
+from fp8select.measure import timing
 from fp8select.roofline import HBM_BYTES_PER_S, floors_us
 from fp8select.selection import Selection
 

@@ -23,10 +23,10 @@ from fp8select._log import get_logger
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.capabilities import Capabilities
-from fp8select.plan import gate
-from fp8select.problem import Problem
 from fp8select.measured.model import MEASURED, Measurements
 from fp8select.measured.table import cache_dir, load_table, merge_tables, save_table, table_path
+from fp8select.plan import gate
+from fp8select.problem import Problem
 
 __all__ = ["CLOSE", "ENV_BUDGET", "measure_shape", "points_to_measure"]
 

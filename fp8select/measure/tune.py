@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from fp8select.measure import bench, timing
 from fp8select.backends.base import Backend
 from fp8select.buckets import m_bucket
 from fp8select.guard import PASS_THROUGH, describe
-from fp8select.plan import fitted_config, gate
-from fp8select.problem import Problem
+from fp8select.measure import bench, timing
 from fp8select.measured.model import Measurements
 from fp8select.measured.table import backend_versions, new_table, shape_key
+from fp8select.plan import fitted_config, gate
+from fp8select.problem import Problem
 
 __all__ = ["DEFAULT_TUNE_M", "tune", "tune_on_one_rank"]
 
