@@ -1,0 +1,198 @@
+"""The resolver's own rules, beyond the machine matrix: ranks and names of the verdicts, where an explicit
+choice or a disabled set came from, the arguments it refuses, what it passes on (with and without a
+process group), and its one log event."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from structlog.testing import capture_logs
+
+from fp8select import BackendRejectedError, Capabilities, NoBackendError, UnknownBackendError, resolve
+from fp8select.errors import InvalidDtypeError, InvalidInputError
+from fp8select.resolver import builtin_backends, choose
+from fp8select.tuning.table import new_table
+
+F8 = ("float8_e4m3fn",)
+CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=F8)
+CPU_TRITON = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=F8, packages={"triton": "3.9.0"})
+
+
+def _resolve(caps: Capabilities = CPU, **kw: Any) -> Any:
+    return resolve(caps, plugins=False, **kw)
+
+
+def _verdicts(selection: Any) -> list[tuple[int, str, bool]]:
+    return [(c.rank, c.name, c.accepted) for c in selection.verdicts]
+
+
+# -- choose(): the pure decision --------------------------------------------------------------------
+
+
+def test_ranks_count_from_one_a_repeated_name_once_and_an_explicit_name_outside_the_order_last() -> None:
+    backends = builtin_backends()
+    sel = choose(CPU_TRITON, backends, ["triton", "reference", "triton"])
+    assert _verdicts(sel) == [(1, "triton", False), (2, "reference", True)]
+    assert [b.name for b in sel.chain] == ["reference"] and sel.source == "auto"
+    explicit = choose(CPU_TRITON, backends, ["triton"], explicit="reference", explicit_source="argument")
+    assert [(c.rank, c.name) for c in explicit.verdicts] == [(1, "triton"), (2, "reference")]
+    assert all(c.origin == "builtin" for c in explicit.verdicts)
+
+
+def test_plugins_that_failed_follow_the_candidates_ranked_on() -> None:
+    sel = choose(CPU, builtin_backends(), ["triton", "reference"], origins={"reference": "plugin:mine"},
+                 failures=[("broken", "import failed"), ("other", "timed out")])
+    assert [(c.rank, c.name, c.accepted, c.reason, c.origin) for c in sel.verdicts[2:]] == [
+        (3, "plugin:broken", False, "import failed", "plugin"), (4, "plugin:other", False, "timed out", "plugin")]
+    assert [c.origin for c in sel.verdicts[:2]] == ["builtin", "plugin:mine"]
+
+
+def test_the_chain_is_the_choice_then_the_other_accepted_in_order() -> None:
+    sel = choose(CPU_TRITON.with_overrides({"env.TRITON_INTERPRET": "1"}), builtin_backends(), ["triton", "reference"],
+                 explicit="reference")
+    assert sel.backend.name == "reference" and [b.name for b in sel.chain] == ["reference", "triton"]
+    assert sel.source == "argument"
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"order": ["reference", "cublas"]}, "order: unknown backend 'cublas'"),
+    ({"explicit": "cublas"}, "backend: unknown backend 'cublas'"),
+    ({"explicit": "cublas", "explicit_source": "environment"}, "FP8SELECT_BACKEND: unknown backend 'cublas'"),
+    ({"disabled": ["cublas"]}, "disable: unknown backend 'cublas'"),
+    ({"disabled": ["cublas"], "disabled_source": "environment"}, "FP8SELECT_DISABLE: unknown backend 'cublas'"),
+])
+def test_an_unknown_name_is_reported_under_the_parameter_it_came_from(kw: dict[str, Any], message: str) -> None:
+    kw = {"order": ["reference"], **kw}
+    with pytest.raises(UnknownBackendError, match=message):
+        choose(CPU, builtin_backends(), **kw)
+
+
+def test_disabled_backends_say_by_what() -> None:
+    sel = _resolve(CPU_TRITON, disable=["triton", "deepgemm"])
+    reason = next(c.reason for c in sel.verdicts if c.name == "triton")
+    assert reason == "disabled by disable=triton,deepgemm" and sel.disabled == ("triton", "deepgemm")
+    env = _resolve(CPU_TRITON.with_overrides({"env.FP8SELECT_DISABLE": "triton"}))
+    assert next(c.reason for c in env.verdicts if c.name == "triton") == "disabled by FP8SELECT_DISABLE=triton"
+    assert _resolve(CPU_TRITON.with_overrides({"env.FP8SELECT_DISABLE": "triton"}), disable="deepgemm").disabled == ("deepgemm",)
+
+
+def test_nothing_accepted_names_the_machine() -> None:
+    with pytest.raises(NoBackendError, match=r"no backend can run this machine \(cpu, torch 2\.13\.0\+cpu\)"):
+        _resolve(disable="reference")
+
+
+def test_an_explicit_choice_rejected_names_its_source() -> None:
+    with pytest.raises(BackendRejectedError) as info:
+        _resolve(backend="triton")
+    assert info.value.source == "argument" and info.value.name == "triton"
+
+
+# -- resolve(): names as typed, where the choice comes from ---------------------------------------------
+
+
+def test_names_are_read_from_strings_lists_and_generators_once() -> None:
+    assert _resolve(CPU_TRITON, order="triton, Reference").backend.name == "reference"
+    assert [c.name for c in _resolve(CPU_TRITON, order=(n for n in ["triton", "reference"])).verdicts] == ["triton", "reference"]
+    assert _resolve(disable=(n for n in ["deepgemm"])).disabled == ("deepgemm",)
+
+
+def test_the_environment_choice_and_auto() -> None:
+    env = CPU.with_overrides({"env.FP8SELECT_BACKEND": "reference"})
+    assert _resolve(env).source == "environment"
+    assert _resolve(CPU.with_overrides({"env.FP8SELECT_BACKEND": "auto"})).source == "auto"
+    assert _resolve(env, backend=" auto ").source == "environment"  # "auto" as an argument is no choice
+    with pytest.raises(BackendRejectedError) as info:
+        _resolve(CPU.with_overrides({"env.FP8SELECT_BACKEND": "triton"}))
+    assert info.value.source == "environment"
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    ({"capabilities": {"device_kind": "cpu"}}, InvalidDtypeError, "capabilities: expected a Capabilities snapshot or None, found dict"),
+    ({"verify": "yes"}, InvalidDtypeError, "verify: expected True, False or None, found 'yes'"),
+    ({"plugins": "mine"}, InvalidDtypeError, "plugins: expected True, False or an iterable of plugin objects, found 'mine'"),
+    ({"plugins": 3}, InvalidDtypeError, "plugins: expected True, False or an iterable"),
+    ({"group": "everyone"}, InvalidInputError, "group: expected a torch.distributed process group, 'world' or None, found 'everyone'"),
+    ({"tuning": "yes"}, InvalidDtypeError, "tuning: expected True, False or a tuning table mapping, found 'yes'"),
+    ({"on_mismatch": "ignore"}, InvalidInputError, "on_mismatch: expected 'common' or 'raise', found 'ignore'"),
+    ({"backend": 3}, InvalidDtypeError, "backend: expected a backend name or None, found 3"),
+    ({"order": []}, InvalidInputError, r"order: expected at least one backend name, found \[\]"),
+    ({"order": ["reference", 3]}, InvalidDtypeError, "order: expected backend names"),
+    ({"disable": 3}, InvalidDtypeError, "disable: expected backend names"),
+    ({"max_weight_copies": -1}, InvalidInputError, "max_weight_copies"),
+])
+def test_arguments_of_the_wrong_kind_are_typed_errors(kw: dict[str, Any], error: type[Exception], message: str) -> None:
+    caps = kw.pop("capabilities", CPU)
+    with pytest.raises(error, match=message):
+        resolve(caps, **{"plugins": False, **kw})
+
+
+def test_good_arguments_of_every_kind_pass() -> None:
+    for kw in ({"plugins": []}, {"plugins": None}, {"verify": False}, {"tuning": False}, {"on_mismatch": "raise"},
+               {"tuning": new_table("cpu")}):
+        assert resolve(CPU, **{"plugins": False, **kw}).backend.name == "reference"
+
+
+# -- what a selection carries on ------------------------------------------------------------------------
+
+
+def test_max_weight_copies_and_tuning_are_passed_on() -> None:
+    assert _resolve().max_weight_copies == 1
+    assert _resolve(max_weight_copies=0).max_weight_copies == 0 and _resolve(max_weight_copies=None).max_weight_copies is None
+    given = _resolve(tuning={**new_table("cpu"), "groups": [
+        {"backend": "reference", "versions": {"torch": "2.13.0+cpu"}, "shapes": {"256,384": {"1": {"us": 5.0}}}}]})
+    assert given.tuning_sources == ("given",) and given.measurements.backends == ("reference",)
+    assert _resolve(tuning=False).measurements is None and _resolve(tuning=False).tuning_sources == ()
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Any) -> Any:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_with_a_group_the_bound_and_the_group_are_passed_on_too(world_of_one: Any) -> None:
+    sel = _resolve(CPU, group=world_of_one, max_weight_copies=0)
+    assert sel.backend.name == "reference" and sel.max_weight_copies == 0 and sel.group is world_of_one
+    assert _resolve(CPU, group="world", max_weight_copies=None).max_weight_copies is None
+    assert _resolve(CPU, group="world").max_weight_copies == 1
+
+
+# -- the one log event ----------------------------------------------------------------------------------
+
+
+def test_the_resolved_event_says_what_was_chosen_from_what() -> None:
+    with capture_logs() as logs:
+        sel = _resolve(CPU_TRITON, disable="deepgemm")
+    (event,) = [e for e in logs if e["event"] == "fp8select.resolved"]
+    assert event["log_level"] == "info" and event["backend"] == "reference" and event["source"] == "auto"
+    assert event["chain"] == ["reference"] and event["fingerprint"] == CPU_TRITON.fingerprint()
+    assert event["verified"] is False
+    assert event["rejected"] == {c.name: c.reason for c in sel.verdicts if not c.accepted}
+    assert event["rejected"]["deepgemm"] == "disabled by disable=deepgemm"
+
+
+def test_a_failed_resolution_is_a_warning_naming_its_source() -> None:
+    with capture_logs() as logs, pytest.raises(BackendRejectedError):
+        _resolve(CPU.with_overrides({"env.FP8SELECT_BACKEND": "triton"}))
+    (event,) = logs
+    assert (event["log_level"], event["backend"], event["source"]) == ("warning", None, "environment")
+    assert "triton" in event["rejected"] and "reference" not in event["rejected"]
+    with capture_logs() as logs, pytest.raises(NoBackendError):
+        _resolve(disable="reference")
+    assert logs[0]["source"] == "auto" and "reference" in logs[0]["rejected"]
+
+
+def test_verify_true_checks_the_chain_before_returning() -> None:
+    with capture_logs() as logs:
+        sel = _resolve(CPU, verify=True)
+    assert sel.backend.name == "reference"
+    assert next(e for e in logs if e["event"] == "fp8select.resolved")["verified"] is True
