@@ -40,12 +40,15 @@ class Fake(ReferenceBackend):
     requires = ()
     layout_name: ClassVar[str] = CHECKPOINT_LAYOUT
     max_m: ClassVar[int | None] = None
+    min_m: ClassVar[int | None] = None
     preferred: ClassVar[int | None] = None
     ran: ClassVar[list[tuple[str, int, Any]]] = []
 
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
         if self.max_m is not None and m > self.max_m:
             return Verdict.reject(f"requires M <= {self.max_m}, found M={m}")
+        if self.min_m is not None and m < self.min_m:
+            return Verdict.reject(f"requires M >= {self.min_m}, found M={m}")
         return Verdict.accept("any M")
 
     def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
@@ -600,11 +603,20 @@ def test_equal_losses_drop_the_layout_first_by_name() -> None:
 def test_the_budget_never_leaves_a_bucket_without_a_backend() -> None:
     """Dropping a would leave M > 64 to nobody (c takes M <= 64 only): b's copy goes instead, even though
     a is the slower of the two where both run."""
-    a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b"), fake("c", max_m=64)
+    a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b", max_m=64), fake("c", max_m=64)
     rows = {"a": {(N, K): {m: 2.0 for m in M_BUCKETS}}, "b": {(N, K): {m: 1.0 for m in M_BUCKETS if m <= 64}},
             "c": {(N, K): {m: 1.5 for m in M_BUCKETS if m <= 64}}}
     plan = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows)))
     assert all(r.backend is not None for r in plan.routes) and plan.backends == ("c", "a")
+
+
+def test_when_a_bucket_must_be_lost_the_budget_loses_the_fewest() -> None:
+    """a alone runs M > 4096, b alone M 65-4096 (six buckets): one copy allowed, a's goes (one bucket
+    left to no backend), although a is the faster where it runs."""
+    a, b = fake("a", layout_name="copy-a", min_m=4097), fake("b", layout_name="copy-b", max_m=4096)
+    rows = {"a": {(N, K): {8192: 0.5}}, "b": {(N, K): {m: 1.0 for m in M_BUCKETS}}, "c": {(N, K): {m: 2.0 for m in M_BUCKETS}}}
+    plan = build_plan(_problem(), [a, b, fake("c", max_m=64)], CPU, estimator(measurements(rows)))
+    assert plan.backends == ("b",) and [r.bucket for r in plan.routes if r.backend is None] == [8192]
 
 
 @pytest.mark.parametrize("others_us, dropped", [(1.05, "copy-b"), (1.09, "copy-a")])
@@ -615,7 +627,7 @@ def test_an_unmeasured_route_costs_twice_the_buckets_worst_known_time(others_us:
     a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b"), fake("c")
     rest = [m for m in M_BUCKETS if m not in (1, 2, 8)]
     rows = {"a": {(N, K): {1: 1.0, 8: 2.0}}, "b": {(N, K): {1: 1.2, **{m: 1.0 for m in rest}}},
-            "c": {(N, K): {1: 1.5, **{m: others_us for m in rest}}}}
+            "c": {(N, K): {1: 50.0, **{m: others_us for m in rest}}}}  # c's 50 us at M=1 is no time at M=8
     loss_a = math.log(1.2) + math.log(2 * 2.0 / 2.0)
     loss_b = len(rest) * math.log(others_us)
     assert (loss_b < loss_a) == (dropped == "copy-b")  # the scenario is what its name says
@@ -665,7 +677,7 @@ def test_summary_merges_by_backend_and_describe_by_decision() -> None:
     assert only.summary() == "M 1-64: c, M >= 65: none"
     lines = plan.describe().splitlines()
     assert lines[0] == "plan for N=256, K=384, block [128, 128]"  # no explicit choice
-    assert lines[1].split()[:4] == ["M", "1", "b", MEASURED] and lines[1].endswith(plan.route(1).detail)
+    assert lines[1].split(None, 4) == ["M", "1", "b", MEASURED, plan.route(1).detail]
     rule = lines[2].split()
     assert rule[:4] == ["M", "2-4096", "b", RULE] and rule[4:6] == ["at", "M=2:"]  # a merged range: whose detail
     assert lines[2].endswith(plan.route(2).detail)
