@@ -135,6 +135,8 @@ SYMBOLS = Capabilities(packages={"dg": "2.1", "fi": "0.6", "old": "1.0"},
     (TritonTarget("nvidia"), CUDA, True, "Triton's nvidia backend (found installed)"),
     (TritonTarget("amd"), CUDA, False, "requires Triton's amd backend, found backends: nvidia"),
     (TritonTarget("amd"), ROCM, False, "requires Triton's amd backend, found backends: none"),
+    (TritonTarget("intel"), Capabilities(triton_backends=("amd", "nvidia")), False,
+     "requires Triton's intel backend, found backends: amd, nvidia"),
     (Functional("works", "tiny call"), CUDA, True, "functional probe works (tiny call) (found passed)"),
     (Functional("broken", "tiny call"), CUDA, False, "requires functional probe broken (tiny call), found failed"),
     (Functional("absent", "tiny call"), CUDA, False,
@@ -189,6 +191,7 @@ def test_evaluate_answers_every_probe_in_order() -> None:
 
 
 def test_every_declared_specifier_is_checked() -> None:
+    assert [ToolkitVersion(t, ">=1").toolkit for t in ("cuda", "hip", "xpu")] == ["cuda", "hip", "xpu"]
     with pytest.raises(ValueError, match="toolkit: expected cuda, hip or xpu, found 'rocm'"):
         ToolkitVersion("rocm", ">=6")
     for make in (lambda: ToolkitVersion("cuda", "twelve"), lambda: Package("triton", "three"), lambda: TorchVersion("two")):
