@@ -124,6 +124,7 @@ def test_the_environment_choice_and_auto() -> None:
     ({"max_weight_copies": -1}, InvalidInputError, "max_weight_copies"),
 ])
 def test_arguments_of_the_wrong_kind_are_typed_errors(kw: dict[str, Any], error: type[Exception], message: str) -> None:
+    kw = dict(kw)  # the parameter's own dict stays as it is for another run
     caps = kw.pop("capabilities", CPU)
     with pytest.raises(error, match=message):
         resolve(caps, **{"plugins": False, **kw})
