@@ -197,3 +197,95 @@ def test_verify_true_checks_the_chain_before_returning() -> None:
         sel = _resolve(CPU, verify=True)
     assert sel.backend.name == "reference"
     assert next(e for e in logs if e["event"] == "fp8select.resolved")["verified"] is True
+
+
+# -- plugins given as objects ---------------------------------------------------------------------------
+
+
+def _plugin(name: str, hook: Any) -> Any:
+    from fp8select import hookimpl
+
+    return type(name, (), {"fp8select_backends": hookimpl(lambda self: hook())})()
+
+
+def _mine() -> list[Any]:
+    from fp8select import Backend
+    from fp8select.probes import DeviceKind
+
+    class Mine(Backend):
+        name = "mine"
+        requires = (DeviceKind(("cpu",)),)
+
+    return [Mine]
+
+
+def test_a_plugins_backend_is_a_candidate_with_its_origin() -> None:
+    sel = resolve(CPU, plugins=[_plugin("Ours", _mine)])
+    mine = next(c for c in sel.verdicts if c.name == "mine")
+    assert mine.accepted and mine.origin == "plugin:Ours"
+    assert "mine" in [b.name for b in sel.chain]
+    assert all(c.origin == "builtin" for c in sel.verdicts if c.name != "mine")
+
+
+def test_a_plugin_that_fails_or_takes_a_builtin_name_is_a_rejected_verdict() -> None:
+    from fp8select import Backend
+    from fp8select.plugins import PluginWarning
+
+    class Impostor(Backend):
+        name = "reference"
+
+    def broken() -> list[Any]:
+        raise RuntimeError("no such library")
+
+    with pytest.warns(PluginWarning):
+        sel = resolve(CPU, plugins=[_plugin("Broken", broken), _plugin("Impostor", lambda: [Impostor])])
+    failed = {c.name: c.reason for c in sel.verdicts if c.name.startswith("plugin:")}
+    assert "no such library" in failed["plugin:Broken"] and "already taken" in failed["plugin:Impostor"]
+    assert sel.backend.name == "reference" and next(c for c in sel.verdicts if c.name == "reference").origin == "builtin"
+
+
+def test_a_plugins_time_limit_comes_from_the_snapshots_environment() -> None:
+    import time
+
+    from fp8select.plugins import PluginWarning
+
+    def slow() -> list[Any]:
+        time.sleep(0.6)
+        return _mine()
+
+    caps = CPU.with_overrides({"env.FP8SELECT_PLUGIN_TIMEOUT_S": "0.2"})
+    with pytest.warns(PluginWarning, match="0.2 s"):
+        sel = resolve(caps, plugins=[_plugin("Slow", slow)])
+    assert "plugin:Slow" in [c.name for c in sel.verdicts] and "mine" not in [c.name for c in sel.verdicts]
+
+
+# -- tuning tables and verification with a group ----------------------------------------------------------
+
+
+H200 = Capabilities(device_kind="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), torch_version="2.11.0+cu130",
+                    cuda_version="13.0", packages={"triton": "3.6.0"}, has_scaled_mm=True,
+                    scaling_types=("BlockWise1x128", "BlockWise128x128"), float8_dtypes=("float8_e4m3fn",),
+                    triton_backends=("nvidia",))
+
+
+def test_tuning_false_reads_no_table_even_where_one_ships() -> None:
+    shipped = resolve(H200, plugins=False, verify=False)
+    assert shipped.measurements is not None and shipped.tuning_sources and len(shipped.tables) == len(shipped.tuning_sources)
+    none = resolve(H200, plugins=False, verify=False, tuning=False)
+    assert none.measurements is None and none.tuning_sources == () and none.tables == ()
+    table = {**new_table("NVIDIA H200"), "groups": [
+        {"backend": "triton", "versions": {"triton": "3.6.0"}, "shapes": {"256,384": {"1": {"us": 5.0}}}}]}
+    given = resolve(H200, plugins=False, verify=False, tuning=table)
+    assert given.tables == (table,) and given.tuning_sources == ("given",)
+
+
+def test_with_a_group_verification_runs_before_returning(world_of_one: Any) -> None:
+    with capture_logs() as logs:
+        _resolve(CPU, group=world_of_one, verify=True)
+    assert next(e for e in logs if e["event"] == "fp8select.resolved")["verified"] is True
+
+
+def test_a_disabled_candidate_keeps_its_rank_and_origin() -> None:
+    sel = resolve(CPU, plugins=[_plugin("Ours", _mine)], disable="mine,triton", order="triton,mine,reference")
+    assert [(c.rank, c.name, c.accepted, c.origin) for c in sel.verdicts] == [
+        (1, "triton", False, "builtin"), (2, "mine", False, "plugin:Ours"), (3, "reference", True, "builtin")]
