@@ -289,3 +289,17 @@ def test_a_disabled_candidate_keeps_its_rank_and_origin() -> None:
     sel = resolve(CPU, plugins=[_plugin("Ours", _mine)], disable="mine,triton", order="triton,mine,reference")
     assert [(c.rank, c.name, c.accepted, c.origin) for c in sel.verdicts] == [
         (1, "triton", False, "builtin"), (2, "mine", False, "plugin:Ours"), (3, "reference", True, "builtin")]
+
+
+def test_a_device_level_check_that_raises_is_a_rejection_saying_so() -> None:
+    from fp8select import Backend
+
+    class Raising(Backend):
+        name = "raising"
+
+        def check(self, caps: Capabilities) -> Any:
+            raise RuntimeError("probe exploded")
+
+    sel = choose(CPU, {**builtin_backends(), "raising": Raising()}, ["raising", "reference"])
+    assert sel.verdicts[0].reason == "its device-level check raised RuntimeError: probe exploded"
+    assert not sel.verdicts[0].accepted and sel.backend.name == "reference"
