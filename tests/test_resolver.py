@@ -110,7 +110,8 @@ def test_the_environment_choice_and_auto() -> None:
 
 
 @pytest.mark.parametrize("kw, error, message", [
-    ({"capabilities": {"device_kind": "cpu"}}, InvalidDtypeError, "capabilities: expected a Capabilities snapshot or None, found dict"),
+    ({"capabilities": {"device_kind": "cpu"}}, InvalidDtypeError, "capabilities: expected a Capabilities snapshot or None, found dict "
+     r"\(use Capabilities\.from_dict / from_json for JSON data\)"),
     ({"verify": "yes"}, InvalidDtypeError, "verify: expected True, False or None, found 'yes'"),
     ({"plugins": "mine"}, InvalidDtypeError, "plugins: expected True, False or an iterable of plugin objects, found 'mine'"),
     ({"plugins": 3}, InvalidDtypeError, "plugins: expected True, False or an iterable"),
@@ -303,3 +304,56 @@ def test_a_device_level_check_that_raises_is_a_rejection_saying_so() -> None:
     sel = choose(CPU, {**builtin_backends(), "raising": Raising()}, ["raising", "reference"])
     assert sel.verdicts[0].reason == "its device-level check raised RuntimeError: probe exploded"
     assert not sel.verdicts[0].accepted and sel.backend.name == "reference"
+
+
+def test_without_a_snapshot_this_machine_is_detected_and_a_cpu_is_not_verified() -> None:
+    with capture_logs() as logs:
+        sel = resolve(plugins=False)
+    event = next(e for e in logs if e["event"] == "fp8select.resolved")
+    assert sel.capabilities.device_kind == "cpu" and event["verified"] is False  # this CPU-only test machine
+
+
+def test_the_plugin_time_limit_is_read_only_when_plugins_are_loaded() -> None:
+    caps = CPU.with_overrides({"env.FP8SELECT_PLUGIN_TIMEOUT_S": "soon"})
+    assert resolve(caps, plugins=False).backend.name == "reference"
+    assert resolve(caps, plugins=None).backend.name == "reference"
+    with pytest.raises(InvalidInputError, match="FP8SELECT_PLUGIN_TIMEOUT_S"):
+        resolve(caps)
+    assert resolve(CPU).backend.name == "reference"  # entry points read (none that takes a CPU here)
+
+
+def _wrong() -> list[Any]:
+    from fp8select.backends.reference import ReferenceBackend
+
+    class Wrong(ReferenceBackend):
+        name = "wrong"
+
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            return super().run(*args, **kwargs) * 2
+
+    return [Wrong]
+
+
+def test_verification_rejects_a_backend_that_computes_wrong_numbers() -> None:
+    plugin = _plugin("Wrongs", _wrong)
+    with capture_logs() as logs:
+        sel = resolve(CPU, plugins=[plugin], order="wrong,reference", verify=True)
+    assert sel.backend.name == "reference" and [b.name for b in sel.chain] == ["reference"]
+    assert not next(c for c in sel.verdicts if c.name == "wrong").accepted
+    assert any(e["event"] == "fp8select.verify_failed" and e["backend"] == "wrong" for e in logs)
+    with pytest.raises(BackendRejectedError) as info:
+        resolve(CPU, plugins=[plugin], backend="wrong", verify=True)
+    assert info.value.source == "argument" and info.value.name == "wrong"
+
+
+def test_with_a_group_every_argument_still_counts(world_of_one: Any) -> None:
+    assert _resolve(CPU, group=world_of_one, backend="reference").source == "argument"
+    assert [c.name for c in _resolve(CPU_TRITON, group=world_of_one, order="triton,reference").verdicts] == ["triton", "reference"]
+    assert "mine" in [b.name for b in resolve(CPU, group=world_of_one, plugins=[_plugin("Ours", _mine)]).chain]
+    with pytest.raises(UnknownBackendError):
+        _resolve(CPU, group=world_of_one, backend="cublas")
+    assert resolve(H200, plugins=False, group=world_of_one, tuning=False).measurements is None
+    table = {**new_table("NVIDIA H200"), "groups": [
+        {"backend": "triton", "versions": {"triton": "3.6.0"}, "shapes": {"256,384": {"1": {"us": 5.0}}}}]}
+    given = resolve(H200, plugins=False, group=world_of_one, tuning=table)
+    assert given.tuning_sources == ("given (rank 0)",) and given.tables == (table,)
