@@ -619,7 +619,7 @@ def test_when_a_bucket_must_be_lost_the_budget_loses_the_fewest() -> None:
     assert plan.backends == ("b",) and [r.bucket for r in plan.routes if r.backend is None] == [8192]
 
 
-@pytest.mark.parametrize("others_us, dropped", [(1.05, "copy-b"), (1.09, "copy-a")])
+@pytest.mark.parametrize("others_us, dropped", [(1.05, "copy-b"), (1.067, "copy-b"), (1.09, "copy-a")])
 def test_an_unmeasured_route_costs_twice_the_buckets_worst_known_time(others_us: float, dropped: str) -> None:
     """M=8 was measured for a only (2.0 us): dropping a's copy sends it by rule to b, unmeasured there,
     counted as 2 x 2.0 us (a loss of log 2), plus log(1.2/1.0) at M=1. Dropping b's instead costs
