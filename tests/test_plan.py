@@ -3,6 +3,7 @@ choice obeyed, the weight budget, and what the layer says about it."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -39,12 +40,15 @@ class Fake(ReferenceBackend):
     requires = ()
     layout_name: ClassVar[str] = CHECKPOINT_LAYOUT
     max_m: ClassVar[int | None] = None
+    min_m: ClassVar[int | None] = None
     preferred: ClassVar[int | None] = None
     ran: ClassVar[list[tuple[str, int, Any]]] = []
 
     def supports_m(self, m: int, caps: Capabilities) -> Verdict:
         if self.max_m is not None and m > self.max_m:
             return Verdict.reject(f"requires M <= {self.max_m}, found M={m}")
+        if self.min_m is not None and m < self.min_m:
+            return Verdict.reject(f"requires M >= {self.min_m}, found M={m}")
         return Verdict.accept("any M")
 
     def weight_layout(self, caps: Capabilities, problem: Problem) -> str:
@@ -466,3 +470,242 @@ def test_the_triton_backend_fits_a_borrowed_split_to_the_layer() -> None:
     cfg = TritonConfig.from_dict(TRITON_CONFIG)  # 16 x 64 tiles, split 2
     fitted = TritonBackend().fit_config(cfg, (N, K), _problem(N // 2, K), 8)
     assert fitted == replace(cfg, SPLIT_K=4)  # half the column tiles: twice the split, the same programs
+
+
+# -- the numbers and words of a plan, each of which a user or a log reader relies on ---------------------
+
+
+def test_a_gate_is_asked_at_both_ends_of_each_bucket_and_the_last_at_its_start() -> None:
+    asked: list[int | None] = []
+
+    class Recording(Fake):
+        name = "recording"
+
+        def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
+            asked.append(problem.m)
+            return super().supports(problem, caps)
+
+    build_plan(_problem(), [Recording()], CPU, estimator(None))
+    ends = {m for b in M_BUCKETS for m in bucket_range(b) if m is not None}
+    assert asked[0] is None  # the layer as a whole first, then each bucket's ends
+    assert set(asked[1:]) == ends and len(asked[1:]) == len(ends)  # M=1 and M=2 asked once each
+
+
+def test_a_raising_gate_is_named_and_an_unsupported_layer_describes_itself() -> None:
+    class Broken(Fake):
+        name = "broken"
+
+        def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
+            raise RuntimeError("boom")
+
+    plan = build_plan(_problem(), [Broken(), fake("ok")], CPU, estimator(None))
+    assert plan.candidates[0].reason.startswith("its gate raised RuntimeError")
+    assert [(c.rank, c.name, c.accepted) for c in plan.candidates] == [(1, "broken", False), (2, "ok", True)]
+    with pytest.raises(UnsupportedProblemError, match=r"N=256, K=384"):
+        build_plan(_problem(), [Broken()], CPU, estimator(None))
+
+
+def test_routes_carry_the_estimates_time_and_configuration() -> None:
+    tri, other = fake("triton"), fake("other")
+    meas = measurements({"triton": {(N, K): {1: 3.0, 2: 9.0}}, "other": {(N, K): {1: 6.0, 2: 4.0}}})
+    plan = build_plan(_problem(), [tri, other], CPU, estimator(meas))
+    fast, slow = plan.route(1), plan.route(2)
+    assert (fast.backend, fast.us, fast.config) == ("triton", 3.0, TRITON_CONFIG)
+    assert (slow.backend, slow.us, slow.config) == ("other", 4.0, None)
+    assert fast.detail == "3.0 us measured (others: other 6.0 us)"
+    explicit = build_plan(_problem(), [tri, other], CPU, estimator(meas), explicit="triton")
+    assert explicit.explicit == "triton"
+    at2 = explicit.route(2)  # slower there, run all the same, with its own time and configuration
+    assert (at2.backend, at2.why, at2.us, at2.config) == ("triton", EXPLICIT, 9.0, TRITON_CONFIG)
+    assert at2.detail == "the explicit choice; 9.0 us measured"
+    assert explicit.route(4).detail == "the explicit choice" and explicit.route(4).us is None  # nothing measured at 4
+
+
+def test_others_are_listed_fastest_first_at_most_three() -> None:
+    backends = [fake(n) for n in "abcde"]
+    meas = measurements({n: {(N, K): {1: us}} for n, us in zip("abcde", (5.0, 1.0, 4.0, 2.0, 3.0), strict=True)})
+    plan = build_plan(_problem(), backends, CPU, estimator(meas))
+    assert plan.route(1).backend == "b"
+    assert plan.route(1).detail == "1.0 us measured (others: d 2.0, e 3.0, c 4.0 us)"
+    alone = build_plan(_problem(), backends[:1], CPU, estimator(meas))
+    assert alone.route(1).detail == "5.0 us measured"  # no one else measured: no "others"
+
+
+def test_a_bucket_no_backend_accepts_names_each_rejection() -> None:
+    plan = build_plan(_problem(), [fake("a", max_m=64), fake("b", max_m=32)], CPU, estimator(None))
+    assert [r.bucket for r in plan.routes] == list(M_BUCKETS)
+    route = plan.route(65)
+    assert (route.backend, route.why) == (None, GATE)
+    assert route.detail == ("no backend accepts this M (a: requires M <= 64, found M=65; "
+                            "b: requires M <= 32, found M=65)")
+    assert plan.route(64).backend == "a" and plan.route(32).backend == "a"
+
+
+def test_the_priority_rule_says_what_it_passed_over() -> None:
+    small, tiny, other = fake("small", preferred=31), fake("tiny", preferred=4), fake("other")
+    plan = build_plan(_problem(), [small, tiny, other], CPU, estimator(None))
+    assert plan.route(1).detail == "first in priority order (no measurement)"
+    assert plan.route(64).backend == "other"
+    assert plan.route(64).detail == ("first in priority order (no measurement), passing over "
+                                     "small (preferred only for M <= 31), tiny (preferred only for M <= 4)")
+    # a preference holds up to and including its limit: a bucket starting at the limit is still preferred
+    at_edge = build_plan(_problem(), [fake("small", preferred=33), other], CPU, estimator(None))
+    assert at_edge.route(64).backend == "small" and at_edge.route(65).backend == "other"
+
+
+def test_the_speed_rule_is_read_with_the_layers_capabilities() -> None:
+    class Small(Fake):
+        name = "small"
+
+        def preferred_m(self, caps: Capabilities) -> int | None:
+            return int(caps.env["SMALL_UP_TO"])
+
+    caps = CPU.with_overrides({"env.SMALL_UP_TO": "16"})
+    plan = build_plan(_problem(), [Small(), fake("other")], caps, estimator(None))
+    assert plan.route(16).backend == "small" and plan.route(17).backend == "other"
+
+
+def test_an_explicit_choice_rejected_at_some_m_leaves_the_rest_to_the_gate() -> None:
+    plan = build_plan(_problem(), [fake("slow", max_m=128), fake("fast")], CPU, estimator(None), explicit="slow")
+    assert (plan.route(129).backend, plan.route(129).why) == ("fast", GATE)
+    assert plan.route(129).detail.startswith("slow rejects this M (requires M <= 128, found M=129); first in priority")
+    # a name that is not an accepted backend of the chain is no explicit choice
+    unknown = build_plan(_problem(), [fake("a"), fake("b")], CPU, estimator(None), explicit="c")
+    assert unknown.explicit is None and {(r.backend, r.why) for r in unknown.routes} == {("a", RULE)}
+
+
+def test_one_copy_by_default_and_the_bound_is_recorded() -> None:
+    copies = [fake(n, layout_name=f"copy-{n}") for n in "abc"]
+    rows = {n: {(N, K): {m: 1.0 if i == j % 3 else 2.0 for j, m in enumerate(M_BUCKETS)}} for i, n in enumerate("abc")}
+    plan = build_plan(_problem(), copies, CPU, estimator(measurements(rows)))
+    assert plan.weight_copies == 1 and plan.max_weight_copies == 1
+    assert build_plan(_problem(), copies, CPU, estimator(measurements(rows)), max_weight_copies=2).max_weight_copies == 2
+
+
+def test_the_budget_drops_the_copy_whose_loss_is_least_by_measured_time_not_by_count() -> None:
+    """a's copy wins 2 buckets by 100x, b's wins 12 buckets by 10%: dropping b costs least (12 log 1.1
+    < 2 log 100), although it serves more buckets and its name sorts after a's."""
+    a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b"), fake("c")
+    rows = {"a": {(N, K): {m: 1.0 for m in (1, 2)}}, "b": {(N, K): {m: 1.0 for m in M_BUCKETS[2:]}},
+            "c": {(N, K): {m: 100.0 if m <= 2 else 1.1 for m in M_BUCKETS}}}
+    plan = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows)))
+    assert plan.backends == ("a", "c") and plan.notes == ("weight layout 'copy-b' left out: max_weight_copies=1",)
+
+
+def test_equal_losses_drop_the_layout_first_by_name() -> None:
+    a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b"), fake("c")
+    rows = {"a": {(N, K): {m: 1.0 for m in (1, 2, 4, 8)}}, "b": {(N, K): {m: 1.0 for m in (16, 32, 64, 128)}},
+            "c": {(N, K): {m: 3.0 for m in M_BUCKETS}}}
+    plan = build_plan(_problem(), [b, a, c], CPU, estimator(measurements(rows)))
+    assert plan.backends == ("c", "b")
+
+
+def test_the_budget_never_leaves_a_bucket_without_a_backend() -> None:
+    """Dropping a would leave M > 64 to nobody (c takes M <= 64 only): b's copy goes instead, even though
+    a is the slower of the two where both run."""
+    a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b", max_m=64), fake("c", max_m=64)
+    rows = {"a": {(N, K): {m: 2.0 for m in M_BUCKETS}}, "b": {(N, K): {m: 1.0 for m in M_BUCKETS if m <= 64}},
+            "c": {(N, K): {m: 1.5 for m in M_BUCKETS if m <= 64}}}
+    plan = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows)))
+    assert all(r.backend is not None for r in plan.routes) and plan.backends == ("c", "a")
+
+
+def test_when_a_bucket_must_be_lost_the_budget_loses_the_fewest() -> None:
+    """a alone runs M > 4096, b alone M 65-4096 (six buckets): one copy allowed, a's goes (one bucket
+    left to no backend), although a is the faster where it runs."""
+    a, b = fake("a", layout_name="copy-a", min_m=4097), fake("b", layout_name="copy-b", max_m=4096)
+    rows = {"a": {(N, K): {8192: 0.5}}, "b": {(N, K): {m: 1.0 for m in M_BUCKETS}}, "c": {(N, K): {m: 2.0 for m in M_BUCKETS}}}
+    plan = build_plan(_problem(), [a, b, fake("c", max_m=64)], CPU, estimator(measurements(rows)))
+    assert plan.backends == ("b",) and [r.bucket for r in plan.routes if r.backend is None] == [8192]
+
+
+@pytest.mark.parametrize("others_us, dropped", [(1.05, "copy-b"), (1.067, "copy-b"), (1.09, "copy-a")])
+def test_an_unmeasured_route_costs_twice_the_buckets_worst_known_time(others_us: float, dropped: str) -> None:
+    """M=8 was measured for a only (2.0 us): dropping a's copy sends it by rule to b, unmeasured there,
+    counted as 2 x 2.0 us (a loss of log 2), plus log(1.2/1.0) at M=1. Dropping b's instead costs
+    12 log(others_us) at the 12 buckets b wins. M=2 is measured for nobody (it counts 0 either way)."""
+    a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b"), fake("c")
+    rest = [m for m in M_BUCKETS if m not in (1, 2, 8)]
+    rows = {"a": {(N, K): {1: 1.0, 8: 2.0}}, "b": {(N, K): {1: 1.2, **{m: 1.0 for m in rest}}},
+            "c": {(N, K): {1: 50.0, **{m: others_us for m in rest}}}}  # c's 50 us at M=1 is no time at M=8
+    loss_a = math.log(1.2) + math.log(2 * 2.0 / 2.0)
+    loss_b = len(rest) * math.log(others_us)
+    assert (loss_b < loss_a) == (dropped == "copy-b")  # the scenario is what its name says
+    plan = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows)))
+    assert plan.notes == (f"weight layout {dropped!r} left out: max_weight_copies=1",)
+    assert plan.route(8).backend == ("a" if dropped == "copy-b" else "b")
+
+
+def test_to_dict_is_the_plan_as_json() -> None:
+    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.plan import Plan, Route, WeightUse
+
+    config = TritonConfig.from_dict(TRITON_CONFIG)
+    routes = tuple(Route(b, "triton" if b <= 64 else None, MEASURED if b <= 64 else GATE, f"d{b}",
+                         config=config if b <= 64 else None, us=1.23456 if b <= 64 else None) for b in M_BUCKETS)
+    plan = Plan(Problem(N, K, (128, 128)), routes, (WeightUse("fnuz", ("triton", "aiter")),), (), explicit="triton",
+                max_weight_copies=3, notes=("a note",))
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data == {"n": N, "k": K, "block_size": [128, 128], "explicit": "triton", "max_weight_copies": 3,
+                    "routes": data["routes"], "weights": [{"layout": "fnuz", "backends": ["triton", "aiter"], "copy": True}],
+                    "notes": ["a note"]}
+    assert [r["bucket"] for r in data["routes"]] == list(M_BUCKETS)
+    assert data["routes"][0] == {"bucket": 1, "backend": "triton", "why": MEASURED, "detail": "d1",
+                                 "config": config.to_dict(), "us": 1.235}  # microseconds to the nanosecond
+    assert data["routes"][-1] == {"bucket": 8192, "backend": None, "why": GATE, "detail": "d8192", "config": None, "us": None}
+
+
+def test_the_fingerprint_does_not_depend_on_the_order_of_a_configurations_keys() -> None:
+    tri = fake("triton")
+    forward, backward = table({"triton": {(N, K): {1: 3.0}}}), table({"triton": {(N, K): {1: 3.0}}})
+    row = backward["groups"][0]["shapes"][f"{N},{K}"]["1"]
+    row["config"] = dict(reversed(list(row["config"].items())))
+    plans = [build_plan(_problem(), [tri], CPU, estimator(Measurements("cpu", [t], {"triton": {"torch": "2.13.0+cpu"}})))
+             for t in (forward, backward)]
+    assert list(plans[0].route(1).config) != list(plans[1].route(1).config)  # the same configuration, keys in another order
+    assert plans[0].fingerprint() == plans[1].fingerprint()
+    assert len(plans[0].fingerprint()) == 16 and int(plans[0].fingerprint(), 16) >= 0
+
+
+def test_summary_merges_by_backend_and_describe_by_decision() -> None:
+    """M=1 measured for b, the rest by rule: one range in the summary, two in describe()."""
+    a, b, c = fake("a", layout_name="copy-a"), fake("b", max_m=4096), fake("c", max_m=64)
+    meas = measurements({"b": {(N, K): {1: 1.0}}, "c": {(N, K): {1: 2.0}}})
+    plan = build_plan(_problem(), [b, c, a], CPU, estimator(meas), max_weight_copies=None)
+    assert plan.summary() == "M 1-4096: b, M >= 4097: a"
+    only = build_plan(_problem(), [c], CPU, estimator(None))
+    assert only.summary() == "M 1-64: c, M >= 65: none"
+    lines = plan.describe().splitlines()
+    assert lines[0] == "plan for N=256, K=384, block [128, 128]"  # no explicit choice
+    assert lines[1].split(None, 4) == ["M", "1", "b", MEASURED, plan.route(1).detail]
+    rule = lines[2].split()
+    assert rule[:4] == ["M", "2-4096", "b", RULE] and rule[4:6] == ["at", "M=2:"]  # a merged range: whose detail
+    assert lines[2].endswith(plan.route(2).detail)
+    assert lines[3].split()[:4] == ["M", ">=", "4097", "a"] and "at M=" not in lines[3]
+    assert lines[4:] == ["  weight layout 'checkpoint' (the checkpoint's) for b",
+                         "  weight layout 'copy-a' (a copy) for a"]
+    explicit = build_plan(_problem(), [b, c, a], CPU, estimator(meas), explicit="c").describe().splitlines()
+    assert explicit[0].endswith(" (explicit choice: c)")
+    assert any(line.split()[:4] == ["M", "65-4096", "b", GATE] for line in explicit)
+
+
+def test_describe_lists_shared_weights_refusals_notes_and_unrunnable_ranges() -> None:
+    class Broken(Fake):
+        name = "broken"
+
+        def supports(self, problem: Problem, caps: Capabilities) -> Verdict:
+            return Verdict.reject("requires nothing, found something")
+
+    a, b = fake("a", layout_name="fnuz", max_m=64), fake("b", layout_name="fnuz", max_m=64)
+    meas = measurements({"a": {(N, K): {1: 1.0}}, "b": {(N, K): {2: 1.0}}})
+    plan = build_plan(_problem(), [Broken(), a, b], CPU, estimator(meas))
+    lines = plan.describe().splitlines()
+    assert plan.backends == ("a", "b") and "  weight layout 'fnuz' (a copy) for a, b" in lines
+    assert "  not for this layer: broken: requires nothing, found something" in lines
+    assert sum("not for this layer" in line for line in lines) == 1  # the accepted a and b are not listed
+    none = next(line for line in lines if line.split()[:3] == ["M", ">=", "65"])
+    assert none.split()[3:5] == ["-", GATE]
+    assert len(lines) == 1 + len(plan.ranges()) + 1 + 1  # header, ranges, one weight, one refusal
+    kept = build_plan(_problem(), [Broken(), a, b], CPU, estimator(meas), max_weight_copies=0, explicit="a")
+    lines = kept.describe().splitlines()
+    assert lines[-1] == f"  note: {kept.notes[0]}" and "explicit choice 'a'" in kept.notes[0]

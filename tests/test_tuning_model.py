@@ -1,0 +1,149 @@
+"""The model of :mod:`fp8select.tuning.model`: which rows it uses, and the numbers it gives between measured shapes.
+
+The expected numbers come from the module's documented formula (efficiency over the roofline floor of the
+fastest backend, and each backend's standing relative to it, each interpolated with weights
+``1 / (d + 0.5)**2`` over the log2 distance of (N, K)), worked out here for shapes where the answer
+is simple enough to state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from fp8select.roofline import floor_us
+from fp8select.tuning.model import MEASURED, MODEL, Measurements
+from fp8select.tuning.table import new_table
+
+TORCH = {"torch": "2.13.0+cpu"}
+Rows = dict[tuple[int, int], dict[int, float]]
+
+
+def _group(backend: str, rows: Rows, versions: dict[str, str] | None = None, config: bool = False) -> dict[str, Any]:
+    return {"backend": backend, "versions": versions or TORCH, "shapes": {
+        f"{n},{k}": {str(b): {"us": us, **({"config": {"n": n, "k": k}} if config else {})} for b, us in buckets.items()}
+        for (n, k), buckets in rows.items()}}
+
+
+def _measurements(*groups: dict[str, Any], installed: dict[str, dict[str, str]] | None = None) -> Measurements:
+    table = new_table("cpu")
+    table["groups"] = list(groups)
+    names = {g["backend"] for g in groups}
+    return Measurements("cpu", [table], installed if installed is not None else {name: TORCH for name in names})
+
+
+def _eff(n: int, k: int, bucket: int, factor: float) -> float:
+    """A time ``factor`` times the roofline floor of (N, K) at ``bucket``."""
+    return factor * floor_us(n, k, bucket)
+
+
+def _weight(shape: tuple[int, int], n: int, k: int) -> float:
+    d = math.hypot(math.log2(shape[0] / n), math.log2(shape[1] / k))
+    return 1.0 / (d + 0.5) ** 2
+
+
+def test_a_measured_shape_is_its_own_row() -> None:
+    meas = _measurements(_group("a", {(1024, 2048): {16: 12.5}}, config=True))
+    est = meas.estimate("a", 1024, 2048, 16)
+    assert est is not None and (est.us, est.source, est.config_shape) == (12.5, MEASURED, (1024, 2048))
+    assert est.detail == "12.5 us measured" and est.config == {"n": 1024, "k": 2048}
+
+
+def test_one_efficiency_everywhere_gives_that_efficiency_at_any_shape() -> None:
+    """The fastest backend at 3x its floor at every measured shape: 3x the floor anywhere (whatever the weights)."""
+    shapes = [(512, 512), (4096, 1024), (1024, 7168)]
+    meas = _measurements(_group("a", {s: {16: _eff(*s, 16, 3.0)} for s in shapes}))
+    for n, k in [(2048, 2048), (7168, 512), (512, 16384)]:
+        est = meas.estimate("a", n, k, 16)
+        assert est is not None and est.source == MODEL
+        assert est.us == pytest.approx(_eff(n, k, 16, 3.0), rel=1e-9)
+
+
+def test_efficiencies_are_interpolated_with_inverse_square_distance_weights() -> None:
+    """Shapes measured at 2x and 8x their floor, at log2 distances 1 and 2 from the query (N only):
+    weights 1/1.5**2 and 1/2.5**2, the efficiency their weighted geometric mean."""
+    near, far = (512, 2048), (4096, 2048)
+    meas = _measurements(_group("a", {near: {64: _eff(*near, 64, 2.0)}, far: {64: _eff(*far, 64, 8.0)}}))
+    w_near, w_far = 1 / 1.5**2, 1 / 2.5**2
+    eff = math.exp((w_near * math.log(2.0) + w_far * math.log(8.0)) / (w_near + w_far))
+    est = meas.estimate("a", 1024, 2048, 64)
+    assert est is not None and est.us == pytest.approx(_eff(1024, 2048, 64, eff), rel=1e-9)
+    assert 2.0 < eff < math.sqrt(2.0 * 8.0)  # nearer the near shape's
+
+
+def test_distance_counts_n_and_k_alike() -> None:
+    """Two shapes, one 2x off in N and one 2x off in K (the same distance): the plain geometric mean;
+    one 2x off in both is further (sqrt 2) than one 2x off in one."""
+    meas = _measurements(_group("a", {(2048, 1024): {8: _eff(2048, 1024, 8, 2.0)},
+                                      (1024, 2048): {8: _eff(1024, 2048, 8, 8.0)}}))
+    est = meas.estimate("a", 1024, 1024, 8)
+    assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, 4.0), rel=1e-9)
+    diagonal, straight = (2048, 2048), (1024, 4096)
+    meas = _measurements(_group("a", {diagonal: {8: _eff(*diagonal, 8, 2.0)}, straight: {8: _eff(*straight, 8, 8.0)}}))
+    w_d, w_s = _weight(diagonal, 1024, 1024), _weight(straight, 1024, 1024)
+    assert w_d == pytest.approx(1 / (math.sqrt(2) + 0.5) ** 2) and w_s == pytest.approx(1 / 2.5**2)
+    eff = math.exp((w_d * math.log(2.0) + w_s * math.log(8.0)) / (w_d + w_s))
+    est = meas.estimate("a", 1024, 1024, 8)
+    assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, eff), rel=1e-9)
+    assert est.config_shape == diagonal  # the nearer of the two
+
+
+def test_a_backend_is_placed_relative_to_the_fastest_at_each_shape() -> None:
+    """b ran only where it is 2x the fastest (a): modelled anywhere as 2x a's model, though a's model uses
+    shapes b never ran at; and a stays itself (its standing is 1 wherever it ran)."""
+    s1, s2 = (1024, 1024), (4096, 4096)
+    for order in ("ab", "ba"):  # whichever is read first
+        rows = {"a": _group("a", {s1: {16: _eff(*s1, 16, 2.0)}, s2: {16: _eff(*s2, 16, 6.0)}}),
+                "b": _group("b", {s1: {16: _eff(*s1, 16, 4.0)}})}
+        meas = _measurements(*(rows[name] for name in order))
+        a, b = meas.estimate("a", 2048, 2048, 16), meas.estimate("b", 2048, 2048, 16)
+        assert a is not None and b is not None
+        assert a.us == pytest.approx(_eff(2048, 2048, 16, math.sqrt(12.0)), rel=1e-9)  # equal weights
+        assert b.us == pytest.approx(2 * a.us, rel=1e-9), order
+
+
+def test_the_fastest_is_the_fastest_of_every_backend_not_the_last_read() -> None:
+    s1, s2 = (1024, 1024), (4096, 4096)
+    meas = _measurements(_group("fast", {s1: {16: _eff(*s1, 16, 2.0)}, s2: {16: _eff(*s2, 16, 2.0)}}),
+                         _group("slow", {s1: {16: _eff(*s1, 16, 3.0)}, s2: {16: _eff(*s2, 16, 5.0)}}))
+    fast = meas.estimate("fast", 2048, 2048, 16)
+    assert fast is not None and fast.us == pytest.approx(_eff(2048, 2048, 16, 2.0), rel=1e-9)
+
+
+def test_nearest_shape_lends_its_configuration_and_is_named() -> None:
+    meas = _measurements(_group("a", {(512, 512): {32: 5.0}, (4096, 1024): {32: 9.0}}, config=True))
+    est = meas.estimate("a", 4096, 2048, 32)
+    assert est is not None and est.config_shape == (4096, 1024) and est.config == {"n": 4096, "k": 1024}
+    assert est.detail == f"{est.us:.1f} us modelled from 2 measured shapes (nearest 4096x1024)"
+
+
+def test_no_estimate_without_rows_at_the_bucket_or_for_the_backend() -> None:
+    meas = _measurements(_group("a", {(1024, 1024): {16: 5.0}}))
+    assert meas.estimate("a", 2048, 2048, 32) is None
+    assert meas.estimate("b", 1024, 1024, 16) is None
+
+
+def test_rows_of_the_installed_versions_win_else_the_version_measured_most() -> None:
+    def dg(version: str, shapes: int, us: float) -> dict[str, Any]:
+        return _group("deepgemm", {(1024 * (i + 1), 1024): {1: us} for i in range(shapes)},
+                      {"deep_gemm": version, **TORCH})
+
+    groups = (dg("1.0", 1, 1.0), dg("2.0", 3, 2.0), dg("3.0", 2, 3.0))
+    installed = _measurements(*groups, installed={"deepgemm": {"deep_gemm": "1.0", **TORCH}})
+    assert installed.estimate("deepgemm", 1024, 1024, 1).us == 1.0  # type: ignore[union-attr]
+    assert installed.describe() == "deepgemm: 1 shapes measured on cpu, installed versions"
+    other = _measurements(*groups, installed={"deepgemm": {"deep_gemm": "9.9", **TORCH}})
+    est = other.estimate("deepgemm", 1024, 1024, 1)
+    assert est is not None and est.us == 2.0  # 3 shapes: more than 2.0's neighbours either side
+    assert est.detail == "2.0 us measured, measured with deep_gemm 2.0, torch 2.13.0+cpu"
+    assert other.describe() == "deepgemm: 3 shapes measured on cpu, other versions (deep_gemm 2.0, torch 2.13.0+cpu)"
+
+
+def test_shapes_backends_and_describe_list_every_backend() -> None:
+    meas = _measurements(_group("b", {(4096, 512): {1: 1.0}, (512, 4096): {1: 1.0}}), _group("a", {(1024, 1024): {1: 1.0}}))
+    assert meas.device_name == "cpu" and meas.backends == ("a", "b")
+    assert meas.shapes("b") == ((512, 4096), (4096, 512)) and meas.shapes("c") == ()
+    assert meas.describe().splitlines() == ["a: 1 shapes measured on cpu, installed versions",
+                                            "b: 2 shapes measured on cpu, installed versions"]
