@@ -197,5 +197,5 @@ def test_every_declared_specifier_is_checked() -> None:
     for make in (lambda: ToolkitVersion("cuda", "twelve"), lambda: Package("triton", "three"), lambda: TorchVersion("two")):
         with pytest.raises(ValueError, match="invalid version specifier"):
             make()
-    with pytest.raises(ValueError, match="^ComputeCapability needs allowed, minimum or maximum$"):
+    with pytest.raises(ValueError, match=r"^ComputeCapability needs allowed, minimum or maximum$"):
         ComputeCapability()

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from structlog.testing import capture_logs
 
 from fp8select import BackendRejectedError, Capabilities, NoBackendError, UnknownBackendError, resolve
+from fp8select.decision import builtin_backends, choose
 from fp8select.errors import InvalidDtypeError, InvalidInputError
-from fp8select.resolver import builtin_backends, choose
-from fp8select.tuning.table import new_table
+from fp8select.measured.table import new_table
 
 F8 = ("float8_e4m3fn",)
 CPU = Capabilities(torch_version="2.13.0+cpu", float8_dtypes=F8)

@@ -1,4 +1,4 @@
-"""The model of :mod:`fp8select.tuning.model`: which rows it uses, and the numbers it gives between measured shapes.
+"""The model of :mod:`fp8select.measured.model`: which rows it uses, and the numbers it gives between measured shapes.
 
 The expected numbers come from the module's documented formula (efficiency over the roofline floor of the
 fastest backend, and each backend's standing relative to it, each interpolated with weights
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from fp8select.measured.model import MEASURED, MODEL, Measurements
+from fp8select.measured.table import new_table
 from fp8select.roofline import floor_us
-from fp8select.tuning.model import MEASURED, MODEL, Measurements
-from fp8select.tuning.table import new_table
 
 TORCH = {"torch": "2.13.0+cpu"}
 Rows = dict[tuple[int, int], dict[int, float]]
