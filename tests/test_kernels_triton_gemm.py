@@ -618,11 +618,11 @@ def test_the_pdl_weight_limit_applies_only_behind_the_quantizer(monkeypatch: pyt
     the quantization kernel gives its weight, which PDL_MAX_WEIGHT caps."""
     asked: list[int] = []
 
-    def record(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
+    def record(kernel: object, device: torch.device, weight_elements: int = 0) -> bool:
         asked.append(weight_elements)
         return False
 
-    monkeypatch.setattr(tg, "use_pdl", record)
+    monkeypatch.setattr(tg, "pdl_possible", record)
     n, k = 64, 256
     w, s = _weight(n, k, 128)
     tg.linear(torch.randn(3, k), w, s, (128, 128), out_dtype=torch.float32, config=_cfg(path))

@@ -152,8 +152,10 @@ def empty_scale(m: int, groups: int, layout: ScaleLayout, device: torch.device |
     """Allocate an uninitialised fp32 scale tensor ``[m, groups]`` in ``layout``."""
     if not layout.mn_major:
         return torch.empty((m, groups), dtype=torch.float32, device=device)
-    storage = torch.empty((groups, layout.padded_rows(m)), dtype=torch.float32, device=device)
-    return storage.t()[:m]
+    rows = layout.padded_rows(m)
+    if rows == m:  # the [groups, m] storage seen as [m, groups]: one allocation, no view
+        return torch.empty_strided((m, groups), (1, m), dtype=torch.float32, device=device)
+    return torch.empty((groups, rows), dtype=torch.float32, device=device).t()[:m]
 
 
 def check_activation(x: torch.Tensor) -> None:

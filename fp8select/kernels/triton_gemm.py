@@ -32,7 +32,7 @@ from .quant import DEFAULT_EPS, M_MAJOR, ROW_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
 from .triton_launch import BoundKernel, int_class, tensor_class
-from .triton_pdl import PDL_MAX_M, use_pdl
+from .triton_pdl import PDL_MAX_M, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 from .triton_search import heuristic_config
 
@@ -215,7 +215,7 @@ class BoundGemm:
         self.b_strides = (*b.stride(), *b_scale.stride())
         kernel = _w8a8_swap_kernel if cfg.swap else _w8a8_block_kernel
         # PDL for launches of up to PDL_MAX_M rows; a GEMM behind the quantizer only for weights up to its limit.
-        self.pdl = use_pdl(kernel, device, 1, 0 if quant else n * k)
+        self.pdl = pdl_possible(kernel, device, 0 if quant else n * k)
         self.constexprs = dict(
             SCALE_BN=scale_bn, B_SCALE_SCALAR=scale_bn % cfg.BLOCK_N == 0, HW_RNE=hw_rne(kernel, device, b.dtype),
             IS_SPLIT=self.split > 1, EVEN_K=k % SCALE_GROUP_K == 0, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_launch", "use_pdl"]
+__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_possible", "use_pdl"]
 
 ENV_PDL = "FP8SELECT_TRITON_PDL"
 
@@ -51,20 +51,20 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 def use_pdl(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
-    """Whether ``kernel`` launched on ``device`` for ``m`` tokens uses PDL (:func:`pdl_launch` gives
-    the keywords that say so). ``weight_elements``: the weight of a GEMM that runs behind the
+    """Whether ``kernel`` launched on ``device`` for ``m`` tokens uses PDL (the kernel's ``PDL`` and
+    Triton's ``launch_pdl``). ``weight_elements``: the weight of a GEMM that runs behind the
     quantization kernel; 0 for the quantizer and for GEMMs that quantize in the kernel."""
-    if m > PDL_MAX_M or weight_elements > PDL_MAX_WEIGHT:
+    return m <= PDL_MAX_M and pdl_possible(kernel, device, weight_elements)
+
+
+def pdl_possible(kernel: object, device: torch.device, weight_elements: int = 0) -> bool:
+    """:func:`use_pdl` for launches of at most :data:`PDL_MAX_M` tokens: what does not depend on M, for
+    a launch bound once and then asked per call only whether its M is small enough."""
+    if weight_elements > PDL_MAX_WEIGHT:
         return False
     if device.type != "cuda" or type(kernel).__name__ == "InterpretedFunction":
         return False
     return _device_has_pdl(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def pdl_launch(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> dict[str, bool]:
-    """The launch keywords for :func:`use_pdl`'s answer: the kernel's ``PDL`` and Triton's ``launch_pdl``
-    (none without it, so a Triton without the option never sees it)."""
-    return {"PDL": True, "launch_pdl": True} if use_pdl(kernel, device, m, weight_elements) else {}
 
 
 @functools.cache

@@ -37,10 +37,11 @@ from .quant import (
     ScaleLayout,
     check_quant_args,
     check_quant_params,
+    empty_scale,
     fp8_format,
 )
 from .triton_launch import BoundKernel, int_class
-from .triton_pdl import PDL_MAX_M, pdl_enter, use_pdl
+from .triton_pdl import PDL_MAX_M, pdl_enter, pdl_possible
 
 __all__ = [
     "fp8_constexprs",
@@ -217,13 +218,13 @@ class TritonQuantizer:
         "_device",
         "_dtype",
         "_eps",
+        "_group_p2",
         "_group_size",
         "_groups",
         "_k",
         "_kernels",
         "_layout",
         "_pdl",
-        "_rows_cap",
     )
 
     def __init__(self, k: int, *, dtype: torch.dtype, layout: ScaleLayout, device: torch.device,
@@ -232,8 +233,8 @@ class TritonQuantizer:
         group_p2 = triton.next_power_of_2(group_size)
         self._k, self._dtype, self._layout, self._device, self._eps, self._group_size = k, dtype, layout, device, eps, group_size
         self._groups = -(-k // group_size)
-        self._rows_cap = _program_shape(1 << 30, group_p2)[0]
-        self._pdl = use_pdl(_quant_kernel, device, 1)
+        self._group_p2 = group_p2
+        self._pdl = pdl_possible(_quant_kernel, device)
         self._constexprs = {"GROUP": group_size, "GROUP_P2": group_p2, "UE8M0": layout.ue8m0,
                             "HW_RNE": hw_rne(_quant_kernel, device, dtype), **fp8_constexprs(dtype)}
         self._kernels: dict[tuple[int, bool], BoundKernel] = {}
@@ -243,23 +244,16 @@ class TritonQuantizer:
         rows = m if rows is None else rows
         k, groups, layout = self._k, self._groups, self._layout
         x_q = torch.empty((rows, k), dtype=self._dtype, device=self._device)
-        if layout.mn_major:
-            padded = layout.padded_rows(rows)
-            if padded == rows:  # [groups, rows] storage seen as [rows, groups]: one allocation, no view
-                scale = torch.empty_strided((rows, groups), (1, rows), dtype=torch.float32, device=self._device)
-            else:
-                scale = torch.empty((groups, padded), dtype=torch.float32, device=self._device).t()[:rows]
-        else:
-            scale = torch.empty((rows, groups), dtype=torch.float32, device=self._device)
+        scale = empty_scale(rows, groups, layout, self._device)
         if m == 0 or groups == 0:
             return x_q, scale
-        block_m = min(1 << (m - 1).bit_length(), self._rows_cap)
+        block_m, num_warps = _program_shape(m, self._group_p2)
         pdl = self._pdl and m <= PDL_MAX_M
         kernel = self._kernels.get((block_m, pdl))
         if kernel is None:
             kernel = self._kernels[(block_m, pdl)] = BoundKernel(
                 _quant_kernel, {**self._constexprs, "BLOCK_M": block_m, **({"PDL": True} if pdl else {})},
-                {"num_warps": 4, **({"launch_pdl": True} if pdl else {})})
+                {"num_warps": num_warps, **({"launch_pdl": True} if pdl else {})})
         stride_xm, stride_xk = x.stride()
         stride_sm, stride_sg = scale.stride()
         kernel((-(-m // block_m), groups, 1), (x, x_q, scale, m, k, stride_xm, stride_xk, k, stride_sm, stride_sg, self._eps),
@@ -288,4 +282,4 @@ def quantize_per_token_group_triton(
 def _program_shape(m: int, group_p2: int) -> tuple[int, int]:
     """(rows per program, warps) of the quantization kernel: ~2K elements per program (enough
     bytes in flight; a small M stays one program), four warps."""
-    return min(triton.next_power_of_2(m), max(1, 2048 // group_p2)), 4
+    return min(1 << (m - 1).bit_length(), max(1, 2048 // group_p2)), 4  # (M >= 1: its next power of two)
