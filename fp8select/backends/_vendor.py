@@ -124,17 +124,9 @@ def dtypes_ok(problem: Problem, weights: Sequence[torch.dtype], prequantized: Se
 
 
 def quantize_activation(x: torch.Tensor, dtype: torch.dtype, layout: ScaleLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token 1x128 quantization with the scale written in ``layout`` (Triton on GPUs, torch elsewhere)."""
-    if x.is_cuda or getattr(x, "is_xpu", False):
-        try:
-            from fp8select.kernels.triton_quant import quantize_per_token_group_triton
-        except ImportError:
-            pass
-        else:
-            return quantize_per_token_group_triton(x, 128, dtype=dtype, layout=layout)
-    from fp8select.kernels.quant import quantize_per_token_group
-
-    return quantize_per_token_group(x, 128, dtype=dtype, layout=layout)
+    """Per-token 1x128 quantization with the scale written in ``layout`` (Triton on GPUs, torch elsewhere):
+    :func:`bind_quantizer`'s quantizer, bound for this call only."""
+    return bind_quantizer(x.shape[1], dtype, layout, x.device)(x)
 
 
 Quantizer = Callable[..., tuple[torch.Tensor, torch.Tensor]]
