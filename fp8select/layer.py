@@ -224,17 +224,21 @@ class Fp8Linear:
     def _bind(self, route: Route) -> CheckedRun:
         """The call of one route: the backend's run with its prepared weight (and launch config) bound."""
         if route.backend is None:
-            return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
+            return self._unrouted(route)
         backend = self._by_name[route.backend]
         kwargs: dict[str, Any] = {"caps": self.caps}
         if route.config is not None:
             kwargs["config"] = route.config
         return functools.partial(backend.run, self.prepared[route.backend], **kwargs)
 
+    def _unrouted(self, route: Route) -> Callable[..., NoReturn]:
+        """The call of a bucket no backend can run: it raises, saying why."""
+        return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
+
     def _launch(self, route: Route, out_dtype: torch.dtype) -> Launch:
         """The launch of one route for unquantized input, bound once (:meth:`Backend.bind`)."""
         if route.backend is None:
-            return functools.partial(_no_backend, f"N={self.n}, K={self.k}, M bucket {route.bucket}", route.detail)
+            return self._unrouted(route)
         return self._by_name[route.backend].bind(self.prepared[route.backend], caps=self.caps, config=route.config,
                                                  out_dtype=out_dtype)
 
@@ -286,18 +290,14 @@ class Fp8Linear:
         if (input_scale is None and type(x) is _TENSOR and not x.requires_grad and x.layout is _STRIDED
                 and x.is_contiguous() and x.device == self.device and (bias is None or self._bias_fits(bias))):
             launches = self._launches.get(x.dtype)
-            if launches is not None:
-                shape = x.shape
-                k = self.k
-                if len(shape) == 2:
-                    m = shape[0]
-                    if shape[1] == k and m:
-                        return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](x, bias)
-                elif shape and shape[-1] == k:
-                    m = x.numel() // k
-                    if m:
-                        out = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](x.view(m, k), bias)
-                        return out.view(*shape[:-1], self.n)
+            shape = x.shape
+            k = self.k
+            if launches is not None and shape and shape[-1] == k:
+                flat = len(shape) == 2
+                m = shape[0] if flat else x.numel() // k
+                if m:
+                    launch = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET]
+                    return launch(x, bias) if flat else launch(x.view(m, k), bias).view(*shape[:-1], self.n)
         return self._checked_forward(x, bias, input_scale)
 
     __call__ = forward
