@@ -166,31 +166,30 @@ def _raw_calls(n: int, k: int, w: Any, s: Any, x: Any) -> dict[str, Callable[[],
     return calls
 
 
-def _launch_all(recorded: list[tuple[Any, Any, Any]], stream: int) -> None:
-    for launch, grid, args in recorded:
+def _launch_all(launches: list[tuple[Any, Any, Any]], stream: int) -> None:
+    for launch, grid, args in launches:
         launch(grid, args, stream)
 
 
-def _recorded_launches(call: Callable[..., object], *call_args: Any) -> list[tuple[Any, Any, Any]]:
-    """The compiled-kernel launches ``call(*call_args)`` makes, with their arguments: the floor of its Triton launches."""
+def _prebuilt_launches(linear: Any, x: Any) -> tuple[list[tuple[Any, Any, Any]], tuple[Any, ...]]:
+    """The compiled-kernel launches of ``linear(x)`` (a BoundLinear that replays at this M) with every argument
+    filled in, and the output and workspace they write (keep them alive while timing): its Triton floor."""
     import torch
 
-    from fp8select.kernels import triton_launch
-
-    seen: list[tuple[Any, Any, Any, Any]] = []
-    launch = triton_launch.BoundKernel.__call__
-
-    def record(self: Any, grid: Any, args: Any, key: Any = ()) -> None:
-        seen.append((self, grid, args, key))
-        launch(self, grid, args, key)
-
-    triton_launch.BoundKernel.__call__ = record  # type: ignore[method-assign]
-    try:
-        call(*call_args)
-    finally:
-        triton_launch.BoundKernel.__call__ = launch  # type: ignore[method-assign]
-    device = torch.cuda.current_device()
-    return [(kernel._launches[(device, key)], grid, args) for kernel, grid, args, key in seen]
+    linear(x)
+    replay = linear._replays.get((x.shape[0], x.dtype))
+    if replay is None:
+        return [], ()
+    out = torch.empty((x.shape[0], linear._n), dtype=torch.bfloat16, device=x.device)
+    work = torch.empty(max(replay.nbytes, 1), dtype=torch.uint8, device=x.device)
+    addresses = (x.data_ptr(), out.data_ptr(), work.data_ptr())
+    launches = []
+    for kernel, grid, template, subs in replay.steps:
+        args = list(template)
+        for pos, base, offset in subs:
+            args[pos] = addresses[base] + offset
+        launches.append((kernel, grid, tuple(args)))
+    return launches, (out, work)
 
 
 def phase_host(report: dict[str, Any]) -> None:
@@ -221,10 +220,10 @@ def phase_host(report: dict[str, Any]) -> None:
                 launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
                                        counters=layer.prepared["triton"].extra.get("fixup_counters"))
                 row["us"]["fp8select Triton launches alone (bound)"] = _host_us(launches, x)
-                recorded = _recorded_launches(layer, x)
+                prebuilt, _written = _prebuilt_launches(launches, x)
                 stream = torch.cuda.current_stream().cuda_stream
-                row["us"]["Triton compiled launches alone (arguments prebuilt)"] = _host_us(_launch_all, recorded, stream)
-                row["triton_launches"] = len(recorded)
+                row["us"]["Triton compiled launches alone (arguments prebuilt)"] = _host_us(_launch_all, prebuilt, stream)
+                row["triton_launches"] = len(prebuilt)
             row["us"][f"layer pinned {backend}"] = _host_us(layer, x)
         layer = auto.prepare(w, s)
         row["auto_plan"] = layer.main_plan.summary()
@@ -266,7 +265,7 @@ def phase_compile(report: dict[str, Any]) -> None:
             layer = module.fp8_layer
             layer_us = _host_us(layer, x)
             handle = layer._fp8select_handle
-            op_us = _host_us(torch.ops.fp8select.linear.default, x, None, None, handle, n, torch.bfloat16)
+            op_us = _host_us(torch.ops.fp8select.linear.default, x, None, None, handle, n, ops.OUT_DTYPES.index(torch.bfloat16))
             equal = bool(torch.equal(compiled(x), module(x)))
         row = {"n": n, "k": k, "m": HOST_M, "eager_module_us": eager, "compiled_module_us": graph,
                "eager_layer_us": layer_us, "custom_op_direct_us": op_us,

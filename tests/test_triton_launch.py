@@ -36,3 +36,44 @@ def test_only_a_compiled_kernel_launches_directly() -> None:
     bound((2, 1, 1), ("x",), key=("anything",))
     bound((2, 1, 1), ("x",), key=("anything",))
     assert launched == [((2, 1, 1), ("x",), ("BLOCK", "num_warps"))] * 2
+
+
+class _Kernel:
+    """A compiled kernel's stand-in: keeps what each launch passed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, list[object], int]] = []
+
+    def __call__(self, grid: object, args: list[object], stream: int) -> None:
+        self.calls.append((grid, list(args), stream))
+
+
+def test_a_replay_fills_in_each_calls_addresses_and_keeps_the_rest() -> None:
+    x, out, weight = torch.zeros(4, 8), torch.zeros(4, 2), torch.zeros(2, 8)
+    q = torch.zeros(40, dtype=torch.uint8)  # 40 bytes: its place in the workspace takes 256
+    partials = torch.zeros(3, 4, 2)
+    second = partials[1]  # a view shares its storage's place
+    descriptor = object()  # a static tensor descriptor passes as it is
+    quant, gemm = _Kernel(), _Kernel()
+    recorded = [(quant, (1, 1, 1), (x, q, 4, 8, 1.5)),
+                (gemm, (2, 3, 1), (q, weight, descriptor, out, second, partials, None, 7))]
+    replay = triton_launch.Replay.of(recorded, device=0, per_call=(x, out), scratch=(q, partials, second),
+                                     static=(weight, descriptor))
+    assert replay is not None and replay.device == 0
+    assert replay.nbytes == 256 + 256  # each scratch storage in its own aligned place
+    replay((1000, 5000, 90000), stream=42)
+    assert quant.calls == [((1, 1, 1), [1000, 90000, 4, 8, 1.5], 42)]
+    row = 4 * 2 * 4  # the view starts one [4, 2] fp32 slab into its storage
+    assert gemm.calls == [((2, 3, 1), [90000, weight.data_ptr(), descriptor, 5000, 90000 + 256 + row, 90000 + 256,
+                                       None, 7], 42)]
+
+
+@pytest.mark.parametrize("case", ["unknown tensor", "not replayable", "nothing recorded"])
+def test_a_call_that_cannot_be_replayed_has_no_replay(case: str) -> None:
+    x, out, stray = torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2)
+    recorded: list[tuple[object, object, tuple[object, ...]]] = {
+        "unknown tensor": [(_Kernel(), (1, 1, 1), (x, out, stray))],  # e.g. a buffer shared between calls
+        "not replayable": [(_Kernel(), (1, 1, 1), (x, out)), (None, None, ())],  # e.g. a Gluon launch
+        "nothing recorded": [],
+    }[case]
+    assert triton_launch.Replay.of(recorded, device=0, per_call=(x, out), scratch=(), static=()) is None

@@ -4,7 +4,8 @@ A :class:`~fp8select.kernels.triton_launch.BoundKernel` keeps one compiled kerne
 specialization key its caller computes. Here every bound launch is also run through Triton's
 dispatcher, which must find the very kernel the key kept: across M (1, multiples of 16, others),
 bias absent / bf16 / fp32, an activation at an address not 16-byte aligned, and every kernel path.
-And a prepared layer's fast path gives the checked path's bits. Run this file on its own (other
+A replayed call gives the recorded call's bits, and a prepared layer's fast path gives the
+checked path's bits. Run this file on its own (other
 test modules set TRITON_INTERPRET=1): ``python -m pytest tests/test_triton_launch_gpu.py``.
 """
 
@@ -44,8 +45,8 @@ def checked_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     direct = []
     call = triton_launch.BoundKernel.__call__
 
-    def checked(self: Any, grid: Any, args: Any, key: Any = ()) -> None:
-        call(self, grid, args, key)
+    def checked(self: Any, grid: Any, args: Any, key: Any = (), record: Any = None) -> None:
+        call(self, grid, args, key, record)
         ran, kept = self.compiled_for(grid, args, key)
         if kept is not None:
             direct.append(1)
@@ -76,6 +77,22 @@ def test_the_key_keeps_the_kernel_triton_runs(checked_launches: list[int], confi
                 out = linear(x, bias)
                 assert rel_err(out, expected(x.cpu(), w.cpu(), s.cpu(), (128, 128), None if bias is None else bias.cpu())) < 1e-2
     assert checked_launches, "no launch took the direct path"
+
+
+@pytest.mark.parametrize("config", PATHS, ids=[f"{c['path']}-sk{c['SPLIT_K']}{'-p' if c.get('PERSISTENT') else ''}"
+                                               for c in PATHS])
+def test_a_replayed_call_gives_the_recorded_calls_bits(config: dict[str, Any]) -> None:
+    """The second call at an M replays the first one's launches (where they can be: not the tile and
+    persistent kernels reading the quantized activation through a TMA descriptor) and gives its bits."""
+    w, s, linear = _layer(config)
+    for m in MS:
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        first = linear(x)
+        replay = linear._replays[(m, torch.bfloat16)]
+        assert (replay is None) == (config["path"] == "gemm" and bool(config.get("TMA"))), m  # TMA reads x_q
+        again = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(linear(x), first)
+        assert rel_err(linear(again), expected(again.cpu(), w.cpu(), s.cpu(), (128, 128), None)) < 1e-2
 
 
 def test_the_fast_path_gives_the_checked_paths_bits() -> None:

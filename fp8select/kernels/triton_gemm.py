@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older triton
 from .quant import DEFAULT_EPS, M_MAJOR, ROW_MAJOR, check_activation, fp8_format
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
-from .triton_launch import BoundKernel, int_class, tensor_class
+from .triton_launch import REPLAYS_MAX, BoundKernel, Recorded, Replay, device_and_stream, int_class, tensor_class
 from .triton_pdl import PDL_MAX_M, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 from .triton_search import heuristic_config
@@ -224,27 +224,43 @@ class BoundGemm:
         self._tile_gemm: BoundGemm | None = None  # the wgmma configuration's tiles on the tile kernel
         self.repeat_rows_ok = True  # False once the swap kernel's row repetition failed to compile (see __call__)
 
-    def __call__(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    def statics(self) -> tuple[Any, ...]:
+        """What every launch reads besides a call's own tensors: the weight, its scales and TMA
+        descriptor, the split-K counters (for :class:`~fp8select.kernels.triton_launch.Replay`)."""
+        return tuple(t for t in (self.b, self.b_scale, self.b_desc, self.counters) if t is not None)
+
+    def workspace(self, m: int) -> tuple[int, int, int] | None:
+        """The shape of the fp32 split-K partials a call of ``m`` rows writes (None: it writes none)."""
+        return (self.split, m, self.n) if self.split > 1 and not self.wgmma else None
+
+    def __call__(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
+                 ws: torch.Tensor | None = None, record: list[Recorded] | None = None) -> None:
         """Write ``out``, a contiguous [M, N], from ``a`` [M, K] (fp8 with ``a_scale``, or unquantized when the
-        path quantizes)."""
+        path quantizes). ``ws``: the split-K partials, shaped as :meth:`workspace` says (None: allocated
+        here). ``record``: append each launch (:class:`~fp8select.kernels.triton_launch.Replay`)."""
         cfg = self.cfg
         if self.wgmma:
             if a_scale is not None and _tma_ok(a) and _tma_ok(out):  # (wgmma reads a quantized activation)
                 from . import gluon_gemm
 
                 gluon_gemm.launch(a, a_scale, self.b, self.b_scale, self.scale_bn, bias, out, cfg)
+                if record is not None:
+                    record.append((None, None, ()))  # launched by Gluon's own launcher: not replayable
                 return
             if self._tile_gemm is None:
                 self._tile_gemm = BoundGemm(self.b, self.b_scale, self.scale_bn, replace(cfg, path="gemm"),
                                             quant=self.quant, device=self.device, counters=self.counters)
-            self._tile_gemm(a, a_scale, bias, out)
+            self._tile_gemm(a, a_scale, bias, out, ws, record)
             return
         m = a.shape[0]
         n, split = self.n, self.split
         grid0 = -(-m // cfg.BLOCK_M) * self.n_tiles
         counters = self.counters
         fixup = self.fixup and (counters is None or counters.numel() >= grid0)
-        ws = torch.empty((split, m, n), dtype=torch.float32, device=out.device) if split > 1 else out
+        if split == 1:
+            ws = out
+        elif ws is None:
+            ws = torch.empty((split, m, n), dtype=torch.float32, device=out.device)
         if not fixup:
             counters = out
         elif counters is None:
@@ -257,7 +273,7 @@ class BoundGemm:
         if cfg.PERSISTENT and use_tma and not self.quant:
             programs = _persistent_programs(cfg, out.device, grid0)
             if programs:
-                self._persistent(a, a_scale, bias, stride_bias, out, m, programs)
+                self._persistent(a, a_scale, bias, stride_bias, out, m, programs, record)
                 return
         a_arg: Any = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K]) \
             if use_tma and not swap else a
@@ -280,7 +296,7 @@ class BoundGemm:
             if quant_rows not in (1, cfg.BLOCK_M) and not self.repeat_rows_ok:
                 quant_rows = cfg.BLOCK_M
             try:
-                self._kernel("swap", use_tma, has_bias, fixup, pdl, quant_rows)((grid0, split, 1), args, key)
+                self._kernel("swap", use_tma, has_bias, fixup, pdl, quant_rows)((grid0, split, 1), args, key, record)
             except Exception:
                 # 1 < QUANT_ROWS < BLOCK_M repeats rows with a 3-D broadcast + reshape; should a
                 # Triton version fail to compile that, quantize the whole (wrapped) tile instead:
@@ -288,17 +304,17 @@ class BoundGemm:
                 if quant_rows in (1, cfg.BLOCK_M):
                     raise
                 self.repeat_rows_ok = False
-                self._kernel("swap", use_tma, has_bias, fixup, pdl, cfg.BLOCK_M)((grid0, split, 1), args, key)
+                self._kernel("swap", use_tma, has_bias, fixup, pdl, cfg.BLOCK_M)((grid0, split, 1), args, key, record)
         else:
-            self._kernel("tile", use_tma, has_bias, fixup, pdl, 0)((grid0, split, 1), args, key)
+            self._kernel("tile", use_tma, has_bias, fixup, pdl, 0)((grid0, split, 1), args, key, record)
         if split > 1 and not fixup:
             block = 1024
             self._kernel("reduce", False, has_bias, False, pdl, 0)(
                 (-(-m * n // block), 1, 1), (ws, bias if has_bias else ws, out, m * n, n, stride_bias),
-                (int_class(m * n), int_class(stride_bias), key[-1]))
+                (int_class(m * n), int_class(stride_bias), key[-1]), record)
 
     def _persistent(self, a: torch.Tensor, a_scale: torch.Tensor | None, bias: torch.Tensor | None, stride_bias: int,
-                    out: torch.Tensor, m: int, programs: int) -> None:
+                    out: torch.Tensor, m: int, programs: int, record: list[Recorded] | None) -> None:
         cfg, b_scale = self.cfg, self.b_scale
         assert a_scale is not None  # persistent launches read a quantized activation
         a_desc = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.BLOCK_M, SCALE_GROUP_K])
@@ -306,7 +322,7 @@ class BoundGemm:
                 programs, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1), stride_bias,
                 self.n, 1)
         key = (tensor_class(a_scale), tensor_class(bias), int_class(programs))
-        self._kernel("persistent", True, bias is not None, False, False, 0)((programs, 1, 1), args, key)
+        self._kernel("persistent", True, bias is not None, False, False, 0)((programs, 1, 1), args, key, record)
 
     def _kernel(self, kind: str, use_tma: bool, has_bias: bool, fixup: bool, pdl: bool, quant_rows: int) -> BoundKernel:
         variant = (kind, use_tma, has_bias, fixup, pdl, quant_rows)
@@ -345,11 +361,18 @@ class BoundLinear:
 
     The quantizer and GEMM of one launch configuration (``config``; None: the gemm path's
     heuristic for each call's M, as :func:`linear` runs it), bound to their kernels for
-    unquantized activations of width K on ``device``. A call allocates the output and launches:
-    ``x`` is [M >= 1, K] in an activation dtype on the weight's device (the caller checked it).
+    unquantized activations of width K on ``device``. ``x`` is [M >= 1, K] in an activation
+    dtype on the weight's device (the caller checked it).
+
+    The first call at an M (per activation dtype) launches through the bound kernels and records
+    its launches; later calls at that M, without bias, on a contiguous 16-byte-aligned ``x``,
+    replay them (:class:`~fp8select.kernels.triton_launch.Replay`): two allocations (the output
+    and one workspace for the quantized activation, its scales and any split-K partials) and the
+    compiled kernels launched with addresses. Any other call launches as the first one did.
     """
 
-    __slots__ = ("_b", "_b_scale", "_bound", "_counters", "_device", "_fixed", "_k", "_n", "_out_dtype", "_scale_bn")
+    __slots__ = ("_b", "_b_scale", "_bound", "_counters", "_current", "_device", "_fixed", "_k", "_n", "_out_dtype",
+                 "_replays", "_scale_bn", "_stream")
 
     def __init__(self, b: torch.Tensor, b_scale: torch.Tensor, block_size: tuple[int, int], config: TritonConfig | None,
                  *, out_dtype: torch.dtype, counters: torch.Tensor | None = None) -> None:
@@ -361,6 +384,11 @@ class BoundLinear:
         self._b, self._b_scale, self._out_dtype, self._counters, self._device = b, b_scale, out_dtype, counters, b.device
         self._bound: dict[TritonConfig, tuple[BoundGemm, TritonQuantizer | None]] = {}
         self._fixed = self._bind(config) if config is not None else None
+        self._replays: dict[tuple[int, torch.dtype], Replay | None] = {}
+        self._current: Any = None  # the current device's index and stream, where replays run (CUDA)
+        self._stream: Any = None
+        if b.is_cuda:
+            self._current, self._stream = device_and_stream()
 
     def _bind(self, cfg: TritonConfig) -> tuple[BoundGemm, TritonQuantizer | None]:
         bound = self._bound.get(cfg)
@@ -379,13 +407,30 @@ class BoundLinear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         m = x.shape[0]
+        replayable = bias is None and self._current is not None and x.is_contiguous() and not x.data_ptr() % 16
+        if replayable:
+            replay = self._replays.get((m, x.dtype))
+            if replay is not None and replay.device == self._current():
+                out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
+                work = torch.empty(replay.nbytes, dtype=torch.uint8, device=self._device) if replay.nbytes else out
+                replay((x.data_ptr(), out.data_ptr(), work.data_ptr()), self._stream(replay.device))
+                return out
         gemm, quant = self._fixed or self._bind(heuristic_config(self._n, self._k, m, "gemm"))
         out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
+        shape = gemm.workspace(m)
+        ws = None if shape is None else torch.empty(shape, dtype=torch.float32, device=self._device)
+        record: list[Recorded] | None = [] if replayable and len(self._replays) < REPLAYS_MAX else None
         if quant is None:
-            gemm(x, None, bias, out)
+            scratch: tuple[torch.Tensor, ...] = ()
+            gemm(x, None, bias, out, ws, record)
         else:
-            x_q, x_s = quant(x)
-            gemm(x_q, x_s, bias, out)
+            x_q, x_s = quant(x, record=record)
+            scratch = (x_q, x_s)
+            gemm(x_q, x_s, bias, out, ws, record)
+        if record is not None:
+            self._replays[(m, x.dtype)] = Replay.of(
+                record, device=self._current(), per_call=(x, out), scratch=(*scratch, *(() if ws is None else (ws,))),
+                static=gemm.statics())
         return out
 
 

@@ -17,17 +17,30 @@ own cache does.
 
 The direct launch is used where it was checked: Triton 3.4 or later, a compiled (not
 interpreted) kernel. Elsewhere every launch goes through ``kernel[grid]``, as before.
+
+A caller that makes the same launches call after call (a layer at one M) can go one step further:
+record one call's launches (``record=`` a list) and make a :class:`Replay` of them. A replay keeps
+each launch's arguments with every tensor turned into its address: the static ones (the weight,
+its scales) fixed, the call's own (input, output) and its scratch tensors (the quantized
+activation, split-K partials) filled in from the addresses the next call passes, the scratch
+ones as offsets into one workspace. A launch then costs no ``data_ptr()`` calls, no driver
+pointer queries and one allocation for all the scratch, instead of one per tensor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import triton
 from packaging.version import Version
 
-__all__ = ["BoundKernel", "int_class", "tensor_class"]
+__all__ = ["REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "device_and_stream", "int_class", "tensor_class"]
+
+Recorded = tuple[Any, Any, tuple[Any, ...]]
+"""One launch of a recorded call: ``(kernel, grid, args)``. ``kernel`` is the compiled kernel kept,
+or None where the launch cannot be replayed (it went through Triton's dispatcher, or another
+launcher: the Gluon kernels')."""
 
 DIRECT_SINCE = (3, 4)
 """The first Triton release whose dispatcher passes the launcher every parameter's value (constexprs
@@ -55,7 +68,7 @@ def _direct_supported(fn: Any) -> bool:
     return True
 
 
-def _device_and_stream() -> tuple[Any, Any]:
+def device_and_stream() -> tuple[Any, Any]:
     """The current device and its current stream, as Triton's dispatcher asks for them: torch's own
     accessors where this torch has them (a microsecond less per launch than Triton's wrappers)."""
     import torch
@@ -88,7 +101,7 @@ class _Direct:
         # Triton 3.6 on keeps launch hooks in chains (``.calls``); earlier ones hold None or a hook.
         self.chain = getattr(knobs, "HookChain", None)
 
-    def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], stream: int) -> None:
+    def __call__(self, grid: tuple[int, int, int], args: Sequence[Any], stream: int) -> None:
         values = (*args, *self.tail)
         runtime = self.runtime
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
@@ -116,21 +129,27 @@ class BoundKernel:
         self._direct = _direct_supported(fn)
         self._names = tuple(fn.arg_names) if self._direct else ()
         if self._direct:
-            self._current, self._stream = _device_and_stream()
+            self._current, self._stream = device_and_stream()
 
-    def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], key: Hashable = ()) -> None:
+    def __call__(self, grid: tuple[int, int, int], args: tuple[Any, ...], key: Hashable = (),
+                 record: list[Recorded] | None = None) -> None:
+        """Launch; with ``record``, append what was launched (the compiled kernel kept, None where
+        there is none: an interpreted kernel, an older Triton)."""
+        launch = None
         if not self._direct:
             self._fn[grid](*args, **self._kwargs)
-            return
-        device = self._current()
-        full_key = (device, key)
-        launch = self._launches.get(full_key)
-        if launch is not None:
-            launch(grid, args, self._stream(device))
-            return
-        compiled = self._fn[grid](*args, **self._kwargs)
-        if compiled is not None:
-            self._launches[full_key] = _Direct(compiled, self._tail(len(args)))
+        else:
+            device = self._current()
+            full_key = (device, key)
+            launch = self._launches.get(full_key)
+            if launch is not None:
+                launch(grid, args, self._stream(device))
+            else:
+                compiled = self._fn[grid](*args, **self._kwargs)
+                if compiled is not None:
+                    launch = self._launches[full_key] = _Direct(compiled, self._tail(len(args)))
+        if record is not None:
+            record.append((launch, grid, args))
 
     def compiled_for(self, grid: tuple[int, int, int], args: tuple[Any, ...], key: Hashable = ()) -> tuple[Any, Any]:
         """Launch through Triton's dispatcher and return ``(the kernel it ran, the kernel kept for key)``:
@@ -146,3 +165,75 @@ class BoundKernel:
         for name, param in zip(self._names[positional:], params[positional:], strict=True):
             values.append(self._kwargs[name] if name in self._kwargs else param.default)
         return tuple(values)
+
+
+REPLAYS_MAX = 1024
+"""How many calls (M, activation dtype) one bound linear or quantizer keeps a replay for, each a few
+hundred bytes; calls beyond launch as a first call does."""
+
+WORKSPACE_ALIGN = 256
+"""Bytes each scratch tensor's place in a replay's workspace is aligned to (as torch's allocator aligns)."""
+
+
+class Replay:
+    """A recorded call's launches, run again with new addresses: ``replay(addresses, stream)``.
+
+    Made by :meth:`of`. ``addresses`` are the call's own tensors' addresses, in the order of
+    ``per_call``, then the workspace's (``nbytes`` bytes, :data:`WORKSPACE_ALIGN`-aligned, unused
+    when 0). The next call must match the recorded one in everything but those addresses (the
+    same M, dtypes, strides and alignment), and run on ``device``: its caller keys replays so.
+    """
+
+    __slots__ = ("device", "nbytes", "steps")
+
+    def __init__(self, device: int, nbytes: int,
+                 steps: tuple[tuple[_Direct, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]], ...]) -> None:
+        self.device, self.nbytes, self.steps = device, nbytes, steps
+
+    @classmethod
+    def of(cls, recorded: Sequence[Recorded], *, device: int, per_call: Sequence[Any], scratch: Sequence[Any],
+           static: Sequence[Any]) -> Replay | None:
+        """The replay of ``recorded``, or None when a launch cannot be replayed or an argument is
+        neither a number nor None nor of the three kinds: ``per_call`` tensors (their addresses are
+        passed to each replay), ``scratch`` tensors (given a place in the workspace) and ``static``
+        ones (tensors, kept as their addresses, and tensor descriptors, kept as they are: both must
+        live as long as the replay)."""
+        import torch
+
+        if not recorded:
+            return None
+        slots = {id(t): (i, 0) for i, t in enumerate(per_call)}
+        nbytes = 0
+        places: dict[int, int] = {}
+        for t in scratch:
+            storage = t.untyped_storage()
+            start = storage.data_ptr()
+            if start not in places:
+                places[start] = nbytes
+                nbytes += -(-storage.nbytes() // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+            slots[id(t)] = (len(per_call), places[start] + t.data_ptr() - start)
+        fixed = {id(t): t.data_ptr() if isinstance(t, torch.Tensor) else t for t in static}
+        steps = []
+        for kernel, grid, args in recorded:
+            if kernel is None or grid is None:
+                return None
+            template: list[Any] = []
+            subs = []
+            for pos, arg in enumerate(args):
+                if id(arg) in slots:
+                    subs.append((pos, *slots[id(arg)]))
+                    arg = None
+                elif id(arg) in fixed:
+                    arg = fixed[id(arg)]
+                elif not (arg is None or isinstance(arg, (int, float))):  # a tensor or descriptor of no known kind
+                    return None
+                template.append(arg)
+            steps.append((kernel, grid, tuple(template), tuple(subs)))
+        return cls(device, nbytes, tuple(steps))
+
+    def __call__(self, addresses: Sequence[int], stream: int) -> None:
+        for kernel, grid, template, subs in self.steps:
+            args = list(template)
+            for pos, base, offset in subs:
+                args[pos] = addresses[base] + offset
+            kernel(grid, args, stream)
