@@ -27,13 +27,13 @@ from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX, bucket_index
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
 from fp8select.guard import call_foreign
+from fp8select.kernels.quant import ACTIVATION_DTYPES
 from fp8select.measured.model import Measurements
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
 from fp8select.verdict import Candidate
 
 FLOAT8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 CheckedRun = Callable[..., torch.Tensor]
 """A route's ``run`` with its prepared weight bound: what the checked path calls (any input a backend takes)."""

@@ -9,8 +9,8 @@ running anything; the real implementation calls the layer's eager ``forward``.
 A layer is a Python object, not a tensor, so the op takes an integer *handle* to it: layers
 register themselves when they are created (:func:`register`), the registry holds them by
 weak reference (a layer is freed as usual when its owner drops it), and Dynamo treats the
-handle as a constant of the graph. The op also takes N and the output dtype, all the fake
-needs, so the fake is a pure function of its arguments. Handles are local to the process:
+handle as a constant of the graph. The op also takes N and the output dtype (as a code,
+:data:`OUT_DTYPES`), all the fake needs, so the fake is a pure function of its arguments. Handles are local to the process:
 a graph holding one cannot be exported or run in another process.
 
 Eager calls do not go through the dispatcher: a layer's ``__call__`` runs its ``forward``
@@ -34,7 +34,8 @@ from typing import Any, Protocol
 
 import torch
 
-from fp8select.errors import InvalidInputError
+from fp8select.errors import InvalidDtypeError, InvalidInputError
+from fp8select.kernels.quant import ACTIVATION_DTYPES
 
 
 class OpLayer(Protocol):
@@ -47,7 +48,11 @@ class OpLayer(Protocol):
                 input_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
 OP_NAME = "fp8select::linear"
-SCHEMA = "(Tensor x, Tensor? bias, Tensor? input_scale, int handle, int n, ScalarType out_dtype) -> Tensor"
+SCHEMA = "(Tensor x, Tensor? bias, Tensor? input_scale, int handle, int n, int out_dtype) -> Tensor"
+OUT_DTYPES = ACTIVATION_DTYPES
+"""The output dtypes by the code the op takes for them (their index): an int, which torch's
+dispatcher parses in a fraction of the time a ``ScalarType`` takes (about 0.8 us a call on a CPU)."""
+_OUT_CODES = {dtype: code for code, dtype in enumerate(OUT_DTYPES)}
 HANDLE_ATTR = "_fp8select_handle"
 
 
@@ -104,21 +109,24 @@ def compiled_call(layer: OpLayer, x: torch.Tensor, bias: torch.Tensor | None = N
     """``layer`` on ``x`` as one ``fp8select::linear`` node, for a graph being compiled (the layer's
     ``__call__`` runs its eager ``forward`` otherwise). Inputs are detached: inference only."""
     out_dtype = layer.out_dtype or x.dtype
+    code = _OUT_CODES.get(out_dtype)
+    if code is None:
+        raise InvalidDtypeError(f"x: expected one of {', '.join(map(str, OUT_DTYPES))}, found {out_dtype}")
     return torch.ops.fp8select.linear.default(  # type: ignore[no-any-return]
         x.detach(), None if bias is None else bias.detach(), None if input_scale is None else input_scale.detach(),
-        getattr(layer, HANDLE_ATTR), layer.n, out_dtype)
+        getattr(layer, HANDLE_ATTR), layer.n, code)
 
 
 def _linear(x: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.Tensor | None, handle: int, n: int,
-            out_dtype: torch.dtype) -> torch.Tensor:
+            out_dtype: int) -> torch.Tensor:
     out = _LIVE.get(handle).forward(x, bias, input_scale)
     # The fake promises a fresh contiguous tensor; compiled code relies on those strides.
     return out if out.is_contiguous() else out.contiguous()
 
 
 def _linear_fake(x: torch.Tensor, bias: torch.Tensor | None, input_scale: torch.Tensor | None, handle: int, n: int,
-                 out_dtype: torch.dtype) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], n), dtype=out_dtype)
+                 out_dtype: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], n), dtype=OUT_DTYPES[out_dtype])
 
 
 @functools.cache

@@ -42,7 +42,7 @@ def test_op_runs_the_layer_and_matches_eager(selection) -> None:  # type: ignore
     assert ops.register(layer) == handle  # idempotent
     x = torch.randn(2, 3, 384, dtype=torch.bfloat16)
     bias = torch.randn(256, dtype=torch.bfloat16)
-    out = torch.ops.fp8select.linear(x, bias, None, handle, 256, torch.bfloat16)
+    out = torch.ops.fp8select.linear(x, bias, None, handle, 256, ops.OUT_DTYPES.index(torch.bfloat16))
     assert out.shape == (2, 3, 256) and out.dtype == torch.bfloat16 and out.is_contiguous()
     assert torch.equal(out, layer(x, bias))
     assert rel_err(out, expected(x, w, s, (128, 128), bias)) < 1e-2
@@ -55,7 +55,7 @@ def test_fake_gives_shape_and_dtype_without_running(selection) -> None:  # type:
     layer = selection.prepare(w, s, out_dtype=torch.float32)
     with FakeTensorMode():
         x = torch.empty(4, 5, 256, dtype=torch.bfloat16)
-        out = torch.ops.fp8select.linear(x, None, None, ops.register(layer), 128, torch.float32)
+        out = torch.ops.fp8select.linear(x, None, None, ops.register(layer), 128, ops.OUT_DTYPES.index(torch.float32))
         assert out.shape == (4, 5, 128) and out.dtype == torch.float32
 
 
@@ -68,7 +68,7 @@ def test_registry_holds_layers_weakly_and_rejects_stale_handles(selection) -> No
     gc.collect()
     assert ops.live_layers() == before - 1
     with pytest.raises(InvalidInputError, match="freed"):
-        torch.ops.fp8select.linear(torch.randn(1, 128, dtype=torch.bfloat16), None, None, handle, 128, torch.bfloat16)
+        torch.ops.fp8select.linear(torch.randn(1, 128, dtype=torch.bfloat16), None, None, handle, 128, ops.OUT_DTYPES.index(torch.bfloat16))
 
 
 def test_handles_are_unique_and_a_copy_gets_its_own(selection) -> None:  # type: ignore[no-untyped-def]
