@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fp8select.measured*",),                                            # the measured data plans read
     ("fp8select.plan", "fp8select.moe_plan"),                            # per layer: a route per M bucket
     ("fp8select.ops", "fp8select.layer", "fp8select.warmup",
-     "fp8select.moe_ops", "fp8select.moe"),                              # the call path
+     "fp8select.moe_ops", "fp8select.moe", "fp8select.grouped"),         # the call path
     ("fp8select.distributed", "fp8select.moe_select", "fp8select.selection"),  # ranks agreeing; the facade
     ("fp8select.verify", "fp8select.verify_chain"),                      # verification of a chain
     ("fp8select.measure*",),                                             # timing, bench, tune, load-time measuring
