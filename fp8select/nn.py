@@ -33,10 +33,11 @@ import torch
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPreparedError
 from fp8select.kernels.quant import ACTIVATION_DTYPES
 from fp8select.layer import Fp8Linear, check_block_size, check_weight
+from fp8select.moe import Fp8MoE
 from fp8select.problem import dtype_name
 from fp8select.selection import Selection
 
-__all__ = ["BlockFp8Linear"]
+__all__ = ["BlockFp8Linear", "BlockFp8MoE"]
 
 WEIGHT_DTYPE = torch.float8_e4m3fn
 # The torch device type that a snapshot's device kind runs on (ROCm builds call theirs "cuda").
@@ -281,8 +282,105 @@ class BlockFp8Linear(torch.nn.Module):
         return ", ".join(parts)
 
 
+_MOE_NAMES = ("w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv")
+
+
+class BlockFp8MoE(torch.nn.Module):
+    """The experts of a block-FP8 MoE layer: ``y = moe(x, topk_weights, topk_ids)`` (docs/moe.md).
+
+    Its state dict holds ``w13_weight`` (float8_e4m3fn ``[E, 2I, H]``, gate rows then up rows),
+    ``w2_weight`` (``[E, H, I]``) and their fp32 block scales ``w13_weight_scale_inv`` /
+    ``w2_weight_scale_inv``. It prepares (:meth:`fp8select.Selection.prepare_moe`) when its weights
+    become real on its selection's device kind: after ``load_state_dict`` (also ``assign=True`` into a
+    meta module), after ``.to(device)``, or when :meth:`prepare` is called after writing in place.
+    ``forward`` prepares nothing, so it is one custom op under ``torch.compile``. Inference only.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 block_size: Sequence[int] = (128, 128), selection: Selection | None = None, top_k: int | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.num_experts = _positive_int("num_experts", num_experts)
+        self.hidden_size = _positive_int("hidden_size", hidden_size)
+        self.intermediate_size = _positive_int("intermediate_size", intermediate_size)
+        self.block_size = check_block_size(block_size)
+        if selection is not None and not isinstance(selection, Selection):
+            raise InvalidDtypeError(f"selection: expected an fp8select.Selection or None, found {type(selection).__name__}")
+        self.selection, self.top_k = selection, top_k
+        e, h, i = num_experts, hidden_size, intermediate_size
+        bn, bk = self.block_size
+        shapes = {"w13_weight": ((e, 2 * i, h), WEIGHT_DTYPE), "w2_weight": ((e, h, i), WEIGHT_DTYPE),
+                  "w13_weight_scale_inv": ((e, _ceil_div(2 * i, bn), _ceil_div(h, bk)), torch.float32),
+                  "w2_weight_scale_inv": ((e, _ceil_div(h, bn), _ceil_div(i, bk)), torch.float32)}
+        for name, (shape, dtype) in shapes.items():
+            self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, dtype=dtype, device=device),
+                                                             requires_grad=False))
+        self._moe: Fp8MoE | None = None
+        self._loaded = False
+        self.register_load_state_dict_post_hook(_prepare_after_load)
+
+    def prepare(self) -> None:
+        """Lay the current weights out for the selection's MoE backends (never per call)."""
+        tensors: list[torch.Tensor] = [getattr(self, n) for n in _MOE_NAMES]
+        if any(t.is_meta for t in tensors):
+            raise NotPreparedError(f"{self._name()}: cannot prepare: its weights are on the meta device (load them first)")
+        if self.selection is None:
+            from fp8select.resolver import resolve
+
+            self.selection = resolve()
+        kind = self.selection.capabilities.device_kind
+        want, have = _DEVICE_TYPE.get(kind, kind), tensors[0].device.type
+        if have != want:
+            raise NotPreparedError(f"{self._name()}: cannot prepare: the weights are on {have} but the selection runs "
+                                   f"on {kind}; move the module with .to({want!r})")
+        self._loaded = True
+        w13, w13_scale, w2, w2_scale = tensors
+        self._moe = self.selection.prepare_moe(w13, w13_scale, w2, w2_scale, self.block_size, top_k=self.top_k)
+
+    def _sync(self) -> None:
+        try:
+            self.prepare()
+        except NotPreparedError:
+            self._moe = None
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        self._loaded = all(prefix + name in state_dict for name in _MOE_NAMES)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> BlockFp8MoE:
+        def keep_dtypes(t: torch.Tensor) -> torch.Tensor:  # fp8 weights and fp32 scales are moved, never cast
+            return t.to(device=fn(t.new_empty(0)).device)
+
+        super()._apply(keep_dtypes, recurse)
+        if self._loaded:
+            self._sync()
+        return self
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        moe = self._moe
+        if moe is None:
+            raise NotPreparedError(f"{self._name()}: not prepared: load a state dict or call prepare()")
+        return moe(x, topk_weights, topk_ids)
+
+    @property
+    def fp8_moe(self) -> Fp8MoE | None:
+        """The prepared layer (its plan), None until prepared."""
+        return self._moe
+
+    def _name(self) -> str:
+        return f"BlockFp8MoE({self.num_experts}, {self.hidden_size}, {self.intermediate_size})"
+
+    def extra_repr(self) -> str:
+        plan = "None (not prepared)" if self._moe is None else repr(self._moe.main_plan.summary())
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, plan={plan}")
+
+
 def _prepare_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None:
     if isinstance(module, BlockFp8Linear):
+        module._sync()
+    elif isinstance(module, BlockFp8MoE) and module._loaded:
         module._sync()
 
 

@@ -14,6 +14,8 @@ from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
 from fp8select.measured.model import Measurements
 from fp8select.measured.sources import measurements_for, wants_load_time_tuning
+from fp8select.moe import Fp8MoE
+from fp8select.moe_plan import MoePlan, MoeTimes
 from fp8select.plan import Plan, build_plan, estimator
 from fp8select.problem import Problem
 
@@ -151,6 +153,28 @@ class Selection(Decision):
         estimate = estimator(self.measurements, n, k, block)
         return build_plan(problem, self.chain, self.capabilities, estimate, explicit=self.explicit,
                           max_weight_copies=self.max_weight_copies)
+
+    def prepare_moe(self, w13: torch.Tensor, w13_scale_inv: torch.Tensor, w2: torch.Tensor, w2_scale_inv: torch.Tensor,
+                    block_size: Sequence[int] = (128, 128), *, top_k: int | None = None,
+                    measured: MoeTimes | None = None, check_ids: bool = True) -> Fp8MoE:
+        """Plan a MoE experts layer and lay its weights out, once; returns ``moe(x, topk_weights, topk_ids)``.
+
+        ``w13`` float8_e4m3fn ``[E, 2I, H]`` (gate rows, then up rows), ``w2`` ``[E, H, I]``, with fp32 block
+        scales; ``top_k`` the experts per token the first plan is made for (default 8; others on first use);
+        ``measured`` rows of this shape (:data:`fp8select.moe_plan.MoeTimes`). See docs/moe.md.
+        """
+        from fp8select.moe_select import moe_chain, moe_explicit
+
+        chain = moe_chain(self)
+        return Fp8MoE(chain, self.capabilities, w13, w13_scale_inv, w2, w2_scale_inv, block_size, top_k=top_k,
+                      measured=measured, explicit=moe_explicit(self, chain), check_ids=check_ids)
+
+    def moe_plan_for(self, experts: int, hidden: int, intermediate: int, top_k: int,
+                     block_size: Sequence[int] = (128, 128), *, measured: MoeTimes | None = None) -> MoePlan:
+        """The plan a MoE layer of this shape would get (no weights needed: what ``explain --moe`` prints)."""
+        from fp8select.moe_select import moe_chain, moe_plan_for
+
+        return moe_plan_for(self, moe_chain(self), experts, hidden, intermediate, top_k, block_size, measured)
 
     def linear(self, input: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int], weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,

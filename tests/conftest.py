@@ -18,7 +18,7 @@ GPU_ALONE = ("TRITON_INTERPRET=1 in this process (a CPU interpreter test module 
              "process of their own, python -m pytest -m gpu tests/test_kernels_gpu.py tests/test_gpu.py "
              "tests/test_gpu_vendors.py tests/test_verify_chain.py tests/test_triton_launch_gpu.py, then "
              "tests/test_compile_gpu.py "
-             "tests/test_transformers_gpu.py")
+             "tests/test_transformers_gpu.py tests/test_moe_gpu.py")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

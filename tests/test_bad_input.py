@@ -72,6 +72,22 @@ def _fp8_input(m: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), s.to(torch.float32)
 
 
+def _moe_weights(**change: Any) -> list[torch.Tensor]:
+    """A small MoE checkpoint (E=2, H=128, I=128): w13, w13_scale, w2, w2_scale, with ``change`` applied by name."""
+    w13 = random_problem(512, 128, seed=2)[0].view(2, 256, 128).clone()
+    w2 = random_problem(256, 128, seed=3)[0].view(2, 128, 128).clone()
+    tensors = {"w13": w13, "w13_scale": _s((2, 2, 1)), "w2": w2, "w2_scale": _s((2, 1, 1))}
+    for name, fn in change.items():
+        tensors[name] = fn(tensors[name])
+    return list(tensors.values())
+
+
+def _moe_call(x: Any = None, weights: Any = None, ids: Any = None) -> Any:
+    moe = _sel().prepare_moe(*_moe_weights(), top_k=2)
+    ids = torch.tensor([[0, 1], [1, -1], [0, 1]], dtype=torch.int32) if ids is None else ids
+    return moe(_x(3, 128) if x is None else x, torch.rand(3, 2) if weights is None else weights, ids)
+
+
 def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
@@ -307,13 +323,36 @@ CASES: tuple[Case, ...] = (
          InvalidInputError, ("weight_scale:", "expected finite values")),
     Case("linear-bias-shape", "linear", lambda: _sel().linear(_x(), _w(), [128, 128], _s(), None, torch.zeros(3)),
          InvalidInputError, ("bias:", "found [3]")),
+    # --- Selection.prepare_moe() and the MoE layer's call -------------------------------------------
+    Case("moe-w13-bf16", "moe", lambda: _sel().prepare_moe(*_moe_weights(w13=lambda t: t.bfloat16())),
+         InvalidDtypeError, ("w13:", "expected dtype float8_e4m3fn", "found bfloat16")),
+    Case("moe-w2-shape", "moe", lambda: _sel().prepare_moe(*_moe_weights(w2=lambda t: t[:, :, :64])),
+         InvalidInputError, ("w2:", "expected shape [E, H, I] = [2, 128, 128]", "found [2, 128, 64]")),
+    Case("moe-scale-shape", "moe", lambda: _sel().prepare_moe(*_moe_weights(w13_scale=lambda t: t[:1])),
+         InvalidInputError, ("w13_scale:", "expected shape", "found [1, 2, 1]")),
+    Case("moe-scale-nan", "moe", lambda: _sel().prepare_moe(*_moe_weights(w2_scale=lambda t: t.fill_(float("nan")))),
+         InvalidInputError, ("w2_scale:", "expected finite values")),
+    Case("moe-top-k", "moe", lambda: _sel().prepare_moe(*_moe_weights(), top_k=0), InvalidInputError,
+         ("top_k:", "found 0")),
+    Case("moe-id-out-of-range", "moe", lambda: _moe_call(ids=torch.tensor([[0, 2], [1, 0], [0, 1]])), InvalidInputError,
+         ("topk_ids:", "expected expert ids in [0, 2) or -1", "found [2]")),
+    Case("moe-id-repeated", "moe", lambda: _moe_call(ids=torch.tensor([[1, 1], [1, 0], [0, 1]])), InvalidInputError,
+         ("topk_ids:", "expected distinct expert ids", "found a repeated id")),
+    Case("moe-ids-float", "moe", lambda: _moe_call(ids=torch.zeros(3, 2)), InvalidDtypeError,
+         ("topk_ids:", "expected dtype int32/int64", "found float32")),
+    Case("moe-weights-shape", "moe", lambda: _moe_call(weights=torch.rand(3, 1)), InvalidInputError,
+         ("topk_weights:", "expected shape [3, 2]", "found [3, 1]")),
+    Case("moe-x-width", "moe", lambda: _moe_call(x=_x(3, 64)), InvalidInputError,
+         ("x:", "expected shape [M, H=128]", "found [3, 64]")),
+    Case("moe-x-int", "moe", lambda: _moe_call(x=torch.zeros(3, 128, dtype=torch.int8)), InvalidDtypeError,
+         ("x:", "expected dtype", "found int8")),
 )
 
 
 def test_at_least_thirty_cases_and_unique_ids() -> None:
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 30
-    assert {c.surface for c in CASES} == {"resolve", "snapshot", "prepare", "call", "linear"}
+    assert {c.surface for c in CASES} == {"resolve", "snapshot", "prepare", "call", "linear", "moe"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

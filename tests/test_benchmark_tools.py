@@ -25,6 +25,7 @@ NEEDS_CUDA = {
     "h200_checks": ["--out", "OUT/checks.json"],
     "host_overhead": ["--out", "OUT/host"],
     "jit_warm": ["--out", "OUT/warm.json"],
+    "moe": ["--out", "OUT/moe"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
 ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check")

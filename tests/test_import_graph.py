@@ -19,9 +19,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fp8select.backends*",),                                            # gates, prepare, bind, run
     ("fp8select.plugins", "fp8select.decision"),                         # the choice: a Decision
     ("fp8select.measured*",),                                            # the measured data plans read
-    ("fp8select.plan",),                                                 # per layer: a route per M bucket
-    ("fp8select.ops", "fp8select.layer", "fp8select.warmup"),            # the call path
-    ("fp8select.distributed", "fp8select.selection"),                    # ranks agreeing; the selection facade
+    ("fp8select.plan", "fp8select.moe_plan"),                            # per layer: a route per M bucket
+    ("fp8select.ops", "fp8select.layer", "fp8select.warmup",
+     "fp8select.moe_ops", "fp8select.moe", "fp8select.grouped"),         # the call path
+    ("fp8select.distributed", "fp8select.moe_select", "fp8select.selection"),  # ranks agreeing; the facade
     ("fp8select.verify", "fp8select.verify_chain"),                      # verification of a chain
     ("fp8select.measure*",),                                             # timing, bench, tune, load-time measuring
     ("fp8select.resolver",),                                             # resolve(): facts to a settled Selection
@@ -29,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fp8select.cli", "fp8select.__main__", "fp8select._docs", "fp8select"),  # the command line, the package
 )
 MEASUREMENT = {"fp8select.measure.bench", "fp8select.measure.tune", "fp8select.measure.loadtime"}
-CALL_PATH = ("fp8select.layer", "fp8select.ops", "fp8select.plan")
+CALL_PATH = ("fp8select.layer", "fp8select.ops", "fp8select.plan", "fp8select.moe", "fp8select.moe_ops",
+             "fp8select.moe_plan")
 
 
 def _modules() -> dict[str, Path]:

@@ -12,7 +12,9 @@ Emulates the dense FP8 GEMM entry points and the scale-layout helpers an adapter
   ``get_mn_major_tma_aligned_tensor``, ``get_mn_major_tma_aligned_packed_ue8m0_tensor(sf,
   psum_layout=None)``, ``transform_sf_into_required_layout(sf, mn, k, recipe, num_groups=None,
   is_sfa=None, disable_ue8m0_cast=False, psum_layout=None)``, ``set_num_sms``/``get_num_sms``
-  and the ``deep_gemm.utils`` / ``deep_gemm.utils.layout`` submodules; ``__version__ = "2.6.1"``.
+  and the ``deep_gemm.utils`` / ``deep_gemm.utils.layout`` submodules; ``__version__ = "2.6.1"``; and the
+  M-grouped ``m_grouped_fp8_gemm_nt_contiguous`` / ``_masked`` and
+  ``get_mk_alignment_for_contiguous_layout`` (also in ``api="v2.8"``), in tests/fakes/deep_gemm_grouped.py.
 * ``api="v2"``: the 2.0-era seven-parameter form ``fp8_gemm_nt((a, sfa), (b, sfb), d, c=None,
   recipe=None, compiled_dims="nk", disable_ue8m0_cast=False)`` (read in earlier 2.x sources,
   not in a release checked here).
@@ -49,6 +51,7 @@ from typing import Any
 import torch
 
 from . import Call, ceil_div, make_vendor_module, recorded, round_up, unpack_ue8m0
+from .deep_gemm_grouped import FakeGroupedGEMM
 
 ARCH_MAJORS = {"sm90": 9, "sm100": 10}
 API_VARIANTS = ("v1", "v2", "v2.6", "v2.8")
@@ -492,7 +495,11 @@ def build(log: list[Call], **options: Any) -> tuple[FakeDeepGEMM, dict[str, Any]
     }
     layout_module = make_vendor_module("deep_gemm.utils.layout", layout)
     utils_module = make_vendor_module("deep_gemm.utils", {**layout, "layout": layout_module, "ceil_div": ceil_div, "align": round_up})
+    grouped = FakeGroupedGEMM(impl)  # the M-grouped GEMMs (tests/fakes/deep_gemm_grouped.py)
+    grouped_names = ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
+                     "get_mk_alignment_for_contiguous_layout")
     top = {
+        **({name: rec(name, getattr(grouped, name)) for name in grouped_names} if impl.api != "v2" else {}),
         "fp8_gemm_nt": gemm,
         **({"fp8_fp4_gemm_nt": gemm} if impl.api != "v2" else {}),
         "transform_sf_into_required_layout": rec("transform_sf_into_required_layout", impl.transform_sf_into_required_layout),

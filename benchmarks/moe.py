@@ -1,0 +1,295 @@
+"""The MoE experts op on a CUDA GPU: every backend's numerics, then its time per backend and layout, pinned and auto.
+
+Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--budget-s S]``; writes ``DIR/moe.json``.
+
+* **numerics**: each accepted MoE backend and layout (the reference included) on small M, uniform and
+  skewed routing, all tokens on the same k experts, a third of the ids -1, and M 0 through the layer,
+  against an fp64 reference computed here on the GPU from the semantics (docs/moe.md), and against the
+  same with both GEMMs' outputs rounded to bf16 (DeepGEMM's); relative Frobenius error.
+* **timing**: the whole experts op (routing, quantization, both grouped GEMMs, silu*up and its
+  quantization, weighted sum) per backend/layout pinned (``backend.bind``) and the layer's own plan
+  (``auto``), each captured in a CUDA graph and replayed interleaved (``fp8select.measure.timing``),
+  over the DeepSeek-V3 per-rank shapes (8, 32, 256 local experts; H 7168, I 2048, k 8) and Qwen3-MoE
+  (30B-A3B: E 128, H 2048, I 768; 235B-A22B: E 128, H 4096, I 1536), M 1-8192, routing uniform and
+  skewed. Weights are rotated through enough copies that one call's expert weights exceed the 60 MB L2
+  three times over. At decode (at most 64 tokens per expert) the time is also given as a fraction of the
+  HBM floor of the expert weights read (the experts the routing touched, at 4.3 TB/s, FACTS.md).
+* **summary**: per point the fastest pinned column and auto's ratio to it; geomean and worst.
+
+Stops timing (and says so) when ``--budget-s`` runs out; what was measured is written either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._cuda import require_cuda
+
+SHAPES = {"deepseek-v3-e8": (8, 7168, 2048, 8), "deepseek-v3-e32": (32, 7168, 2048, 8),
+          "deepseek-v3-e256": (256, 7168, 2048, 8), "qwen3-30b-a3b": (128, 2048, 768, 8),
+          "qwen3-235b-a22b": (128, 4096, 1536, 8)}
+M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+QUICK_SHAPES = ("deepseek-v3-e32", "qwen3-30b-a3b")
+QUICK_M = (1, 16, 64, 512, 4096)
+HBM_BYTES_PER_S = 4.3e12
+L2_BYTES = 60e6
+MAX_WEIGHT_BYTES = 24e9
+MAX_MASKED_BYTES = 8e9
+"""Largest working set (``E x M`` rows of activations and GEMM outputs) a pinned masked column is timed at."""
+
+
+def _weights(e: int, h: int, i: int, seed: int) -> tuple[Any, ...]:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def one(n: int, k: int) -> tuple[Any, Any]:
+        w = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device="cuda")
+        for j in range(e):
+            w[j] = (torch.randn(n, k, generator=g, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+        s = torch.rand(e, -(-n // 128), -(-k // 128), generator=g, device="cuda") * 1e-3 + 1e-4
+        return w, s
+
+    return (*one(2 * i, h), *one(h, i))
+
+
+def _routing(m: int, k: int, e: int, kind: str, seed: int) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(m, e, generator=g, device="cuda")
+    if kind == "skewed":
+        logits = logits - torch.arange(e, device="cuda", dtype=torch.float32) * (8.0 / e)
+    weights, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+    return weights.float(), ids.to(torch.int32)
+
+
+def _quant64(v: Any) -> Any:
+    """Per-row 1x128 quantization in fp64 (scale amax / 448), dequantized."""
+    import torch
+
+    m, k = v.shape
+    groups = -(-k // 128)
+    padded = torch.zeros((m, groups * 128), dtype=torch.float64, device=v.device)
+    padded[:, :k] = v.double()
+    blocks = padded.view(m, groups, 128)
+    scale = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-10) / 448.0
+    q = (blocks / scale).clamp(-448, 448).float().to(torch.float8_e4m3fn).double()
+    return (q * scale).view(m, -1)[:, :k]
+
+
+def _deq64(w: Any, s: Any) -> Any:
+    n, k = w.shape
+    return w.double() * s.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+
+
+def reference64(x: Any, w13: Any, s13: Any, w2: Any, s2: Any, weights: Any, ids: Any, gemm_out: Any = None) -> Any:
+    """The semantics in fp64 on the GPU (a loop over the experts used); ``gemm_out`` rounds both GEMMs'
+    outputs to that dtype (what a backend whose grouped GEMMs write bf16, DeepGEMM, computes)."""
+    import torch
+
+    inter = w13.shape[1] // 2
+    a = _quant64(x)
+    y = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    ids64 = ids.long()
+    for e in torch.unique(ids64[ids64 >= 0]).tolist():
+        tok, slot = torch.nonzero(ids64 == e, as_tuple=True)
+        hid = a[tok] @ _deq64(w13[e], s13[e]).t()
+        if gemm_out is not None:
+            hid = hid.to(gemm_out).double()
+        act = _quant64(torch.nn.functional.silu(hid[:, :inter]) * hid[:, inter:])
+        out = act @ _deq64(w2[e], s2[e]).t()
+        if gemm_out is not None:
+            out = out.to(gemm_out).double()
+        y.index_add_(0, tok, out * weights[tok, slot].double().unsqueeze(1))
+    return y
+
+
+def _rel(out: Any, ref: Any) -> float:
+    import torch
+
+    diff = out.double() - ref
+    if not bool(torch.isfinite(diff).all()):
+        return math.inf
+    return float(diff.norm() / ref.norm().clamp_min(1e-30))
+
+
+def _columns(selection: Any, problem: Any, weights: Any, caps: Any, *, with_reference: bool) -> dict[str, Any]:
+    """Each accepted backend/layout's launch on these weights, pinned (name ``backend/layout``)."""
+    from fp8select.backends.moe import MoeWeights
+    from fp8select.moe_select import moe_chain
+
+    out: dict[str, Any] = {}
+    for backend in moe_chain(selection):
+        if backend.name == "reference" and not with_reference:
+            continue
+        for layout in backend.layouts:
+            if not backend.supports(problem, caps, layout).ok:
+                continue
+            prepared = backend.prepare(MoeWeights(*weights, (128, 128)), caps)
+            out[f"{backend.name}/{layout}"] = (backend, prepared, layout)
+    return out
+
+
+def _launch(column: Any, problem: Any, m: int, caps: Any) -> Any:
+    backend, prepared, layout = column
+    return backend.bind(prepared, layout, backend.default_config(problem, layout, m), caps)
+
+
+def numerics(selection: Any, name: str, shape: tuple[int, int, int, int]) -> list[dict[str, Any]]:
+    import dataclasses
+
+    import torch
+
+    from fp8select.backends.moe import MoeProblem
+
+    e, h, i, k = shape
+    caps = selection.capabilities
+    weights = _weights(e, h, i, seed=1)
+    problem = MoeProblem(e, h, i, k)
+    columns = _columns(selection, problem, weights, caps, with_reference=True)
+    layer = selection.prepare_moe(*weights, top_k=k)
+    rows: list[dict[str, Any]] = []
+    cases = [(m, kind) for m in (1, 16, 256) for kind in ("uniform", "skewed")] + [(64, "one-expert"), (64, "minus-one")]
+    for m, kind in cases:
+        w, ids = _routing(m, k, e, "skewed" if kind == "skewed" else "uniform", seed=m)
+        if kind == "one-expert":
+            ids = torch.arange(k, device="cuda", dtype=torch.int32).expand(m, k).contiguous()
+        if kind == "minus-one":
+            ids = torch.where(torch.rand(ids.shape, device="cuda") < 1 / 3, -1, ids)
+        x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+        ref = reference64(x, *weights, w, ids)
+        ref_bf16 = reference64(x, *weights, w, ids, gemm_out=torch.bfloat16)
+        for col, column in {**columns, "auto": None}.items():
+            try:
+                run = layer if column is None else _launch(column, dataclasses.replace(problem, m=m), m, caps)
+                y = run(x, w, ids)
+                rows.append({"shape": name, "m": m, "routing": kind, "column": col, "rel_err": _rel(y, ref),
+                             "rel_err_vs_bf16_gemm_outputs": _rel(y, ref_bf16)})
+            except Exception as exc:  # noqa: BLE001 - a tool: record and go on
+                rows.append({"shape": name, "m": m, "routing": kind, "column": col, "error": repr(exc)[:300]})
+    empty = layer(torch.empty(0, h, device="cuda", dtype=torch.bfloat16), torch.empty(0, k, device="cuda"),
+                  torch.empty(0, k, device="cuda", dtype=torch.int32))
+    rows.append({"shape": name, "m": 0, "routing": "empty", "column": "auto", "ok": tuple(empty.shape) == (0, h)})
+    del columns, layer, weights
+    torch.cuda.empty_cache()
+    return rows
+
+
+def timing(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...], deadline: float,
+           ) -> tuple[list[dict[str, Any]], str]:
+    import dataclasses
+
+    import torch
+
+    from fp8select.backends.moe import MoeProblem
+    from fp8select.measure.timing import time_graphs
+
+    e, h, i, k = shape
+    caps = selection.capabilities
+    per_expert = 3 * h * i
+    copies = max(1, min(math.ceil(3 * L2_BYTES / (k * per_expert)), int(MAX_WEIGHT_BYTES // (e * per_expert))))
+    sets = [_weights(e, h, i, seed=10 + c) for c in range(copies)]
+    problem = MoeProblem(e, h, i, k)
+    pinned = [_columns(selection, problem, w, caps, with_reference=False) for w in sets]
+    layers = [selection.prepare_moe(*w, top_k=k) for w in sets]
+    rows: list[dict[str, Any]] = []
+    for m in ms:
+        for kind in ("uniform", "skewed"):
+            if time.monotonic() > deadline:
+                return rows, f"stopped at {name} M {m}: --budget-s spent"
+            w, ids = _routing(m, k, e, kind, seed=m + 7)
+            x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+            calls: dict[str, list[Any]] = {"auto": [functools.partial(layer, x, w, ids) for layer in layers]}
+            for col in pinned[0]:
+                if col.endswith("/masked") and e * m * (3 * h + 5 * i) > MAX_MASKED_BYTES:
+                    continue  # E x M rows: the layout is for decode (the rule stops at M 64)
+                launches = [_launch(p[col], dataclasses.replace(problem, m=m), m, caps) for p in pinned]
+                calls[col] = [functools.partial(run, x, w, ids) for run in launches]
+            errors: dict[str, str] = {}
+            times = time_graphs(calls, replays=20, errors=errors)
+            used = int(torch.unique(ids).numel())
+            floor_us = used * per_expert / HBM_BYTES_PER_S * 1e6
+            decode = m * k / e <= 64
+            for col, t in times.items():
+                row = {"shape": name, "m": m, "routing": kind, "column": col, **t.to_dict(),
+                       "experts_read": used, "hbm_floor_us": round(floor_us, 3)}
+                if decode:
+                    row["hbm_fraction"] = round(floor_us / t.median_us, 4)
+                rows.append(row)
+            rows.extend({"shape": name, "m": m, "routing": kind, "column": col, "error": err[:300]}
+                        for col, err in errors.items())
+    del pinned, layers, sets
+    torch.cuda.empty_cache()
+    return rows, ""
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per point the fastest pinned column and auto's ratio to it; geomean and worst of the ratios."""
+    points: dict[tuple[str, int, str], dict[str, float]] = {}
+    for r in rows:
+        if "median_us" in r:
+            points.setdefault((r["shape"], r["m"], r["routing"]), {})[r["column"]] = r["median_us"]
+    ratios, best = [], []
+    for (shape, m, kind), cols in sorted(points.items()):
+        pinned = {c: us for c, us in cols.items() if c != "auto"}
+        if not pinned or "auto" not in cols:
+            continue
+        fastest = min(pinned, key=pinned.__getitem__)
+        ratio = cols["auto"] / pinned[fastest]
+        ratios.append(ratio)
+        best.append({"shape": shape, "m": m, "routing": kind, "fastest": fastest, "auto_ratio": round(ratio, 4)})
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
+    return {"auto_vs_fastest_geomean": geo, "auto_vs_fastest_worst": max(ratios) if ratios else None, "points": best}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.moe", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory for moe.json")
+    parser.add_argument("--quick", action="store_true", help=f"shapes {QUICK_SHAPES}, M {QUICK_M}")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing after this many seconds")
+    args = parser.parse_args(argv)
+    require_cuda("moe")
+    import torch
+    import triton
+
+    import fp8select
+
+    start = time.monotonic()
+    selection = fp8select.resolve(plugins=False)
+    shapes = {n: SHAPES[n] for n in QUICK_SHAPES} if args.quick else SHAPES
+    ms = QUICK_M if args.quick else M_VALUES
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "triton": triton.__version__, "packages": dict(selection.capabilities.packages),
+                              "moe_plans": {}, "numerics": [], "timing": [], "notes": []}
+    for name, shape in shapes.items():
+        report["moe_plans"][name] = selection.moe_plan_for(*shape).describe()
+    for name in ("deepseek-v3-e8", "qwen3-30b-a3b"):
+        if name in shapes:
+            report["numerics"] += numerics(selection, name, SHAPES[name])
+    deadline = start + args.budget_s
+    for name, shape in shapes.items():
+        rows, note = timing(selection, name, shape, ms, deadline)
+        report["timing"] += rows
+        if note:
+            report["notes"].append(note)
+            break
+    report["summary"] = summarize(report["timing"])
+    report["seconds"] = round(time.monotonic() - start, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "moe.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    worst = max((r.get("rel_err", 0.0) for r in report["numerics"]), default=0.0)
+    print(f"moe: {len(report['timing'])} timings, worst numerics {worst:.2e}, auto vs fastest "
+          f"{report['summary']['auto_vs_fastest_geomean']} geomean; {out / 'moe.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""MoE experts backends: what each declares, and the reference, Triton and torch ones.
+
+A MoE backend runs the whole experts op of :mod:`fp8select.kernels.moe_reference` (routing, both
+grouped GEMMs, ``silu(gate) * up`` and its quantization, the weighted sum) in one or more
+*layouts* (its ways of grouping the tokens: ``sorted`` blocks, DeepGEMM's ``contiguous`` and
+``masked``). Like the dense backends it is declared data (``requires``: probes over a
+:class:`~fp8select.capabilities.Capabilities`; a problem gate) with ``prepare`` (load time) and
+``bind`` (one route's call, bound once). Vendor packages are imported only in ``prepare``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from fp8select.backends.base import NOT_IMPLEMENTED
+from fp8select.backends.triton import TRITON_DEVICES
+from fp8select.capabilities import Capabilities
+from fp8select.probes import DeviceKind, Float8Dtype, Functional, HasScaledMM, Package, Probe
+from fp8select.problem import dtype_name
+from fp8select.verdict import Verdict
+
+__all__ = ["MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
+           "TorchGroupedMoe", "TritonMoe"]
+
+MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
+
+
+@dataclass(frozen=True)
+class MoeProblem:
+    """One MoE experts layer: ``experts`` experts of hidden size H and intermediate size I, ``top_k``
+    experts per token (None: not known at load time), ``m`` tokens (None: any)."""
+
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int | None = None
+    block_size: tuple[int, int] = (128, 128)
+    m: int | None = None
+    weight_dtype: torch.dtype = torch.float8_e4m3fn
+    act_dtype: torch.dtype = torch.bfloat16
+
+    def describe(self) -> str:
+        m = "any M" if self.m is None else f"M={self.m}"
+        k = "" if self.top_k is None else f", k={self.top_k}"
+        bn, bk = self.block_size
+        return (f"MoE E={self.experts}, H={self.hidden}, I={self.intermediate}{k}, {m}, block [{bn}, {bk}], "
+                f"weight {dtype_name(self.weight_dtype)}, input {dtype_name(self.act_dtype)}")
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    """A layer's checkpoint tensors: ``w13`` ``[E, 2I, H]`` (gate rows, then up rows), ``w2`` ``[E, H, I]``,
+    fp8, and their fp32 block scales."""
+
+    w13: torch.Tensor
+    w13_scale: torch.Tensor
+    w2: torch.Tensor
+    w2_scale: torch.Tensor
+    block_size: tuple[int, int]
+
+
+class MoeBackend:
+    """Base of every MoE backend (class-level declarations; ``prepare``, ``bind``)."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    requires: ClassVar[tuple[Probe, ...]] = ()
+    layouts: ClassVar[tuple[str, ...]] = ("sorted",)
+    block_sizes: ClassVar[tuple[tuple[int, int], ...]] = ((128, 128),)
+    activation_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    implemented: ClassVar[bool] = True
+    packages: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, caps: Capabilities) -> Verdict:
+        """Device-level gate: every probe of ``requires``, then whether it is implemented."""
+        for probe in self.requires:
+            verdict = probe(caps)
+            if not verdict.ok:
+                return verdict
+        if not self.implemented:
+            return Verdict.reject(NOT_IMPLEMENTED)
+        return Verdict.accept("meets " + "; ".join(p(caps).reason for p in self.requires) if self.requires
+                              else "no requirements")
+
+    def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
+        """Problem-level gate of one layout: block size, dtypes; subclasses add shapes and M."""
+        if layout not in self.layouts:
+            return Verdict.reject(f"requires layout {'/'.join(self.layouts)}, found {layout}")
+        if tuple(problem.block_size) not in self.block_sizes:
+            allowed = ", ".join(f"[{bn}, {bk}]" for bn, bk in self.block_sizes)
+            return Verdict.reject(f"requires block size {allowed}, found {list(problem.block_size)}")
+        if problem.act_dtype not in self.activation_dtypes:
+            allowed = "/".join(dtype_name(d) for d in self.activation_dtypes)
+            return Verdict.reject(f"requires activations {allowed}, found {dtype_name(problem.act_dtype)}")
+        if problem.weight_dtype != torch.float8_e4m3fn:
+            return Verdict.reject(f"requires weight float8_e4m3fn, found {dtype_name(problem.weight_dtype)}")
+        return Verdict.accept(f"supports {problem.describe()} ({layout})")
+
+    def default_config(self, problem: MoeProblem, layout: str, bucket: int) -> Any:
+        """The launch configuration of a bucket nothing measured (None: the backend has none)."""
+        return None
+
+    def launch_config(self, config: Any) -> Any:
+        """A measured row's ``config`` in the form :meth:`bind` takes."""
+        return None
+
+    def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
+        """Load-time layout work; the default keeps the checkpoint's tensors."""
+        return weights
+
+    def bind(self, prepared: Any, layout: str, config: Any, caps: Capabilities) -> MoeLaunch:
+        raise NotImplementedError(f"{self.name}: {NOT_IMPLEMENTED}")
+
+    def __repr__(self) -> str:
+        return f"<moe backend {self.name}>"
+
+
+class ReferenceMoe(MoeBackend):
+    name = "reference"
+    summary = "pure torch (dequantize to fp32, a loop over the experts used); any device, slow, no CUDA graphs"
+    requires: ClassVar[tuple[Probe, ...]] = (Float8Dtype("float8_e4m3fn"),)
+    block_sizes = ((128, 128), (1, 128))
+    activation_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+
+    def bind(self, prepared: Any, layout: str, config: Any, caps: Capabilities) -> MoeLaunch:
+        from fp8select.kernels.moe_reference import experts_reference
+
+        w: MoeWeights = prepared
+        return lambda x, weights, ids: experts_reference(x, w.w13, w.w13_scale, w.w2, w.w2_scale, weights, ids,
+                                                         w.block_size)
+
+
+class TritonMoe(MoeBackend):
+    name = "triton"
+    summary = "fp8select's Triton grouped kernels: sorted blocks, fused silu*up and 1x128 quantization"
+    requires: ClassVar[tuple[Probe, ...]] = (Package("triton"), TRITON_DEVICES)
+    activation_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+
+    def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
+        """The shared gate; e4m3fn on the device (gfx942 computes in e4m3fnuz: not written yet)."""
+        verdict = super().supports(problem, caps, layout)
+        if verdict.ok and caps.gfx_arch == "gfx942":
+            return Verdict.reject("requires an e4m3fn device, found gfx942 (e4m3fnuz; not implemented for MoE)")
+        return verdict
+
+    def default_config(self, problem: MoeProblem, layout: str, bucket: int) -> Any:
+        from fp8select.kernels.moe_config import default_config
+
+        return default_config(bucket, problem.top_k or 1, problem.experts)
+
+    def launch_config(self, config: Any) -> Any:
+        from fp8select.kernels.moe_config import MoeTritonConfig
+
+        return MoeTritonConfig.from_dict(config)
+
+    def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
+        from fp8select.kernels.moe_triton import TritonExperts
+
+        return TritonExperts(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale)
+
+    def bind(self, prepared: Any, layout: str, config: Any, caps: Capabilities) -> MoeLaunch:
+        return lambda x, weights, ids: prepared(x, weights, ids, config)
+
+
+class TorchGroupedMoe(MoeBackend):
+    """torch ``F.scaled_grouped_mm`` with block-wise recipes. Declared so that ``explain`` says why it
+    does not run: on torch 2.11 / sm90 the block-wise recipes raise ``No gemm implementation was found``
+    (measured on the H200). It is accepted only where a functional probe found it working."""
+
+    name = "cuda-scaled-grouped-mm"
+    summary = "torch F.scaled_grouped_mm block-wise (cuBLAS/CUTLASS grouped)"
+    requires: ClassVar[tuple[Probe, ...]] = (
+        DeviceKind(("cuda",)),
+        HasScaledMM(),
+        Functional("cuda_blockwise_scaled_grouped_mm",
+                   "block-wise F.scaled_grouped_mm tried on a small problem; torch 2.11 on sm90 raises "
+                   "'No gemm implementation was found'"),
+    )
+    implemented = False

@@ -1,0 +1,165 @@
+"""``deepgemm`` for MoE: DeepGEMM's M-grouped FP8 GEMMs, contiguous and masked, on sm90.
+
+API followed (FACTS.md "Grouped (MoE) block-FP8 GEMMs on the H200", DeepGEMM 2.6.1, both run there):
+``m_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), d, grouped_layout, ...)`` with ``a`` ``[R, K]``
+fp8 whose rows are grouped by expert, each expert's rows padded to
+``get_mk_alignment_for_contiguous_layout()`` (128), ``grouped_layout`` int32 ``[R]`` the expert of each
+row (-1: a padding block, skipped), ``b`` ``[E, N, K]`` with fp32 ``[E, N/128, K/128]`` scales, ``d``
+``[R, N]`` bf16; and ``m_grouped_fp8_gemm_nt_masked((a, sfa), (b, sfb), d, masked_m, expected_m)`` with
+``a`` ``[E, max_m, K]``, ``d`` ``[E, max_m, N]``, ``masked_m`` int32 ``[E]`` rows used per expert and
+``expected_m`` a hint for the kernel's tiles. Activation scales fp32, MN-major and TMA-aligned (per
+expert for the masked form). Only ``a, b, d`` and the layout arguments are passed, positionally.
+
+What runs around the two GEMMs (fp8select's): the activation quantizer, the permutation of the
+quantized rows into the layout (gathers, no host synchronisation), ``silu(gate) * up`` of DeepGEMM's
+bf16 output with its 1x128 quantization, and the weighted sum back to the tokens. ``contiguous``
+suits prefill (every expert padded to 128 rows); ``masked`` decode and CUDA graphs (``[E, M]`` rows,
+each token's experts distinct: top-k routing; a repeated id beyond M rows of one expert is dropped).
+
+sm100 needs UE8M0-packed scales for the grouped kernels too; not written yet, so the gate is sm90.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
+from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights
+from fp8select.capabilities import Capabilities
+from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
+from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout, empty_scale
+from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
+from fp8select.verdict import Verdict
+
+__all__ = ["CONTIGUOUS", "MASKED", "DeepGemmMoe"]
+
+MODULE = "deep_gemm"
+CONTIGUOUS = ("m_grouped_fp8_gemm_nt_contiguous",)
+MASKED = ("m_grouped_fp8_gemm_nt_masked",)
+ALIGNMENT = ("get_mk_alignment_for_contiguous_layout", "get_m_alignment_for_contiguous_layout")
+TMA = ScaleLayout(mn_major=True, m_align=4)
+
+
+@dataclass(frozen=True)
+class DeepGemmExperts:
+    """The checkpoint's tensors (contiguous) and the entry points, found at prepare."""
+
+    weights: MoeWeights
+    contiguous: EntryPoint
+    masked: EntryPoint
+    alignment: int
+
+
+def _gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of an fp8 (or any 1-byte) tensor, through a uint8 view."""
+    return t.view(torch.uint8).index_select(0, index).view(t.dtype)
+
+
+def _mn_major(scale: torch.Tensor) -> torch.Tensor:
+    out = empty_scale(scale.shape[0], scale.shape[1], TMA, scale.device)
+    out.copy_(scale)
+    return out
+
+
+def _masked_scale(rows: torch.Tensor, experts: int, max_m: int) -> torch.Tensor:
+    """``[E * max_m, G]`` scales as ``[E, max_m, G]``, MN-major per expert (strides ``(G * max_m, 1, max_m)``);
+    ``max_m`` is a multiple of 4, so each expert's columns are TMA-aligned."""
+    groups = rows.shape[1]
+    out = torch.empty((experts, groups, max_m), dtype=torch.float32, device=rows.device).transpose(1, 2)
+    out.copy_(rows.view(experts, max_m, groups))
+    return out
+
+
+def _helpers(device: torch.device) -> tuple[Any, Any]:
+    """(silu-mul-quant, weighted sum): the Triton kernels on a GPU, torch elsewhere (CPU tests)."""
+    if device.type == "cuda":
+        from fp8select.kernels.moe_triton import silu_mul_quant, weighted_sum
+
+        return silu_mul_quant, weighted_sum
+    from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
+
+    return silu_mul_quant_torch, weighted_sum_torch
+
+
+class DeepGemmMoe(MoeBackend):
+    name = "deepgemm"
+    summary = "DeepGEMM m_grouped_fp8_gemm_nt_contiguous / _masked (JIT CUDA kernels), sm90"
+    requires: ClassVar[tuple[Probe, ...]] = (
+        DeviceKind(("cuda",)),
+        ComputeCapability(allowed=((9, 0),)),
+        ToolkitVersion("cuda", ">=12.3", "DeepGEMM sm90"),
+        Package(MODULE),
+        PackageSymbols(MODULE, CONTIGUOUS, "DeepGEMM's M-grouped contiguous GEMM"),
+        PackageSymbols(MODULE, MASKED, "DeepGEMM's M-grouped masked GEMM"),
+    )
+    layouts = ("contiguous", "masked")
+    activation_dtypes = (torch.bfloat16,)
+    packages = (MODULE,)
+
+    def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
+        """The shared gate and DeepGEMM's K % 128 on both GEMMs (H and I), bf16 (its only output)."""
+        verdict = super().supports(problem, caps, layout)
+        if not verdict.ok:
+            return verdict
+        for what, value in (("H", problem.hidden), ("I", problem.intermediate)):
+            if value % 128:
+                return Verdict.reject(f"requires {what} % 128 == 0 (the K of a grouped GEMM), found {what}={value}")
+        return verdict
+
+    def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
+        contiguous = require(MODULE, CONTIGUOUS)
+        masked = require(MODULE, MASKED)
+        alignment = int(require(MODULE, ALIGNMENT).fn())
+        tensors = MoeWeights(weights.w13.contiguous(), weights.w13_scale.contiguous(), weights.w2.contiguous(),
+                             weights.w2_scale.contiguous(), weights.block_size)
+        return DeepGemmExperts(tensors, contiguous, masked, alignment)
+
+    def bind(self, prepared: Any, layout: str, config: Any, caps: Capabilities) -> MoeLaunch:
+        experts: DeepGemmExperts = prepared
+        w = experts.weights
+        e, two_i, hidden = w.w13.shape
+        device = w.w13.device
+        quantize = bind_quantizer(hidden, w.w13.dtype, ROW_MAJOR, device)
+        silu_mul_quant, weighted_sum = _helpers(device)
+        b13, b2 = (w.w13, w.w13_scale), (w.w2, w.w2_scale)
+
+        def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+            m, k = topk_ids.shape
+            routing = route(topk_ids, e, experts.alignment)
+            token = (routing.slot_ids.to(torch.int64) // k).clamp(max=m - 1)  # padding rows read token m-1
+            x_q, x_s = quantize(x)
+            a = (_gather_rows(x_q, token), _mn_major(x_s.index_select(0, token)))
+            layout_rows = routing.block_expert.repeat_interleave(experts.alignment)
+            d1 = torch.empty((routing.rows, two_i), dtype=torch.bfloat16, device=device)
+            experts.contiguous.fn(a, b13, d1, layout_rows)
+            q, q_s = silu_mul_quant(d1, w.w2.dtype)
+            d2 = torch.empty((routing.rows, hidden), dtype=torch.bfloat16, device=device)
+            experts.contiguous.fn((q, _mn_major(q_s)), b2, d2, layout_rows)
+            return weighted_sum(d2, row_of_slot(routing), topk_ids, topk_weights, e, x.dtype)
+
+        def masked(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+            m, k = topk_ids.shape
+            max_m = -(-m // 4) * 4
+            routing = route(topk_ids, e, 1)
+            rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere
+            token = torch.arange(m * k, device=device) // k
+            x_q, x_s = quantize(x)
+            a_rows = torch.zeros((e * max_m + 1, hidden), dtype=torch.uint8, device=device)
+            a_rows.index_copy_(0, rows, x_q.view(torch.uint8).index_select(0, token))
+            s_rows = torch.ones((e * max_m + 1, x_s.shape[1]), dtype=torch.float32, device=device)
+            s_rows.index_copy_(0, rows, x_s.index_select(0, token))
+            a = (a_rows[: e * max_m].view(w.w13.dtype).view(e, max_m, hidden), _masked_scale(s_rows[: e * max_m], e, max_m))
+            counts = routing.counts.clamp(max=max_m).to(torch.int32)
+            expected = max(1, -(-m * k // e))
+            d1 = torch.empty((e, max_m, two_i), dtype=torch.bfloat16, device=device)
+            experts.masked.fn(a, b13, d1, counts, expected)
+            q, q_s = silu_mul_quant(d1.view(e * max_m, two_i), w.w2.dtype)
+            d2 = torch.empty((e, max_m, hidden), dtype=torch.bfloat16, device=device)
+            experts.masked.fn((q.view(e, max_m, -1), _masked_scale(q_s, e, max_m)), b2, d2, counts, expected)
+            return weighted_sum(d2.view(e * max_m, hidden), rows.clamp(max=e * max_m - 1), topk_ids, topk_weights, e,
+                                x.dtype)
+
+        return contiguous if layout == "contiguous" else masked

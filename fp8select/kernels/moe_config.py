@@ -1,0 +1,104 @@
+"""The launch configuration of fp8select's Triton MoE kernels: one value type, every field explicit.
+
+Pure Python (no torch, no triton). One :class:`MoeTritonConfig` serves the three launches of one
+experts call (:mod:`.moe_triton`): the gate-up GEMM (whose ``BLOCK_N`` is fixed to the 128-column
+scale group, for gate and up each, so that its epilogue can quantize ``silu(gate) * up`` per
+1x128 group in registers), the down GEMM and the weighted reduction. ``BLOCK_M`` is also the
+padding of each expert's rows in the sorted layout, so one routing serves both GEMMs.
+
+:func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
+(132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
+its experts' weights once, so the tiles are narrow in M (16 rows, the ``tl.dot`` minimum) and the
+grid wide in N; from a few dozen tokens per expert the tiles grow to 64 and then 128 rows, where
+the weights are re-read ``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["GATE_UP_BLOCK_N", "MoeTritonConfig", "default_config"]
+
+GATE_UP_BLOCK_N = 128
+"""Columns of gate (and of up) per gate-up program: one activation scale group."""
+
+_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "num_warps", "num_stages", "QUANT_IN_KERNEL")
+
+
+@dataclass(frozen=True)
+class MoeTritonConfig:
+    """One experts call's launches. Validated on construction (``ValueError`` naming the field).
+
+    Attributes:
+        BLOCK_M: sorted rows per program and the per-expert padding, a power of two >= 16.
+        BLOCK_N: output columns per down-GEMM program, a power of two >= 16.
+        GROUP_M: row blocks that share each weight column tile in launch order (prefill: an expert's
+            blocks are neighbours, so its weight tile stays in L2 across them).
+        num_warps: warps per GEMM program, a power of two.
+        num_stages: software-pipeline depth of the GEMMs' K loops.
+        QUANT_IN_KERNEL: 1 quantizes each token's 1x128 groups inside the gate-up GEMM's K loop (no
+            fp8 copy of the activation in memory, one launch fewer: the decode choice), 0 runs the
+            quantization kernel first (each token quantized once however many column tiles read it).
+    """
+
+    BLOCK_M: int
+    BLOCK_N: int
+    GROUP_M: int
+    num_warps: int
+    num_stages: int
+    QUANT_IN_KERNEL: int
+
+    def __post_init__(self) -> None:
+        for key in _KEYS:
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "QUANT_IN_KERNEL" else 1):
+                raise ValueError(f"MoeTritonConfig {key!r} must be a positive int, got {value!r}")
+        for key in ("BLOCK_M", "BLOCK_N", "num_warps"):
+            value = getattr(self, key)
+            if value & (value - 1):
+                raise ValueError(f"MoeTritonConfig {key!r} must be a power of two, got {value}")
+        for key in ("BLOCK_M", "BLOCK_N"):
+            if getattr(self, key) < 16:
+                raise ValueError(f"MoeTritonConfig {key!r} must be >= 16 (the tl.dot minimum), got {getattr(self, key)}")
+        if self.QUANT_IN_KERNEL not in (0, 1):
+            raise ValueError(f"MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 or 1, got {self.QUANT_IN_KERNEL!r}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MoeTritonConfig:
+        """Validate a mapping (a measured row's ``config``): every key required, none unknown."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a MoeTritonConfig must come from a mapping, got {type(data).__name__}")
+        missing = [key for key in _KEYS if key not in data]
+        unknown = sorted(str(key) for key in data if key not in _KEYS)
+        if missing or unknown:
+            raise ValueError(f"MoeTritonConfig keys must be {_KEYS}: missing {missing}, unknown {unknown}")
+        return cls(**{key: data[key] for key in _KEYS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``moe 16x128 w4 s4 qk`` (``qk``: quantized in the kernel)."""
+        quant = " qk" if self.QUANT_IN_KERNEL else ""
+        group = f" g{self.GROUP_M}" if self.GROUP_M != 1 else ""
+        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}"
+
+
+def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
+    """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
+
+    ``tokens per expert = m * top_k / experts`` (uniform routing) picks the row tile: 16 up to 16
+    tokens, 32 up to 32, 64 up to 256, 128 above. The activation is quantized inside the gate-up GEMM
+    while ``m`` is at most 64 (decode: re-reading a few tokens per column tile costs less than a launch).
+    """
+    per_expert = -(-m * top_k // max(experts, 1))
+    quant = 1 if m <= 64 else 0
+    if per_expert <= 16:
+        return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
+    if per_expert <= 32:
+        return MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
+    if per_expert <= 256:
+        return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=quant)
+    return MoeTritonConfig(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3, QUANT_IN_KERNEL=quant)

@@ -1,0 +1,92 @@
+"""The MoE experts op and the grouped GEMMs in pure torch: the semantics every backend computes.
+
+The experts op, for every token ``t`` and each of its ``k`` experts ``e = topk_ids[t, j]``:
+
+1. quantize ``x[t]`` per 1x``bk`` group (:func:`~.quant.quantize_per_token_group`, as the dense layers do);
+2. ``h = dequant(x_q[t]) @ dequant(w13[e]).T`` in fp32 (``[2I]``: gate rows first, then up rows);
+3. ``a = silu(h[:I]) * h[I:]`` in fp32, quantized per 1x``bk`` group again;
+4. ``o = dequant(a_q) @ dequant(w2[e]).T`` in fp32 (``[H]``);
+5. ``y[t] += topk_weights[t, j] * o``, summed in fp32 and cast to ``x``'s dtype at the end.
+
+An id of -1 (expert parallelism: the expert lives on another rank) contributes nothing. Weights
+are dequantized in fp32 once per expert used. Slow (a Python loop over the experts used, with a
+host synchronisation to find them): the yardstick, not a path for CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .quant import quantize_per_token_group
+
+__all__ = ["dequantize_blocks", "experts_reference", "grouped_gemm_reference", "silu_mul_quant_torch", "weighted_sum_torch"]
+
+
+def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """fp8 ``weight`` ``[..., N, K]`` times its block scales ``[..., ceil(N/bn), ceil(K/bk)]``, in fp32."""
+    n, k = weight.shape[-2:]
+    bn, bk = block
+    expanded = scale.to(torch.float32).repeat_interleave(bn, dim=-2)[..., :n, :].repeat_interleave(bk, dim=-1)[..., :k]
+    return weight.to(torch.float32) * expanded
+
+
+def _dequantize_rows(x_q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    k = x_q.shape[-1]
+    return x_q.to(torch.float32) * scale.to(torch.float32).repeat_interleave(group, dim=-1)[..., :k]
+
+
+def experts_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                      w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                      block: tuple[int, int]) -> torch.Tensor:
+    """The experts op (module docstring) on checked inputs; ``[M, H]`` in ``x``'s dtype."""
+    m, hidden = x.shape
+    experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    group = block[1]
+    y = torch.zeros((m, hidden), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return y.to(x.dtype)
+    x_q, x_s = quantize_per_token_group(x, group, dtype=w13.dtype)
+    a = _dequantize_rows(x_q, x_s, group)
+    ids = topk_ids.to(torch.int64)
+    weights = topk_weights.to(torch.float32)
+    for e in torch.unique(ids[(ids >= 0) & (ids < experts)]).tolist():
+        token, slot = torch.nonzero(ids == e, as_tuple=True)
+        h = a[token] @ dequantize_blocks(w13[e], w13_scale[e], block).t()
+        act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        act_q, act_s = quantize_per_token_group(act, group, dtype=w2.dtype)
+        out = _dequantize_rows(act_q, act_s, group) @ dequantize_blocks(w2[e], w2_scale[e], block).t()
+        y.index_add_(0, token, out * weights[token, slot].unsqueeze(1))
+    return y.to(x.dtype)
+
+
+def grouped_gemm_reference(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                           expert_of_row: torch.Tensor, block: tuple[int, int], out_dtype: torch.dtype) -> torch.Tensor:
+    """``out[r] = dequant(a[r]) @ dequant(w[expert_of_row[r]]).T`` for rows ``[R, K]``; a row whose expert
+    is outside ``[0, E)`` (padding) is zero."""
+    rows = a.shape[0]
+    n = w.shape[1]
+    out = torch.zeros((rows, n), dtype=torch.float32, device=a.device)
+    experts = w.shape[0]
+    ids = expert_of_row.to(torch.int64)
+    for e in torch.unique(ids[(ids >= 0) & (ids < experts)]).tolist():
+        (row,) = torch.nonzero(ids == e, as_tuple=True)
+        out[row] = _dequantize_rows(a[row], a_scale[row], block[1]) @ dequantize_blocks(w[e], w_scale[e], block).t()
+    return out.to(out_dtype)
+
+
+def silu_mul_quant_torch(h: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu(h[:, :I]) * h[:, I:]`` of ``[R, 2I]`` in fp32, quantized per 1x128 group (row-major scales)."""
+    inter = h.shape[1] // 2
+    hf = h.to(torch.float32)
+    return quantize_per_token_group(torch.nn.functional.silu(hf[:, :inter]) * hf[:, inter:], 128, dtype=dtype)
+
+
+def weighted_sum_torch(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torch.Tensor,
+                       topk_weights: torch.Tensor, experts: int, dtype: torch.dtype) -> torch.Tensor:
+    """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32."""
+    m, k = topk_ids.shape
+    rows = torch.arange(m * k, device=out.device) if row_map is None else row_map
+    gathered = out.index_select(0, rows.clamp(0, max(out.shape[0] - 1, 0))).reshape(m, k, -1).to(torch.float32)
+    valid = ((topk_ids >= 0) & (topk_ids < experts)).unsqueeze(-1)
+    return (torch.where(valid, gathered, 0.0) * topk_weights.to(torch.float32).unsqueeze(-1)).sum(1).to(dtype)

@@ -1,0 +1,112 @@
+"""Token routing for grouped (MoE) GEMMs, in torch, without a host synchronisation.
+
+A MoE call routes each token to ``k`` experts (``topk_ids`` ``[M, k]``); each (token, j) pair is a
+*slot*, numbered ``t * k + j``. Grouped GEMMs want the slots grouped by expert:
+
+* **blocks** (fp8select's Triton kernels, DeepGEMM's contiguous layout): the slots sorted by expert,
+  each expert's run padded to a multiple of ``block_m`` rows, so that every block of ``block_m`` rows
+  belongs to one expert (``block_expert``, -1 for a block no expert uses);
+* **masked** (DeepGEMM's masked layout, DeepEP's low-latency dispatch): ``[E, max_m]`` rows, expert
+  ``e``'s slots in its first ``counts[e]`` rows.
+
+An id of -1 (an expert on another rank) or any other id outside ``[0, E)`` routes its slot nowhere.
+Every size here depends only on M, k, E and ``block_m``, never on the ids' values, and nothing is
+read back to the host, so the routing can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Routing", "block_capacity", "masked_rows", "route", "row_of_slot"]
+
+
+def block_capacity(slots: int, experts: int, block_m: int) -> int:
+    """The most blocks ``slots`` slots over ``experts`` experts can fill: each block holds at least one
+    slot, and each expert's padding adds at most one block (``ceil(c/b) <= c/b + 1``)."""
+    if slots == 0:
+        return 0
+    return min(slots, -(-slots // block_m) + min(experts, slots))
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where each slot goes (device tensors; see the module docstring).
+
+    Attributes:
+        slot_ids: int32 ``[blocks * block_m]``: the slot at each padded row, ``slots`` for padding.
+        block_expert: int32 ``[blocks]``: the expert of each block of rows, -1 for an unused block.
+        counts: int32 ``[E]``: slots per expert.
+        slot_rank: int64 ``[slots]``: each slot's position among its expert's slots (-1 when routed nowhere).
+        block_m: rows per block.
+        slots: ``M * k``.
+    """
+
+    slot_ids: torch.Tensor
+    block_expert: torch.Tensor
+    counts: torch.Tensor
+    slot_rank: torch.Tensor
+    block_m: int
+    slots: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.slot_ids.shape[0])
+
+
+def route(topk_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
+    """Sort the slots of ``topk_ids`` ``[M, k]`` by expert into blocks of ``block_m`` rows."""
+    m, k = topk_ids.shape
+    slots = m * k
+    device = topk_ids.device
+    blocks = block_capacity(slots, experts, block_m)
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    valid = (ids >= 0) & (ids < experts)
+    key = torch.where(valid, ids, experts)  # slots routed nowhere sort last, under a sentinel expert
+    counts = torch.zeros(experts + 1, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts[:experts] + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)
+    pad_start = torch.cat([pad_end.new_zeros(1), pad_end[:-1]]) if experts else pad_end
+    order = torch.sort(key, stable=True).indices
+    sorted_key = key[order]
+    count_start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(slots, device=device) - count_start[sorted_key]
+    capacity = blocks * block_m
+    dest_start = torch.cat([pad_start, pad_start.new_full((1,), capacity)])  # the sentinel lands past the end
+    dest = torch.where(sorted_key < experts, dest_start[sorted_key] + rank, capacity)
+    slot_ids = torch.full((capacity + 1,), slots, dtype=torch.int32, device=device)
+    slot_ids.scatter_(0, dest, order.to(torch.int32))
+    starts = torch.arange(blocks, device=device, dtype=torch.int64) * block_m
+    block_expert = torch.searchsorted(pad_end, starts, right=True)
+    block_expert = torch.where(block_expert < experts, block_expert, -1).to(torch.int32)
+    slot_rank = torch.empty(slots, dtype=torch.int64, device=device)
+    slot_rank.scatter_(0, order, torch.where(sorted_key < experts, rank, -1))
+    return Routing(slot_ids[:capacity], block_expert, counts[:experts].to(torch.int32), slot_rank, block_m, slots)
+
+
+def row_of_slot(routing: Routing) -> torch.Tensor:
+    """int64 ``[slots]``: the padded row each slot sits at (0 for a slot routed nowhere: never read)."""
+    rows = torch.zeros(routing.slots + 1, dtype=torch.int64, device=routing.slot_ids.device)
+    rows.scatter_(0, routing.slot_ids.to(torch.int64),
+                  torch.arange(routing.rows, dtype=torch.int64, device=rows.device))
+    return rows[: routing.slots]
+
+
+def masked_rows(routing: Routing, experts: int, max_m: int) -> torch.Tensor:
+    """int64 ``[slots]``: each slot's row ``e * max_m + rank`` in a masked ``[E, max_m]`` layout, or
+    ``E * max_m`` (one past the end) for a slot routed nowhere or beyond ``max_m``."""
+    ids = routing.slot_rank  # rank within its expert
+    expert = _slot_expert(routing)
+    ok = (ids >= 0) & (ids < max_m)
+    return torch.where(ok, expert * max_m + ids, experts * max_m)
+
+
+def _slot_expert(routing: Routing) -> torch.Tensor:
+    """int64 ``[slots]``: each slot's expert (0 where routed nowhere), from the padded rows."""
+    expert = torch.zeros(routing.slots + 1, dtype=torch.int64, device=routing.slot_ids.device)
+    row_expert = routing.block_expert.to(torch.int64).repeat_interleave(routing.block_m)
+    expert.scatter_(0, routing.slot_ids.to(torch.int64), row_expert.clamp(min=0))
+    return expert[: routing.slots]

@@ -1,0 +1,194 @@
+"""The ``@triton.jit`` kernels of fp8select's Triton MoE experts op (launched by :mod:`.moe_triton`).
+
+Rows are the sorted, block-padded slots of :func:`.moe_routing.route`: block ``b`` of ``BLOCK_M``
+rows belongs to expert ``block_expert[b]`` (-1: unused, the program returns at once) and row ``r``
+holds slot ``slot_ids[r]`` (token ``slot // TOP_K``; ``slots`` marks a padding row, masked).
+BLOCK_K is the 128-element scale group, so each K step is one fp8 ``tl.dot`` rescaled into an fp32
+accumulator by the activation's per-row scale times the weight's per-block scale.
+
+* ``_gate_up_kernel``: ``[BLOCK_M, 128]`` of gate and the same 128 columns of up per program (two
+  accumulators), then ``silu(gate) * up`` in fp32, quantized per 1x128 group in registers (the tile
+  is exactly one group): the fp8 intermediate and its scales are written at the sorted row.
+* ``_grouped_down_kernel``: the grouped GEMM on fp8 rows (the intermediate, or a caller's rows in
+  the public contiguous and masked forms), each output row written at its slot.
+* ``_weighted_sum_kernel``: ``y[t] = sum_j w[t, j] * out[row(t * k + j)]`` over the slots routed
+  somewhere, in fp32, cast once.
+
+Non-finite activations follow :mod:`.quant`: a NaN or inf in a token's group makes its scale and
+values NaN, so the token's gate-up rows, their quantized product and its output row are NaN.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_quant import fp8_group_quantize
+
+# Per-call sizes: one compiled kernel serves every M.
+_NOT_SPECIALIZED = ["slots", "stride_xm", "stride_asm", "stride_om"]
+
+
+@triton.jit
+def _block_tile(pid, num_blocks, num_n, GROUP_M: tl.constexpr):
+    """(row block, column tile) of program ``pid``: GROUP_M neighbouring row blocks (an expert's, at
+    prefill) take each weight column tile in turn while it is in L2."""
+    per_group = GROUP_M * num_n
+    first = (pid // per_group) * GROUP_M
+    rows = tl.minimum(num_blocks - first, GROUP_M)
+    return first + (pid % per_group) % rows, (pid % per_group) // rows
+
+
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
+def _gate_up_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, slot_ids_ptr, block_expert_ptr, q_ptr, qs_ptr,
+    slots, num_blocks, H, INTER,
+    stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn, stride_qm, stride_qsm,
+    eps,
+    TOP_K: tl.constexpr, QUANT_IN_KERNEL: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+):
+    """``q[r, n] = quant(silu(x_r @ W_gate.T) * (x_r @ W_up.T))`` for one block and 128 columns.
+
+    ``x_ptr``: the bf16/fp16/fp32 activation ``[M, H]`` (``QUANT_IN_KERNEL``: quantized here, per K
+    step) or its fp8 quantization with row-major scales ``xs_ptr``. ``w_ptr``: ``[E, 2I, H]`` fp8,
+    K-contiguous; ``ws_ptr``: ``[E, ceil(2I/128), ceil(H/128)]`` with unit stride along K blocks.
+    """
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(INTER, 128)
+    block, pid_n = _block_tile(pid, num_blocks, num_n, GROUP_M)
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:
+        return
+    offs_r = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(slot_ids_ptr + offs_r)
+    row_ok = slot < slots
+    token = tl.where(row_ok, slot // TOP_K, 0).to(tl.int64)
+    lane = tl.arange(0, 128)
+    cols = pid_n * 128 + lane
+    col_ok = cols < INTER
+    gate_rows = tl.where(col_ok, cols, 0).to(tl.int64)
+    up_rows = gate_rows + INTER
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
+    gate_scale_rows = ws_base + (gate_rows // 128) * stride_wsn
+    up_scale_rows = ws_base + (up_rows // 128) * stride_wsn
+    acc_gate = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(H, 128)):
+        offs_k = kb * 128 + lane
+        k_ok = offs_k < H
+        a_mask = row_ok[:, None] & k_ok[None, :]
+        a = tl.load(x_ptr + token[:, None] * stride_xm + offs_k[None, :], mask=a_mask, other=0.0)
+        b_mask = k_ok[:, None] & col_ok[None, :]
+        wg = tl.load(w_base + gate_rows[None, :] * stride_wn + offs_k[:, None], mask=b_mask, other=0.0)
+        wu = tl.load(w_base + up_rows[None, :] * stride_wn + offs_k[:, None], mask=b_mask, other=0.0)
+        if QUANT_IN_KERNEL:
+            a, a_scale = fp8_group_quantize(a, eps, wg.dtype, False, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
+                                            FP8_NAN_BITS, HW_RNE)
+        else:
+            a_scale = tl.load(xs_ptr + token * stride_xsm + kb)
+        sg = tl.load(gate_scale_rows + kb)
+        su = tl.load(up_scale_rows + kb)
+        acc_gate += tl.dot(a, wg) * (a_scale[:, None] * sg[None, :])
+        acc_up += tl.dot(a, wu) * (a_scale[:, None] * su[None, :])
+    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+    act = tl.where(col_ok[None, :], act, 0.0)  # padding lanes are 0, as the group quantizer requires
+    q, q_scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
+                                    FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
+    rows64 = offs_r.to(tl.int64)
+    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(qs_ptr + rows64 * stride_qsm + pid_n, q_scale, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
+def _grouped_down_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, slot_ids_ptr, block_expert_ptr, out_ptr,
+    slots, num_blocks, N, K,
+    stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    A_BY_SLOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """``out[slot] = dequant(a_row) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
+
+    ``a_row`` is the sorted row itself (the gate-up kernel's intermediate), or with ``A_BY_SLOT`` the
+    slot's own row of ``a_ptr`` (the public grouped GEMMs, whose rows are the slots).
+    """
+    pid = tl.program_id(0)
+    block, pid_n = _block_tile(pid, num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:
+        return
+    offs_r = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(slot_ids_ptr + offs_r)
+    row_ok = slot < slots
+    if A_BY_SLOT:
+        a_rows = tl.where(row_ok, slot, 0).to(tl.int64)
+    else:
+        a_rows = offs_r.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    scale_rows = ws_ptr + expert.to(tl.int64) * stride_wse + (w_rows // 128) * stride_wsn
+    lane = tl.arange(0, 128)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, 128)):
+        offs_k = kb * 128 + lane
+        k_ok = offs_k < K
+        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
+                    other=0.0)
+        a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
+        b_scale = tl.load(scale_rows + kb)
+        acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+    out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
+    tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _weighted_sum_kernel(
+    out_ptr, row_map_ptr, ids_ptr, w_ptr, y_ptr, H, E, stride_om, stride_ym,
+    TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """``y[t, cols] = sum_j w[t, j] * out[row(t, j), cols]`` over the slots whose id is in ``[0, E)``;
+    ``row(t, j)`` is the slot itself or, with ``HAS_MAP``, ``row_map[slot]``."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        slot = token * TOP_K + j
+        expert = tl.load(ids_ptr + slot)
+        if (expert >= 0) & (expert < E):
+            row = slot
+            if HAS_MAP:
+                row = tl.load(row_map_ptr + slot)
+            weight = tl.load(w_ptr + slot).to(tl.float32)
+            acc += weight * tl.load(out_ptr + row * stride_om + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + token * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm"])
+def _silu_mul_quant_kernel(
+    h_ptr, q_ptr, s_ptr, R, INTER, stride_hm, stride_qm, stride_sm, eps,
+    BLOCK_R: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+):
+    """``q[r, g] , s[r, g] = quant(silu(h[r, gate g]) * h[r, up g])`` for BLOCK_R rows and one 1x128 group of
+    a ``[R, 2I]`` GEMM output (a vendor's grouped GEMM, which writes gate and up in bf16)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    group = tl.program_id(1)
+    cols = group * 128 + tl.arange(0, 128)
+    row_ok = rows < R
+    mask = row_ok[:, None] & (cols < INTER)[None, :]
+    base = h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :]
+    gate = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(base + INTER, mask=mask, other=0.0).to(tl.float32)
+    act = tl.where(mask, gate / (1.0 + tl.exp(-gate)) * up, 0.0)
+    q, scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
+                                  FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
+    tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :], q, mask=mask)
+    tl.store(s_ptr + rows.to(tl.int64) * stride_sm + group, scale, mask=row_ok)

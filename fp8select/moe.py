@@ -1,0 +1,247 @@
+"""The MoE experts layer: a plan per layer, its prepared weights, and the call path.
+
+``Fp8MoE`` (made by :meth:`fp8select.Selection.prepare_moe`) checks the checkpoint once, builds its
+:class:`~fp8select.moe_plan.MoePlan` per activation dtype and top-k (the first for bf16 and the
+``top_k`` given, default 8; others on first use), prepares the weights for exactly the backends its
+plans use, and binds each M bucket to one call. ``moe(x, topk_weights, topk_ids)`` checks its inputs
+(typed errors), looks its bucket up and runs. Under ``torch.compile`` it is one opaque custom op
+(:mod:`fp8select.moe_ops`).
+
+Expert ids: -1 contributes nothing (the expert lives on another rank); any other id outside
+``[0, E)``, or an id repeated in one token's row, is an :class:`~fp8select.errors.InvalidInputError`.
+Checking the ids reads one flag back from the device, so it runs on eager calls only (not while a
+CUDA graph is captured, nor in a compiled graph), and ``check_ids=False`` turns it off; unchecked, an
+id outside ``[0, E)`` contributes nothing, as -1 does, and never reads out of bounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import torch
+
+from fp8select import moe_ops
+from fp8select._log import get_logger
+from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights
+from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX
+from fp8select.capabilities import Capabilities
+from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
+from fp8select.guard import call_foreign
+from fp8select.layer import ACTIVATION_DTYPES, check_block_size
+from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
+from fp8select.problem import dtype_name
+from fp8select.verdict import Candidate
+
+__all__ = ["DEFAULT_TOP_K", "Fp8MoE", "check_moe_weights"]
+
+DEFAULT_TOP_K = 8
+_WEIGHT_DTYPE = torch.float8_e4m3fn
+_ID_DTYPES = (torch.int32, torch.int64)
+_WEIGHT_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidDtypeError(f"{name}: expected a torch.Tensor, found {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise InvalidInputError(f"{name}: expected a dense (strided) tensor, found layout {value.layout}")
+    return value
+
+
+def check_moe_weights(w13: object, w13_scale: object, w2: object, w2_scale: object,
+                      block: tuple[int, int]) -> tuple[int, int, int]:
+    """Validate a MoE checkpoint (at load time); returns ``(E, H, I)``."""
+    tensors = {name: _tensor(name, v) for name, v in
+               (("w13", w13), ("w13_scale", w13_scale), ("w2", w2), ("w2_scale", w2_scale))}
+    for name in ("w13", "w2"):
+        t = tensors[name]
+        if t.dtype != _WEIGHT_DTYPE:
+            raise InvalidDtypeError(f"{name}: expected dtype float8_e4m3fn, found {dtype_name(t.dtype)}")
+        if t.dim() != 3:
+            raise InvalidInputError(f"{name}: expected a 3-D [E, N, K] tensor, found shape {tuple(t.shape)}")
+        if t.device.type == "meta":
+            raise InvalidInputError(f"{name}: expected a tensor holding data, found one on the meta device")
+    experts, two_i, hidden = tensors["w13"].shape
+    if experts == 0 or hidden == 0 or two_i == 0 or two_i % 2:
+        raise InvalidInputError(f"w13: expected [E > 0, 2I > 0 (even), H > 0], found shape {tuple(tensors['w13'].shape)}")
+    inter = two_i // 2
+    if tuple(tensors["w2"].shape) != (experts, hidden, inter):
+        raise InvalidInputError(f"w2: expected shape [E, H, I] = {[experts, hidden, inter]} (from w13 "
+                                f"{list(tensors['w13'].shape)}), found {list(tensors['w2'].shape)}")
+    bn, bk = block
+    for name, (n, k) in (("w13_scale", (two_i, hidden)), ("w2_scale", (hidden, inter))):
+        s = tensors[name]
+        if s.dtype != torch.float32:
+            raise InvalidDtypeError(f"{name}: expected dtype float32, found {dtype_name(s.dtype)}")
+        expected = (experts, _ceil_div(n, bn), _ceil_div(k, bk))
+        if tuple(s.shape) != expected:
+            raise InvalidInputError(f"{name}: expected shape [E, ceil({n}/{bn}), ceil({k}/{bk})] = {list(expected)}, "
+                                    f"found {list(s.shape)}")
+    device = tensors["w13"].device
+    for name, t in tensors.items():
+        if t.device != device:
+            raise InvalidInputError(f"{name}: expected device {device} (w13's), found {t.device}")
+    for name in ("w13_scale", "w2_scale"):
+        if not bool(torch.isfinite(tensors[name]).all()):
+            bad = int((~torch.isfinite(tensors[name])).sum())
+            raise InvalidInputError(f"{name}: expected finite values, found {bad} NaN/inf entries")
+    return experts, hidden, inter
+
+
+class Fp8MoE:
+    """A block-FP8 MoE experts layer with its plan: ``moe(x, topk_weights, topk_ids) -> y``."""
+
+    def __init__(self, backends: Sequence[MoeBackend], caps: Capabilities, w13: torch.Tensor, w13_scale: torch.Tensor,
+                 w2: torch.Tensor, w2_scale: torch.Tensor, block_size: Sequence[int] = (128, 128), *,
+                 top_k: int | None = None, measured: MoeTimes | None = None, explicit: str | None = None,
+                 check_ids: bool = True) -> None:
+        start = time.perf_counter()
+        block = check_block_size(block_size)
+        self.experts, self.hidden, self.intermediate = check_moe_weights(w13, w13_scale, w2, w2_scale, block)
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise InvalidInputError(f"top_k: expected a positive int or None, found {top_k!r}")
+        self.caps, self.block_size, self.explicit, self.check_ids = caps, block, explicit, bool(check_ids)
+        self.backends_chain = tuple(backends)
+        self._by_name = {b.name: b for b in self.backends_chain}
+        self.device = w13.device
+        self._weights = MoeWeights(w13.detach(), w13_scale.detach(), w2.detach(), w2_scale.detach(), block)
+        self._measured = measured
+        self.prepared: dict[str, Any] = {}
+        self._failed: dict[str, str] = {}
+        self.plans: dict[tuple[torch.dtype, int], MoePlan] = {}
+        self._launches: dict[tuple[torch.dtype, int], tuple[MoeLaunch, ...]] = {}
+        self.main_plan = self._plan_for(torch.bfloat16, top_k or DEFAULT_TOP_K)
+        moe_ops.register(self)
+        get_logger().info("fp8select.moe_prepared", experts=self.experts, hidden=self.hidden,
+                          intermediate=self.intermediate, plan=self.main_plan.summary(),
+                          ms=round((time.perf_counter() - start) * 1e3, 3))
+
+    def _problem(self, act: torch.dtype, top_k: int) -> MoeProblem:
+        return MoeProblem(self.experts, self.hidden, self.intermediate, top_k, self.block_size, None, _WEIGHT_DTYPE, act)
+
+    def _plan_for(self, act: torch.dtype, top_k: int) -> MoePlan:
+        """The plan (and bound launches) for calls with ``act`` activations and ``top_k`` experts per token."""
+        key = (act, top_k)
+        plan = self.plans.get(key)
+        if plan is not None:
+            return plan
+        problem = self._problem(act, top_k)
+        while True:
+            chain = [b for b in self.backends_chain if b.name not in self._failed]
+            try:
+                plan = build_moe_plan(problem, chain, self.caps, measured=self._measured, explicit=self.explicit)
+            except UnsupportedProblemError as exc:
+                failed = [Candidate(len(exc.candidates) + i, n, False, f"prepare() raised {why}")
+                          for i, (n, why) in enumerate(self._failed.items(), 1)]
+                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *failed]) from None
+            if self._prepare(plan):
+                break
+        self.plans[key] = plan
+        self._launches[key] = tuple(self._bind(route) for route in plan.routes)
+        return plan
+
+    def _prepare(self, plan: MoePlan) -> bool:
+        for name in plan.backends:
+            if name in self.prepared:
+                continue
+            outcome = call_foreign(self._by_name[name].prepare, self._weights, self.caps)
+            if outcome.error is not None:
+                self._failed[name] = outcome.error
+                get_logger().warning("fp8select.moe_prepare_failed", backend=name, error=outcome.error)
+                return False
+            self.prepared[name] = outcome.value
+        return True
+
+    def _bind(self, route: Any) -> MoeLaunch:
+        if route.backend is None:
+            detail = route.detail
+
+            def unrouted(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> NoReturn:
+                raise UnsupportedProblemError(f"MoE M bucket {route.bucket}", [Candidate(1, "-", False, detail)])
+
+            return unrouted
+        return self._by_name[route.backend].bind(self.prepared[route.backend], route.layout, route.config, self.caps)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends this layer's plans run, smallest M first."""
+        return tuple(dict.fromkeys(n for plan in self.plans.values() for n in plan.backends))
+
+    def describe(self) -> str:
+        return self.main_plan.describe()
+
+    # -- the call path -------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """``y[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` (docs/moe.md); no autograd."""
+        if torch.compiler.is_compiling():
+            return moe_ops.compiled_call(self, x, topk_weights, topk_ids)
+        m, top_k = self._check(x, topk_weights, topk_ids)
+        if m == 0:
+            return torch.empty((0, self.hidden), dtype=x.dtype, device=x.device)
+        launches = self._launches.get((x.dtype, top_k))
+        if launches is None:
+            self._plan_for(x.dtype, top_k)
+            launches = self._launches[(x.dtype, top_k)]
+        with torch.no_grad():
+            return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else BUCKET_INDEX[-1]](
+                x.contiguous(), topk_weights.contiguous(), topk_ids.contiguous())
+
+    __call__ = forward
+
+    def _check(self, x: object, topk_weights: object, topk_ids: object) -> tuple[int, int]:
+        x = _tensor("x", x)
+        ids = _tensor("topk_ids", topk_ids)
+        weights = _tensor("topk_weights", topk_weights)
+        if x.dtype not in ACTIVATION_DTYPES:
+            allowed = "/".join(dtype_name(d) for d in ACTIVATION_DTYPES)
+            raise InvalidDtypeError(f"x: expected dtype {allowed}, found {dtype_name(x.dtype)}")
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise InvalidInputError(f"x: expected shape [M, H={self.hidden}], found {list(x.shape)}")
+        m = x.shape[0]
+        if ids.dtype not in _ID_DTYPES:
+            raise InvalidDtypeError(f"topk_ids: expected dtype int32/int64, found {dtype_name(ids.dtype)}")
+        if ids.dim() != 2 or ids.shape[0] != m or ids.shape[1] < 1:
+            raise InvalidInputError(f"topk_ids: expected shape [M={m}, k >= 1], found {list(ids.shape)}")
+        if weights.dtype not in _WEIGHT_FLOATS:
+            raise InvalidDtypeError(f"topk_weights: expected dtype float32/bfloat16/float16, found {dtype_name(weights.dtype)}")
+        if tuple(weights.shape) != tuple(ids.shape):
+            raise InvalidInputError(f"topk_weights: expected shape {list(ids.shape)} (topk_ids'), found {list(weights.shape)}")
+        for name, t in (("x", x), ("topk_weights", weights), ("topk_ids", ids)):
+            if t.device != self.device:
+                raise InvalidInputError(f"{name}: expected device {self.device} (the weights'), found {t.device}")
+        if self.check_ids and m and not _capturing(ids):
+            _check_ids(ids, self.experts)
+        return m, ids.shape[1]
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise NotPicklableError("Fp8MoE: a prepared MoE layer holds launches bound to this process's device; pickle "
+                                "the BlockFp8MoE module or the checkpoint's tensors, and prepare again")
+
+    def __repr__(self) -> str:
+        return (f"Fp8MoE(E={self.experts}, H={self.hidden}, I={self.intermediate}, "
+                f"plan={self.main_plan.summary()!r})")
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _check_ids(ids: torch.Tensor, experts: int) -> None:
+    """One device read: ids outside ``[-1, E)``, or repeated within a token's row (ignoring -1)."""
+    out_of_range = (ids < -1) | (ids >= experts)
+    ordered = torch.sort(ids, dim=1).values
+    repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    flags = torch.stack([out_of_range.any(), repeated.any()]).tolist()
+    if flags[0]:
+        bad = ids[out_of_range][:4].tolist()
+        raise InvalidInputError(f"topk_ids: expected expert ids in [0, {experts}) or -1 (an expert on another rank), "
+                                f"found {bad}")
+    if flags[1]:
+        raise InvalidInputError("topk_ids: expected distinct expert ids within each token's row, found a repeated id")

@@ -1,0 +1,218 @@
+"""One plan per MoE layer: for every M bucket, the backend and layout that run the experts op, and why.
+
+:func:`build_moe_plan` is a pure decision over values, as :func:`fp8select.plan.build_plan` is for
+the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert a bucket implies are
+``M * k / E`` under uniform routing):
+
+* **explicit**: the selection's explicit backend, where one of its layouts' gates accepts the bucket;
+* **measured**: otherwise the (backend, layout) with the least measured time of the whole experts op
+  (routing, both GEMMs, activation and its quantization, weighted sum) among those whose gate accepts;
+* **rule** (a stopgap until shipped MoE tables exist): the first backend in priority order, in its
+  first layout, except that DeepGEMM runs ``masked`` up to :data:`MASKED_MAX_M` tokens (decode, CUDA
+  graphs: FACTS.md measured its masked kernel at 0.83-0.94 of the HBM floor there) and ``contiguous``
+  above (its masked layout holds ``E x M`` rows, which stops paying, and fitting, as M grows).
+
+A gate is asked at both ends of each bucket. Measured rows come in as a mapping
+``{"backend/layout": {bucket: {"us": float, "config": {...} | None}}}`` for this layer's shape
+(what ``benchmarks/moe.py`` writes); none is shipped yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fp8select.backends.moe import MoeBackend, MoeProblem
+from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range
+from fp8select.capabilities import Capabilities
+from fp8select.errors import UnsupportedProblemError
+from fp8select.guard import safe_verdict
+from fp8select.verdict import Candidate, Verdict
+
+__all__ = ["EXPLICIT", "MASKED_MAX_M", "MEASURED", "RULE", "MoePlan", "MoeRoute", "MoeTimes", "build_moe_plan",
+           "route_name"]
+
+EXPLICIT, MEASURED, RULE = "explicit", "measured", "rule"
+MASKED_MAX_M = 64
+"""Largest M the rule runs DeepGEMM's masked layout at (decode batch sizes)."""
+
+MoeTimes = Mapping[str, Mapping[Any, Mapping[str, Any]]]
+"""Measured rows of one layer shape: ``"backend/layout"`` -> M bucket -> ``{"us": ..., "config": ...}``."""
+
+
+def route_name(backend: str, layout: str) -> str:
+    return f"{backend}/{layout}"
+
+
+@dataclass(frozen=True)
+class MoeRoute:
+    """What runs the calls of one M bucket."""
+
+    bucket: int
+    backend: str | None  # None: no backend runs this bucket (calls raise)
+    layout: str
+    why: str
+    detail: str
+    config: Any = None
+    us: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        config = self.config.to_dict() if hasattr(self.config, "to_dict") else self.config
+        return {"bucket": self.bucket, "backend": self.backend, "layout": self.layout, "why": self.why,
+                "detail": self.detail, "config": config, "us": self.us}
+
+
+@dataclass(frozen=True)
+class MoePlan:
+    """A MoE layer's decisions: one :class:`MoeRoute` per M bucket, and the verdicts per backend and layout."""
+
+    problem: MoeProblem
+    routes: tuple[MoeRoute, ...]
+    candidates: tuple[Candidate, ...]
+    explicit: str | None = None
+
+    def route(self, m: int) -> MoeRoute:
+        return self.routes[bucket_index(m)]
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.backend for r in self.routes if r.backend is not None))
+
+    def ranges(self) -> list[tuple[int, int | None, MoeRoute]]:
+        """Consecutive buckets with the same backend, layout, why and configuration merged."""
+        out: list[tuple[int, int | None, MoeRoute]] = []
+        for route in self.routes:
+            lo, hi = bucket_range(route.bucket)
+            last = out[-1][2] if out else None
+            if last is not None and (last.backend, last.layout, last.why, last.config) == (
+                    route.backend, route.layout, route.why, route.config):
+                out[-1] = (out[-1][0], hi, last)
+            else:
+                out.append((lo, hi, route))
+        return out
+
+    def summary(self) -> str:
+        """``M 1-64: deepgemm/masked, M >= 65: deepgemm/contiguous`` (one line)."""
+        spans: list[tuple[int, int | None, str]] = []
+        for route in self.routes:
+            lo, hi = bucket_range(route.bucket)
+            name = route_name(route.backend, route.layout) if route.backend else "none"
+            if spans and spans[-1][2] == name:
+                spans[-1] = (spans[-1][0], hi, name)
+            else:
+                spans.append((lo, hi, name))
+        return ", ".join(f"{_span(lo, hi)}: {name}" for lo, hi, name in spans)
+
+    def describe(self) -> str:
+        """Several lines: per M range the backend and layout, why, its launch configuration, then the
+        backends and layouts left out and why."""
+        p = self.problem
+        head = f"MoE plan for E={p.experts}, H={p.hidden}, I={p.intermediate}" + (f", k={p.top_k}" if p.top_k else "")
+        lines = [head + (f" (explicit choice: {self.explicit})" if self.explicit else "")]
+        for lo, hi, route in self.ranges():
+            name = route_name(route.backend, route.layout) if route.backend else "-"
+            kernel = f"[{route.config.describe()}] " if hasattr(route.config, "describe") else ""
+            lines.append(f"  {_span(lo, hi):<14} {name:<26} {route.why:<9} {kernel}{route.detail}")
+        lines.extend(f"  not for this layer: {c.name}: {c.reason}" for c in self.candidates if not c.accepted)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.problem
+        return {"experts": p.experts, "hidden": p.hidden, "intermediate": p.intermediate, "top_k": p.top_k,
+                "explicit": self.explicit, "routes": [r.to_dict() for r in self.routes],
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+
+def _span(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return "any M" if lo == 1 else f"M >= {lo}"
+    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
+
+
+def _probe_ms(bucket: int) -> tuple[int, ...]:
+    lo, hi = bucket_range(bucket)
+    return (lo,) if hi is None or hi == lo else (lo, hi)
+
+
+def _gate(backend: MoeBackend, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
+    return safe_verdict(backend.supports, problem, caps, layout, what="gate")
+
+
+def _rule_layout(backend: MoeBackend, runnable: Sequence[str], bucket: int) -> str:
+    if "masked" in runnable and "contiguous" in runnable:
+        return "masked" if bucket <= MASKED_MAX_M else "contiguous"
+    return runnable[0]
+
+
+def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Capabilities, *,
+                   measured: MoeTimes | None = None, explicit: str | None = None) -> MoePlan:
+    """The plan for ``problem`` (``m`` None) over ``backends`` (device-accepted, priority order).
+
+    Raises :class:`UnsupportedProblemError` when no backend accepts the layer in any layout.
+    """
+    candidates: list[Candidate] = []
+    layouts: dict[str, list[str]] = {}
+    for b in backends:
+        reasons = []
+        for layout in b.layouts:
+            verdict = _gate(b, problem, caps, layout)
+            if verdict.ok:
+                layouts.setdefault(b.name, []).append(layout)
+            reasons.append(verdict.reason)
+        candidates.append(Candidate(len(candidates) + 1, b.name, b.name in layouts, "; ".join(dict.fromkeys(reasons))))
+    accepted = [b for b in backends if b.name in layouts]
+    if not accepted:
+        raise UnsupportedProblemError(problem.describe(), candidates)
+    measured = measured or {}
+    routes = []
+    for bucket in M_BUCKETS:
+        runnable: dict[str, list[str]] = {}
+        for b in accepted:
+            ok = [lay for lay in layouts[b.name]
+                  if all(_gate(b, replace(problem, m=m), caps, lay).ok for m in _probe_ms(bucket))]
+            if ok:
+                runnable[b.name] = ok
+        routes.append(_route(bucket, accepted, runnable, problem, measured, explicit))
+    return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates),
+                   explicit if explicit in layouts else None)
+
+
+def _measured_row(measured: MoeTimes, name: str, bucket: int) -> Mapping[str, Any] | None:
+    rows = measured.get(name)
+    if not rows:
+        return None
+    row = rows.get(bucket, rows.get(str(bucket)))
+    return row if isinstance(row, Mapping) and isinstance(row.get("us"), int | float) else None
+
+
+def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]], problem: MoeProblem,
+           measured: MoeTimes, explicit: str | None) -> MoeRoute:
+    by_name = {b.name: b for b in accepted}
+    if not runnable:
+        return MoeRoute(bucket, None, "", RULE, "no backend accepts this M")
+    if explicit is not None and explicit in runnable:
+        b = by_name[explicit]
+        layout = _rule_layout(b, runnable[explicit], bucket)
+        return MoeRoute(bucket, explicit, layout, EXPLICIT, "the explicit choice",
+                        b.default_config(replace(problem, m=bucket), layout, bucket))
+    timed = []
+    for rank, name in enumerate(runnable):
+        for layout in runnable[name]:
+            row = _measured_row(measured, route_name(name, layout), bucket)
+            if row is not None:
+                timed.append((float(row["us"]), rank, name, layout, row))
+    if timed:
+        timed.sort(key=lambda t: (t[0], t[1]))
+        us, _, name, layout, row = timed[0]
+        b = by_name[name]
+        config = b.launch_config(row["config"]) if row.get("config") is not None else \
+            b.default_config(replace(problem, m=bucket), layout, bucket)
+        others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in timed[1:4])
+        return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us" + (f" (others: {others} us)" if others else ""),
+                        config, us)
+    name = next(iter(runnable))
+    b = by_name[name]
+    layout = _rule_layout(b, runnable[name], bucket)
+    return MoeRoute(bucket, name, layout, RULE, "first in priority order (no measurement)",
+                    b.default_config(replace(problem, m=bucket), layout, bucket))

@@ -1,0 +1,221 @@
+"""The MoE experts layer on CPU: its semantics against the fp64 reference, typed errors, plans, compile.
+
+Numbers come from the ``reference`` backend (pure torch) and are compared with
+``tests/fp64_moe_reference.py``, written from the semantics independently of the library. The
+Triton kernels have their own module (``tests/test_moe_triton.py``), DeepGEMM's adapter
+``tests/test_moe_deepgemm.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from matrix import MATRIX
+
+from fp8select import InvalidDtypeError, InvalidInputError, NoBackendError, UnsupportedProblemError, resolve
+from fp8select.backends.moe import MoeProblem, ReferenceMoe, TritonMoe
+from fp8select.backends.moe_deepgemm import DeepGemmMoe
+from fp8select.kernels.moe_routing import block_capacity, masked_rows, route, row_of_slot
+from fp8select.moe_plan import MEASURED, RULE, build_moe_plan
+from fp8select.moe_select import moe_chain
+from fp8select.nn import BlockFp8MoE
+
+CPU = MATRIX["cpu-only"][0]
+E, H, INTER, K = 4, 256, 128, 2
+TOL = 1e-2
+DG_MOE = dataclasses.replace(MATRIX["h200-deepgemm"][0], package_symbols={
+    "deep_gemm": ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
+
+
+@pytest.fixture(scope="module")
+def problem():  # type: ignore[no-untyped-def]
+    return random_moe(E, H, INTER, seed=0)
+
+
+@pytest.fixture(scope="module")
+def moe(problem):  # type: ignore[no-untyped-def]
+    return resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=K)
+
+
+def _x(m: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(m, H, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _check(moe, problem, x, w, ids) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    y = moe(x, w, ids)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reference_matches_the_fp64_semantics(moe, problem, dtype) -> None:  # type: ignore[no-untyped-def]
+    w, ids = random_routing(9, K, E, seed=1)
+    _check(moe, problem, _x(9, dtype=dtype), w, ids)
+
+
+def test_minus_one_ids_contribute_nothing_and_all_minus_one_gives_zeros(moe, problem) -> None:  # type: ignore[no-untyped-def]
+    w, ids = random_routing(6, K, E, seed=2)
+    ids[0, 1], ids[3, 0] = -1, -1
+    x = _x(6)
+    y = _check(moe, problem, x, w, ids)
+    assert torch.equal(moe(x[:1], w[:1, :1].contiguous(), ids[:1, :1].contiguous()), y[:1])  # the -1 slot adds nothing
+    assert torch.equal(moe(x, w, torch.full_like(ids, -1)), torch.zeros_like(x))
+
+
+def test_skewed_routing_one_expert_and_idle_experts(moe, problem) -> None:  # type: ignore[no-untyped-def]
+    w, _ = random_routing(7, 1, E, seed=3)
+    _check(moe, problem, _x(7), w, torch.full((7, 1), 2, dtype=torch.int32))  # every token on expert 2, three idle
+    w, ids = random_routing(7, K, E, seed=4, skew=True)
+    _check(moe, problem, _x(7), w, ids.to(torch.int64))
+
+
+def test_empty_batch(moe) -> None:  # type: ignore[no-untyped-def]
+    y = moe(_x(0), torch.empty(0, K), torch.empty(0, K, dtype=torch.int32))
+    assert y.shape == (0, H) and y.dtype == torch.bfloat16
+
+
+def test_nan_in_a_token_makes_its_row_nan_only(moe, problem) -> None:  # type: ignore[no-untyped-def]
+    w, ids = random_routing(4, K, E, seed=5)
+    x = _x(4)
+    x[2, 7] = float("nan")
+    y = moe(x, w, ids)
+    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all()
+
+
+BAD_CALLS = {
+    "moe-id-out-of-range": (lambda w, ids: (w, ids.masked_fill(ids == ids[0, 0], E)), InvalidInputError, "topk_ids"),
+    "moe-id-below-minus-one": (lambda w, ids: (w, ids.masked_fill(ids == ids[0, 0], -2)), InvalidInputError, "[-2"),
+    "moe-id-repeated": (lambda w, ids: (w, ids[:, :1].repeat(1, K)), InvalidInputError, "distinct"),
+    "moe-ids-float": (lambda w, ids: (w, ids.float()), InvalidDtypeError, "int32/int64"),
+    "moe-weights-shape": (lambda w, ids: (w[:, :1], ids), InvalidInputError, "topk_weights"),
+    "moe-weights-int": (lambda w, ids: (ids, ids), InvalidDtypeError, "topk_weights"),
+    "moe-ids-rows": (lambda w, ids: (w[:2], ids[:2]), InvalidInputError, "[M=3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_routing_is_a_typed_error(moe, case: str) -> None:  # type: ignore[no-untyped-def]
+    change, error, fragment = BAD_CALLS[case]
+    w, ids = random_routing(3, K, E, seed=6)
+    w, ids = change(w, ids)
+    with pytest.raises(error, match=None) as info:
+        moe(_x(3), w, ids)
+    assert fragment in str(info.value)
+
+
+def test_bad_activation_is_a_typed_error(moe) -> None:  # type: ignore[no-untyped-def]
+    w, ids = random_routing(3, K, E, seed=6)
+    with pytest.raises(InvalidDtypeError, match="x: expected dtype"):
+        moe(_x(3).to(torch.int8), w, ids)
+    with pytest.raises(InvalidInputError, match=r"x: expected shape \[M, H=256\]"):
+        moe(torch.randn(3, 128), w, ids)
+    with pytest.raises(InvalidInputError, match="expected device cpu"):
+        moe(_x(3).to("meta"), w, ids)
+    with pytest.raises(InvalidDtypeError, match=r"x: expected a torch\.Tensor"):
+        moe([[1.0]], w, ids)
+
+
+def test_unchecked_ids_outside_the_experts_contribute_nothing(problem) -> None:  # type: ignore[no-untyped-def]
+    moe = resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=K, check_ids=False)
+    w, ids = random_routing(3, K, E, seed=7)
+    y = moe(_x(3), w, ids.masked_fill(ids == ids[0, 0], 99))
+    assert rel_err(y, expected_moe(_x(3), *problem.weights(), w, ids.masked_fill(ids == ids[0, 0], -1))) < TOL
+
+
+def _weights(problem):  # type: ignore[no-untyped-def]
+    return list(problem.weights())
+
+
+BAD_WEIGHTS = {
+    "moe-w13-bf16": (0, lambda t: t.to(torch.bfloat16), InvalidDtypeError, "w13: expected dtype float8_e4m3fn"),
+    "moe-w13-2d": (0, lambda t: t[0], InvalidInputError, "w13: expected a 3-D"),
+    "moe-w2-shape": (2, lambda t: t[:, :, :64], InvalidInputError, "w2: expected shape [E, H, I]"),
+    "moe-scale-shape": (1, lambda t: t[:, :1], InvalidInputError, "w13_scale: expected shape"),
+    "moe-scale-dtype": (3, lambda t: t.double(), InvalidDtypeError, "w2_scale: expected dtype float32"),
+    "moe-scale-nan": (3, lambda t: t.clone().fill_(float("nan")), InvalidInputError, "w2_scale: expected finite"),
+    "moe-weight-meta": (2, lambda t: t.to("meta"), InvalidInputError, "w2: expected a tensor holding data"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_WEIGHTS))
+def test_bad_checkpoint_is_a_typed_error(problem, case: str) -> None:  # type: ignore[no-untyped-def]
+    index, change, error, fragment = BAD_WEIGHTS[case]
+    tensors = _weights(problem)
+    tensors[index] = change(tensors[index])
+    with pytest.raises(error) as info:
+        resolve(CPU, plugins=False).prepare_moe(*tensors)
+    assert fragment in str(info.value)
+
+
+def test_bad_block_and_top_k(problem) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidInputError, match="block_size"):
+        resolve(CPU, plugins=False).prepare_moe(*problem.weights(), block_size=(0, 128))
+    with pytest.raises(InvalidInputError, match="top_k"):
+        resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=0)
+
+
+def test_routing_blocks_are_sorted_padded_and_static() -> None:
+    ids = torch.tensor([[2, 0], [2, -1], [7, 2]], dtype=torch.int32)  # 7: outside E=3, routed nowhere
+    r = route(ids, 3, 4)
+    assert r.rows == block_capacity(6, 3, 4) * 4
+    assert r.counts.tolist() == [1, 0, 3]
+    used = r.block_expert[r.block_expert >= 0].tolist()
+    assert used == [0, 2]
+    rows = r.slot_ids.view(-1, 4)
+    assert rows[0].tolist() == [1, 6, 6, 6] and rows[1].tolist() == [0, 2, 5, 6]  # slots in order, padded with M*k
+    assert (r.block_expert[2:] == -1).all() and (r.slot_ids[8:] == 6).all()
+    where = row_of_slot(r)
+    assert [int(where[s]) for s in (0, 1, 2, 5)] == [4, 0, 5, 6]
+    assert masked_rows(r, 3, 2).tolist() == [4, 0, 5, 6, 6, 6]  # expert 2's third slot is beyond max_m 2
+
+
+def test_plan_rule_measured_and_explicit() -> None:
+    problem = MoeProblem(256, 7168, 2048, 8)
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    plan = build_moe_plan(problem, chain, DG_MOE)
+    assert plan.route(64).layout == "masked" and plan.route(65).layout == "contiguous"
+    assert {r.why for r in plan.routes} == {RULE} and plan.backends == ("deepgemm",)
+    measured = {"triton/sorted": {1: {"us": 10.0, "config": None}}, "deepgemm/masked": {"1": {"us": 12.0}}}
+    plan = build_moe_plan(problem, chain, DG_MOE, measured=measured)
+    assert (plan.route(1).backend, plan.route(1).why) == ("triton", MEASURED)
+    assert "deepgemm/masked 12.0" in plan.route(1).detail and plan.route(2).backend == "deepgemm"
+    assert build_moe_plan(problem, chain, DG_MOE, explicit="triton").backends == ("triton",)
+    assert "M 1-64: deepgemm/masked, M >= 65: deepgemm/contiguous" == build_moe_plan(problem, chain, DG_MOE).summary()
+
+
+def test_plan_gates_say_why() -> None:
+    odd = MoeProblem(8, 7168, 200, 8)
+    plan = build_moe_plan(odd, [DeepGemmMoe(), ReferenceMoe()], DG_MOE)
+    assert plan.backends == ("reference",)
+    assert "requires I % 128 == 0" in plan.describe()
+    with pytest.raises(UnsupportedProblemError, match="requires block size"):
+        build_moe_plan(dataclasses.replace(odd, block_size=(1, 32)), [DeepGemmMoe()], DG_MOE)
+
+
+def test_the_selection_explains_moe_plans_and_says_when_no_backend_runs() -> None:
+    sel = resolve(DG_MOE, plugins=False, verify=False)
+    text = sel.moe_plan_for(32, 7168, 2048, 8).describe()
+    assert "deepgemm/masked" in text and "deepgemm/contiguous" in text
+    assert "MoE plan for E=32, H=7168, I=2048, k=8" in text
+    with pytest.raises(NoBackendError, match="MoE experts layers"):
+        moe_chain(dataclasses.replace(resolve(CPU, plugins=False), disabled=("reference",)))
+
+
+def test_module_loads_a_state_dict_and_compiles(problem) -> None:  # type: ignore[no-untyped-def]
+    sel = resolve(CPU, plugins=False)
+    module = BlockFp8MoE(E, H, INTER, selection=sel, device="meta")
+    w13, s13, w2, s2 = problem.weights()
+    module.load_state_dict({"w13_weight": w13, "w13_weight_scale_inv": s13, "w2_weight": w2,
+                            "w2_weight_scale_inv": s2}, assign=True)
+    w, ids = random_routing(5, K, E, seed=8)
+    y = module(_x(5), w, ids)
+    assert rel_err(y, expected_moe(_x(5), *problem.weights(), w, ids)) < TOL
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, ids: module(x, w, ids) * 2, fullgraph=True, dynamic=True)
+    for m in (5, 9):
+        w, ids = random_routing(m, K, E, seed=m)
+        assert torch.equal(compiled(_x(m), w, ids), module(_x(m), w, ids) * 2)

@@ -1,0 +1,94 @@
+"""On a CUDA GPU: the MoE experts layer compiled, captured and compared with fp64 (skipped without one).
+
+Run in a process of its own (the CPU Triton tests set TRITON_INTERPRET=1 for theirs):
+``python -m pytest -m gpu tests/test_moe_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+
+import fp8select
+from fp8select.backends.moe import MoeProblem, MoeWeights
+from fp8select.moe_select import moe_chain
+from fp8select.nn import BlockFp8MoE
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+E, H, INTER, K = 16, 1024, 384, 8
+TOL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def selection() -> fp8select.Selection:
+    fp8select.forget_detected()
+    return fp8select.resolve(plugins=False)
+
+
+@pytest.fixture(scope="module")
+def problem():  # type: ignore[no-untyped-def]
+    return random_moe(E, H, INTER, seed=0)
+
+
+def _cuda(problem):  # type: ignore[no-untyped-def]
+    return [t.cuda() for t in problem.weights()]
+
+
+def _inputs(m: int, seed: int = 0, skew: bool = False):  # type: ignore[no-untyped-def]
+    w, ids = random_routing(m, K, E, seed=seed, skew=skew)
+    x = torch.randn(m, H, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    return x, w, ids
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 300])
+@pytest.mark.parametrize("skew", [False, True])
+def test_every_backend_and_layout_within_1e2(selection, problem, m: int, skew: bool) -> None:  # type: ignore[no-untyped-def]
+    x, w, ids = _inputs(m, seed=m, skew=skew)
+    ids[0, -1] = -1
+    want = expected_moe(x, *problem.weights(), w, ids)
+    caps = selection.capabilities
+    moe_problem = MoeProblem(E, H, INTER, K, m=m)
+    for backend in moe_chain(selection):
+        prepared = backend.prepare(MoeWeights(*_cuda(problem), (128, 128)), caps)
+        for layout in backend.layouts:
+            if not backend.supports(moe_problem, caps, layout).ok:
+                continue
+            run = backend.bind(prepared, layout, backend.default_config(moe_problem, layout, m), caps)
+            y = run(x.cuda(), w.cuda(), ids.cuda()).cpu()
+            gemm_out = torch.bfloat16 if backend.name == "deepgemm" else None  # DeepGEMM writes gate/up in bf16
+            ref = want if gemm_out is None else expected_moe(x, *problem.weights(), w, ids, gemm_out=gemm_out)
+            assert rel_err(y, ref) < TOL, (backend.name, layout)
+
+
+def test_cuda_graph_replay_equals_eager(selection, problem) -> None:  # type: ignore[no-untyped-def]
+    moe = selection.prepare_moe(*_cuda(problem), top_k=K)
+    for m in (1, 16, 64):
+        x, w, ids = (t.cuda() for t in _inputs(m, seed=m))
+        eager = moe(x, w, ids)
+        moe(x, w, ids)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = moe(x, w, ids)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager), m
+
+
+def test_module_compiles_fullgraph_dynamic(selection, problem) -> None:  # type: ignore[no-untyped-def]
+    module = BlockFp8MoE(E, H, INTER, selection=selection, top_k=K, device="meta")
+    w13, s13, w2, s2 = _cuda(problem)
+    module.load_state_dict({"w13_weight": w13, "w13_weight_scale_inv": s13, "w2_weight": w2,
+                            "w2_weight_scale_inv": s2}, assign=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, ids: module(x, w, ids) + x, fullgraph=True, dynamic=True)
+    for m in (3, 40, 129):
+        x, w, ids = (t.cuda() for t in _inputs(m, seed=m))
+        assert torch.equal(compiled(x, w, ids), module(x, w, ids) + x), m
+
+
+def test_bad_ids_are_typed_errors_on_eager_calls(selection, problem) -> None:  # type: ignore[no-untyped-def]
+    moe = selection.prepare_moe(*_cuda(problem), top_k=K)
+    x, w, ids = (t.cuda() for t in _inputs(4))
+    with pytest.raises(fp8select.InvalidInputError, match="topk_ids"):
+        moe(x, w, ids.masked_fill(ids == ids[0, 0], E))

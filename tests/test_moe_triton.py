@@ -1,0 +1,142 @@
+"""fp8select's Triton MoE kernels and grouped GEMMs on CPU, under the Triton interpreter.
+
+``TRITON_INTERPRET=1`` is set before triton is first imported (see tests/test_kernels_triton_gemm.py).
+Every result is compared with the independent fp64 reference (tests/fp64_moe_reference.py). The
+interpreter rounds fp32 -> bf16 by truncation, so errors here run about twice the GPU's; still
+well inside 1e-2. Shapes are small: the interpreter runs each program in Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in this process
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from fp64_moe_reference import expected_moe, grouped_expected, random_moe, random_routing, rel_err
+from fp64_reference import quantize_groups
+from matrix import MATRIX
+
+from fp8select import InvalidDtypeError, InvalidInputError, resolve
+from fp8select.grouped import grouped_gemm_contiguous, grouped_gemm_masked
+from fp8select.kernels import moe_triton, moe_triton_kernels, triton_quant
+from fp8select.kernels.moe_config import MoeTritonConfig, default_config
+from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
+
+if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
+    importlib.reload(triton_quant)
+    importlib.reload(moe_triton_kernels)
+    importlib.reload(moe_triton)
+
+TOL = 1e-2
+CPU_TRITON = dataclasses.replace(MATRIX["cpu-only"][0], packages={"triton": "3.9.0"}, env={"TRITON_INTERPRET": "1"})
+
+
+def _cfg(block_m: int = 16, quant: int = 1, group_m: int = 1, block_n: int = 32) -> MoeTritonConfig:
+    return MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=group_m, num_warps=4, num_stages=2,
+                           QUANT_IN_KERNEL=quant)
+
+
+@pytest.fixture(scope="module")
+def problem():  # type: ignore[no-untyped-def]
+    return random_moe(4, 256, 128, seed=0)
+
+
+@pytest.mark.parametrize(("config", "skew"), [(_cfg(16, 1), False), (_cfg(32, 0, group_m=8), True)])
+def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, skew) -> None:  # type: ignore[no-untyped-def]
+    experts = moe_triton.TritonExperts(*problem.weights())
+    w, ids = random_routing(6, 2, 4, seed=1, skew=skew)
+    ids[1, 0] = -1
+    x = torch.randn(6, 256).to(torch.bfloat16)
+    y = experts(x, w, ids, config)
+    assert y.dtype == torch.bfloat16 and rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
+
+
+def test_partial_groups_and_fp32_input() -> None:
+    odd = random_moe(3, 200, 96, seed=2)  # H and I not multiples of 128: masked K and N tails
+    experts = moe_triton.TritonExperts(*odd.weights())
+    w, ids = random_routing(3, 2, 3, seed=3)
+    x = torch.randn(3, 200)
+    y = experts(x, w, ids, _cfg(16, 0))
+    assert y.dtype == torch.float32 and rel_err(y, expected_moe(x, *odd.weights(), w, ids)) < 1e-5 * 100
+
+
+def test_nan_token_row_and_the_layer_through_the_selection(problem) -> None:  # type: ignore[no-untyped-def]
+    moe = resolve(CPU_TRITON, plugins=False).prepare_moe(*problem.weights(), top_k=2)
+    assert moe.main_plan.backends == ("triton",)
+    w, ids = random_routing(3, 2, 4, seed=4)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    x[1, 0] = float("inf")
+    y = moe(x, w, ids)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+    x[1, 0] = 0.0
+    assert rel_err(moe(x, w, ids), expected_moe(x, *problem.weights(), w, ids)) < TOL
+
+
+def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:
+    h = (torch.randn(5, 2 * 192) * 3).to(torch.bfloat16)
+    q, s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn)
+    q_ref, s_ref = silu_mul_quant_torch(h, torch.float8_e4m3fn)
+    assert torch.allclose(s, s_ref, rtol=1e-5)
+    assert (q.float() - q_ref.float()).abs().le(q_ref.float().abs() * 0.07 + 1e-6).all()  # at most one fp8 step
+    out = torch.randn(7, 64)
+    ids = torch.tensor([[0, -1], [2, 1], [9, 0]], dtype=torch.int32)  # 9: outside E=3
+    weights = torch.rand(3, 2)
+    row_map = torch.tensor([6, 5, 4, 3, 2, 1], dtype=torch.int64)
+    for mapping in (None, row_map):
+        got = moe_triton.weighted_sum(out, mapping, ids, weights, 3, torch.float32)
+        assert torch.allclose(got, weighted_sum_torch(out, mapping, ids, weights, 3, torch.float32), atol=1e-6)
+
+
+def _rows(e: int, n: int, k: int, rows: int, seed: int = 5):  # type: ignore[no-untyped-def]
+    p = random_moe(e, k, n // 2, seed=seed)  # w13 [E, n, k]
+    a_q, a_s = quantize_groups(torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)))
+    return p.w13, p.s13, a_q.contiguous(), a_s.to(torch.float32)
+
+
+def test_public_grouped_gemms_match_fp64() -> None:
+    w, s, a, a_s = _rows(3, 64, 256, 10)
+    expert_of_row = torch.tensor([2, 0, -1, 2, 1, 1, 0, 2, -1, 0], dtype=torch.int32)  # any order, padding rows
+    want = grouped_expected(a, a_s, w, s, expert_of_row)
+    used = expert_of_row >= 0
+    for backend in ("triton", "reference", "auto"):
+        got = grouped_gemm_contiguous(a, a_s, w, s, expert_of_row, backend=backend)
+        assert rel_err(got[used], want[used]) < TOL, backend
+    masked_m = torch.tensor([2, 0, 3], dtype=torch.int32)
+    a3, s3 = a[:9].reshape(3, 3, 256), a_s[:9].reshape(3, 3, 2)
+    rows = torch.tensor([0, 0, -1, -1, -1, -1, 2, 2, 2])
+    want = grouped_expected(a3.reshape(9, 256), s3.reshape(9, 2), w, s, rows).view(3, 3, -1)
+    for backend in ("triton", "reference"):
+        got = grouped_gemm_masked(a3, s3, w, s, masked_m, backend=backend, out_dtype=torch.float32)
+        assert rel_err(got[0, :2], want[0, :2]) < TOL and rel_err(got[2], want[2]) < TOL, backend
+
+
+def test_public_grouped_gemms_check_their_arguments() -> None:
+    w, s, a, a_s = _rows(2, 64, 256, 4)
+    rows = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(InvalidDtypeError, match="a: expected dtype float8_e4m3fn"):
+        grouped_gemm_contiguous(a.float(), a_s, w, s, rows)
+    with pytest.raises(InvalidInputError, match="a_scale: expected shape"):
+        grouped_gemm_contiguous(a, a_s[:, :1], w, s, rows)
+    with pytest.raises(InvalidInputError, match="backend: expected one of"):
+        grouped_gemm_contiguous(a, a_s, w, s, rows, backend="cublas")
+    with pytest.raises(InvalidInputError, match="expert_of_row: expected shape"):
+        grouped_gemm_contiguous(a, a_s, w, s, rows[:2])
+
+
+def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
+    tiles = [default_config(m, 8, 32).BLOCK_M for m in (1, 64, 128, 1024, 8192)]  # 1-2048 tokens per expert
+    assert tiles == sorted(tiles) and tiles[0] == 16 and tiles[-1] == 128
+    assert default_config(1, 8, 8).QUANT_IN_KERNEL == 1 and default_config(4096, 8, 8).QUANT_IN_KERNEL == 0
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
+    with pytest.raises(ValueError, match="missing"):
+        MoeTritonConfig.from_dict({"BLOCK_M": 16})
+    config = default_config(64, 8, 32)
+    assert MoeTritonConfig.from_dict(config.to_dict()) == config
