@@ -1,13 +1,18 @@
 """How well the plan's model chooses for shapes no table holds, from measurements alone (no GPU).
 
-    python -m benchmarks.model_check                       # the shipped H200 table, each shape left out in turn
+    python -m benchmarks.model_check                       # the shipped H200 table, cross-validated
     python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json
 
-Choice regret: the measured time of the backend the model picks over the fastest measured time at that point.
-``--table``: the tuning table (default: the shipped H200 table). Leave-one-out: each of its shapes is removed in
-turn and planned from the others, against its own rows. ``--regret FILE``: a ``benchmarks.regret`` result on
-shapes outside the table, its pinned backends' times as the truth, planned from the whole table.
-``--backends a,b``: choose among those only (``cuda-scaled-mm,triton``: a machine without the vendors).
+Choice regret: the measured time of the backend the model picks over the fastest measured time at that point
+(``geomean``, ``worst``); and over the time of the layer's best single backend (the one backend fastest over
+all of the layer's M buckets, geometric mean, among those measured at every one): ``vs_single_*``, what
+per-bucket choice gains over an engine that runs one backend. ``--table``: the tuning table (default: the
+shipped H200 table), cross-validated two ways: leave-one-shape-out (each shape removed in turn and planned
+from the others) and leave-one-model-out (every shape of one model removed together: the model that serves
+it first in :mod:`fp8select.measured.shapes`, else the shape alone). ``--regret FILE``: a ``benchmarks.regret``
+result on shapes outside the table, its pinned backends' times as the truth, planned from the whole table.
+``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
+without the vendors (``cuda-scaled-mm`` and ``triton``).
 ``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.measured.model``). Backends the
 truth lacks are not chosen from; times are whole ops, so a pick is right or wrong by the same measure.
 """
@@ -21,15 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from fp8select.measured import model
+from fp8select.measured.shapes import served_shapes
 from fp8select.measured.table import SHIPPED_DIR
 
 Truth = dict[tuple[int, int, int], dict[str, float]]
+WITHOUT_VENDORS = ("cuda-scaled-mm", "triton")
 
 
-def _measurements(table: dict[str, Any], drop: tuple[int, int] | None = None) -> model.Measurements:
-    """The model's index of ``table`` (every group at its own versions), without shape ``drop``."""
-    groups = [{**g, "shapes": {s: b for s, b in g["shapes"].items() if drop is None or s != f"{drop[0]},{drop[1]}"}}
-              for g in table["groups"]]
+def _measurements(table: dict[str, Any], drop: tuple[int, int] | set[tuple[int, int]] | None = None) -> model.Measurements:
+    """The model's index of ``table`` (every group at its own versions), without the shape(s) ``drop``."""
+    dropped = set() if drop is None else {drop} if isinstance(drop, tuple) else drop
+    keys = {f"{n},{k}" for n, k in dropped}
+    groups = [{**g, "shapes": {s: b for s, b in g["shapes"].items() if s not in keys}} for g in table["groups"]]
     installed = {g["backend"]: g["versions"] for g in table["groups"]}
     return model.Measurements(table["device_name"], [{**table, "groups": groups}], installed)
 
@@ -50,25 +58,82 @@ def _regret_truth(path: str) -> Truth:
             for p in points}
 
 
+def _single_best(truth: Truth) -> dict[tuple[int, int], str]:
+    """Per layer, the backend with the least geometric-mean time over its M buckets, among those timed at all."""
+    layers: dict[tuple[int, int], list[dict[str, float]]] = {}
+    for (n, k, _), times in truth.items():
+        layers.setdefault((n, k), []).append(times)
+    out = {}
+    for shape, points in layers.items():
+        everywhere = set.intersection(*(set(t) for t in points))
+        if everywhere:
+            out[shape] = min(sorted(everywhere), key=lambda b: sum(math.log(t[b]) for t in points))
+    return out
+
+
 def choice_regret(truth: Truth, measurements_for: Any) -> list[dict[str, Any]]:
-    """Per point: the model's pick among the backends with a true time, and its regret."""
+    """Per point: the model's pick among the backends with a true time, its regret against the fastest and
+    its time over the layer's best single backend's."""
     out = []
+    single = _single_best(truth)
     for (n, k, m), times in sorted(truth.items()):
         meas = measurements_for(n, k)
         est = {b: e.us for b in times if (e := meas.estimate(b, n, k, m)) is not None}
         if not est:
             continue
         pick, best = min(est, key=lambda b: est[b]), min(times, key=lambda b: times[b])
-        out.append({"n": n, "k": k, "m": m, "pick": pick, "best": best, "regret": times[pick] / times[best]})
+        one = single.get((n, k), pick)
+        out.append({"n": n, "k": k, "m": m, "pick": pick, "best": best, "regret": times[pick] / times[best],
+                    "single": one, "vs_single": times[pick] / times[one]})
     return out
+
+
+def _geomean(values: list[float]) -> float:
+    return round(math.exp(sum(map(math.log, values)) / len(values)), 4)
 
 
 def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     regrets = [p["regret"] for p in points]
     worst = max(points, key=lambda p: p["regret"])
-    return {"points": len(points), "geomean": round(math.exp(sum(map(math.log, regrets)) / len(regrets)), 4),
+    return {"points": len(points), "geomean": _geomean(regrets),
             "worst": round(worst["regret"], 4), "worst_point": {k: worst[k] for k in ("n", "k", "m", "pick", "best")},
-            "over_8pct": sum(r > 1.08 for r in regrets), "over_3pct": sum(r > 1.03 for r in regrets)}
+            "over_8pct": sum(r > 1.08 for r in regrets), "over_3pct": sum(r > 1.03 for r in regrets),
+            "vs_single_geomean": _geomean([p["vs_single"] for p in points]),
+            "vs_single_worst": round(max(p["vs_single"] for p in points), 4)}
+
+
+def model_of(shape: tuple[int, int]) -> str:
+    """The model whose projection ``shape`` is first in the catalogue, else the shape itself."""
+    for served in served_shapes():
+        if (served.n, served.k) == shape:
+            return served.uses[0].model
+    return f"{shape[0]}x{shape[1]}"
+
+
+def cross_validation(table: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
+    """Leave-one-shape-out and leave-one-model-out summaries of ``table`` (choosing among ``keep`` only)."""
+    truth = _only(_table_truth(table), keep)
+    folds: dict[str, dict[tuple[int, int], set[tuple[int, int]]]] = {"shape": {}, "model": {}}
+    by_model: dict[str, set[tuple[int, int]]] = {}
+    for n, k, _ in truth:
+        folds["shape"][(n, k)] = {(n, k)}
+        by_model.setdefault(model_of((n, k)), set()).add((n, k))
+    folds["model"] = {shape: group for group in by_model.values() for shape in group}
+    out: dict[str, Any] = {}
+    for name, held in folds.items():
+        out[f"leave_one_{name}_out"] = summary(choice_regret(truth, _without(table, held)))
+    out["models"] = {name: sorted(f"{n}x{k}" for n, k in group) for name, group in sorted(by_model.items())}
+    return out
+
+
+def _without(table: dict[str, Any], held: dict[tuple[int, int], set[tuple[int, int]]]) -> Any:
+    """``(n, k) -> Measurements`` of ``table`` without the shapes held out with (N, K), each fold built once."""
+    cache: dict[frozenset[tuple[int, int]], model.Measurements] = {}
+    return lambda n, k: cache.setdefault(frozenset(held[(n, k)]), _measurements(table, held[(n, k)]))
+
+
+def _only(truth: Truth, keep: set[str] | None) -> Truth:
+    return truth if keep is None else {p: {b: t for b, t in times.items() if b in keep} for p, times in truth.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,20 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model._EPS, model._POWER, model._N_WEIGHT = args.eps, args.power, args.n_weight
     table = json.loads(Path(args.table).read_text())
-    report: dict[str, Any] = {"constants": {"eps": args.eps, "power": args.power, "n_weight": args.n_weight},
-                              "backends": args.backends or "all"}
-    keep = set(args.backends.split(",")) if args.backends else None
-
-    def only(truth: Truth) -> Truth:
-        return truth if keep is None else {p: {b: t for b, t in times.items() if b in keep} for p, times in truth.items()}
-
-    cache: dict[tuple[int, int], model.Measurements] = {}
-    loo = choice_regret(only(_table_truth(table)), lambda n, k: cache.setdefault((n, k), _measurements(table, (n, k))))
-    report["leave_one_out"] = summary(loo)
+    report: dict[str, Any] = {"constants": {"eps": args.eps, "power": args.power, "n_weight": args.n_weight}}
+    choices = {args.backends: set(args.backends.split(","))} if args.backends else {
+        "all": None, "without vendors": set(WITHOUT_VENDORS)}
     whole = _measurements(table)
-    for path in args.regret:
-        report[f"{Path(path).parent.name}/{Path(path).name}"] = summary(choice_regret(only(_regret_truth(path)),
-                                                                                 lambda n, k: whole))
+    for label, keep in choices.items():
+        report[label] = cross_validation(table, keep)
+        for path in args.regret:
+            report[label][f"{Path(path).parent.name}/{Path(path).name}"] = summary(
+                choice_regret(_only(_regret_truth(path), keep), lambda n, k: whole))
     print(json.dumps(report, indent=1))
     return 0
 

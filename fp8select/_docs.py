@@ -1,18 +1,21 @@
-"""The backend requirements table in ``docs/backends.md``, generated from the declarations.
+"""The tables of the docs generated from the code: the backend requirements in ``docs/backends.md``
+(from the declarations) and the served shapes in ``docs/measurements.md`` (from the model catalogue
+and the shipped tables).
 
-A test regenerates it and compares, so the documentation cannot drift from the code.
+A test regenerates them and compares, so the documentation cannot drift from the code.
 Regenerate with ``python -c "import fp8select._docs as d; d.write()"``.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 from fp8select.backends import BUILTIN_BACKENDS, DEFAULT_ORDER
+from fp8select.measured.shapes import MODELS, TP_DEGREES, served_shapes, unserved
+from fp8select.measured.table import SHIPPED_DIR
 from fp8select.problem import dtype_name
-
-BEGIN = "<!-- BEGIN GENERATED: backend requirements -->"
-END = "<!-- END GENERATED: backend requirements -->"
 
 
 def backends_table() -> str:
@@ -37,12 +40,39 @@ def backends_table() -> str:
     return "\n".join(rows)
 
 
-def generated_section() -> str:
-    return f"{BEGIN}\n{backends_table()}\n{END}"
+def served_shapes_table() -> str:
+    """Every served shape, what it serves, and which shipped tables hold it; then the degrees not served."""
+    shipped = {}
+    for path in sorted(SHIPPED_DIR.glob("tuning-*.json")):
+        table = json.loads(path.read_text(encoding="utf-8"))
+        shipped[table["device_name"]] = {s for g in table["groups"] for s in g["shapes"]}
+    rows = ["| N x K | serves (projection, tensor-parallel degrees) | in the shipped table of |", "| --- | --- | --- |"]
+    for shape in served_shapes():
+        where = [device for device, keys in shipped.items() if f"{shape.n},{shape.k}" in keys]
+        rows.append(f"| {shape.n} x {shape.k} | {shape.describe()} | {', '.join(where) or '-'} |")
+    rows.append("")
+    sources = "; ".join(f"{m.title} ({m.source})" for m in MODELS.values())
+    missing = "; ".join(f"{MODELS[name].title} at TP {tp} ({why})" for name, tp, why in unserved()) or "none"
+    rows.append(f"Configurations (`config.json` on Hugging Face): {sources}. Degrees {'/'.join(map(str, TP_DEGREES))} "
+                f"not served: {missing}.")
+    return "\n".join(rows)
 
 
-def write(path: str | Path = "docs/backends.md") -> None:
-    target = Path(path)
-    text = target.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    target.write_text(text[:start] + generated_section() + text[end:], encoding="utf-8")
+SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
+    "backend requirements": ("docs/backends.md", backends_table),
+    "served shapes": ("docs/measurements.md", served_shapes_table),
+}
+
+
+def generated_section(name: str = "backend requirements") -> str:
+    return f"<!-- BEGIN GENERATED: {name} -->\n{SECTIONS[name][1]()}\n<!-- END GENERATED: {name} -->"
+
+
+def write(root: str | Path = ".") -> None:
+    """Regenerate every section in place, in the docs under ``root``."""
+    for name, (path, _) in SECTIONS.items():
+        target = Path(root) / path
+        text = target.read_text(encoding="utf-8")
+        begin, end = f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
+        start, stop = text.index(begin), text.index(end) + len(end)
+        target.write_text(text[:start] + generated_section(name) + text[stop:], encoding="utf-8")

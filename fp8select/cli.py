@@ -32,6 +32,9 @@ DESCRIPTION = "Choose, explain and run the kernel for block-wise FP8 linear laye
 EPILOG = ("Backend names ignore case and surrounding blanks, and take the spellings engines use "
           "(deep_gemm, deep-gemm); 'auto' means no explicit choice. The environment (FP8SELECT_BACKEND, "
           "FP8SELECT_DISABLE, ...) is read on every run.")
+SHAPES_HELP = ("model names and/or N,K pairs: 'deepseek-v3' (default), kimi-k2, qwen3-8b, ... at tensor-parallel degree 1; "
+               "NAME:tp4 at one degree, NAME:all at 1/2/4/8, 'served' every model at every degree (docs/measurements.md); "
+               "e.g. qwen3-32b:tp4,2112,7168")
 
 
 def _prog() -> str:
@@ -66,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="On a CUDA GPU: check every accepted backend against an fp64 reference, then time "
                                     "it (CUDA-graph replay, weights rotated past the L2) per shape and M; prints a table "
                                     "with the winner and the choice prepare() makes.")
-    be.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) or N,K pairs, e.g. 2112,7168,4096,7168")
+    be.add_argument("--shapes", default="deepseek-v3", help=SHAPES_HELP)
     be.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (rows)")
     be.add_argument("--backends", default="", help="comma list (default: every accepted backend but reference)")
     be.add_argument("--replays", type=int, default=50, help="CUDA-graph replays per timing (median reported)")
@@ -79,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "finds for this device and software stack (into the cache directory: "
                                     "FP8SELECT_CACHE_DIR, else $XDG_CACHE_HOME/fp8select or ~/.cache/fp8select). "
                                     "The output locations are checked before measuring.")
-    tu.add_argument("--shapes", default="deepseek-v3", help="'deepseek-v3' (default) and/or N,K pairs")
+    tu.add_argument("--shapes", default="deepseek-v3", help=SHAPES_HELP)
     tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
     tu.add_argument("--out", metavar="FILE", help="write the table here instead of the cache directory")
     tu.add_argument("--force", action="store_true", help="measure again what the tables already hold for these versions")

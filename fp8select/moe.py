@@ -29,7 +29,8 @@ from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
 from fp8select.guard import call_foreign
-from fp8select.layer import ACTIVATION_DTYPES, check_block_size
+from fp8select.kernels.quant import ACTIVATION_DTYPES
+from fp8select.layer import check_block_size
 from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
 from fp8select.problem import dtype_name
 from fp8select.verdict import Candidate

@@ -95,3 +95,21 @@ def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
     table = merge_tuning.from_limits(got, 0.02)
     assert table["groups"][0]["shapes"]["7168,16384"]["8"]["us"] == 37.0
     assert merge_tuning.from_limits(got, 0.06)["groups"][0]["shapes"] == {}  # 5.1% faster: not by 6%
+
+
+def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_single_backend() -> None:
+    """Two DeepSeek-V3 shapes and one unlisted: leaving the model out removes both of its shapes at once, so
+    they are planned from the unlisted shape only; vs_single is the pick's time over the layer's one best backend."""
+    from benchmarks import model_check
+
+    times = {(2112, 7168): {"a": 10.0, "b": 20.0}, (4096, 7168): {"a": 10.0, "b": 20.0}, (65536, 7168): {"a": 30.0, "b": 10.0}}
+    table = {"device_name": "gpu", "schema": 2, "groups": [
+        {"backend": b, "versions": {"torch": "2"}, "shapes": {f"{n},{k}": {"1": {"us": t[b]}} for (n, k), t in times.items()}}
+        for b in ("a", "b")]}
+    assert model_check.model_of((2112, 7168)) == model_check.model_of((4096, 7168)) == "DeepSeek-V3/R1/V3.1"
+    report = model_check.cross_validation(table, None)
+    assert report["models"] == {"65536x7168": ["65536x7168"], "DeepSeek-V3/R1/V3.1": ["2112x7168", "4096x7168"]}
+    by_shape, by_model = report["leave_one_shape_out"], report["leave_one_model_out"]
+    assert (by_shape["over_8pct"], by_model["over_8pct"]) == (1, 3)  # 65536x7168 is wrong either way
+    assert by_model["worst"] == 3.0 and by_model["vs_single_worst"] == 3.0
+    assert model_check.cross_validation(table, {"a"})["leave_one_model_out"]["worst"] == 1.0

@@ -36,9 +36,13 @@ def test_import_has_no_side_effects() -> None:
     assert proc.stdout.strip() == "clean"
 
 
-def test_docs_backends_table_matches_declarations() -> None:
-    text = (Path(__file__).parent.parent / "docs" / "backends.md").read_text(encoding="utf-8")
-    assert _docs.generated_section() in text, "docs/backends.md is stale: run python -c 'import fp8select._docs as d; d.write()'"
+@pytest.mark.parametrize("name", sorted(_docs.SECTIONS))
+def test_generated_docs_match_the_code(name: str) -> None:
+    """The backend requirements (from the declarations) and the served shapes (from the model catalogue and
+    the shipped tables) as the docs show them."""
+    path = _docs.SECTIONS[name][0]
+    text = (Path(__file__).parent.parent / path).read_text(encoding="utf-8")
+    assert _docs.generated_section(name) in text, f"{path} is stale: run python -c 'import fp8select._docs as d; d.write()'"
 
 
 # --- packaging and first contact -------------------------------------------------------------------------

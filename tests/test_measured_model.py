@@ -116,7 +116,22 @@ def test_nearest_shape_lends_its_configuration_and_is_named() -> None:
     meas = _measurements(_group("a", {(512, 512): {32: 5.0}, (4096, 1024): {32: 9.0}}, config=True))
     est = meas.estimate("a", 4096, 2048, 32)
     assert est is not None and est.config_shape == (4096, 1024) and est.config == {"n": 4096, "k": 1024}
-    assert est.detail == f"{est.us:.1f} us modelled from 2 measured shapes (nearest 4096x1024)"
+    near, far = _weight((4096, 1024), 4096, 2048), _weight((512, 512), 4096, 2048)
+    assert est.sources == (((4096, 1024), pytest.approx(near / (near + far))), ((512, 512), pytest.approx(far / (near + far))))
+    assert est.detail == f"{est.us:.1f} us modelled from 2 measured shapes (4096x1024 {near / (near + far):.0%}, 512x512 " \
+                         f"{far / (near + far):.0%})"
+
+
+def test_a_modelled_estimate_names_its_three_largest_sources() -> None:
+    shapes = [(1024 * 2**i, 1024) for i in range(5)]
+    meas = _measurements(_group("a", {s: {1: 3.0} for s in shapes}))
+    est = meas.estimate("a", 3 * 1024, 1024, 1)
+    # log2 distances from 3072: 0.42 (4096), 0.58 (2048), 1.42 (8192), 1.58 (1024), 2.42 (16384)
+    assert est is not None and [s for s, _ in est.sources] == [(4096, 1024), (2048, 1024), (8192, 1024), (1024, 1024),
+                                                                (16384, 1024)]
+    assert sum(share for _, share in est.sources) == pytest.approx(1.0)
+    assert est.detail.endswith("(4096x1024 " + f"{est.sources[0][1]:.0%}, 2048x1024 {est.sources[1][1]:.0%}, "
+                               f"8192x1024 {est.sources[2][1]:.0%}, ...)")
 
 
 def test_no_estimate_without_rows_at_the_bucket_or_for_the_backend() -> None:

@@ -227,3 +227,30 @@ def test_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
     writer = loaded["groups"][0]["shapes"]["12288,7168"]["16"]["us"] - 33.3
     assert round(writer) % 1000 == ROUNDS - 1, "the last complete table of some writer is what remains"
     assert not [p.name for p in path.parent.iterdir() if p.name != "table.json"], "temporary files left behind"
+
+
+def test_reading_the_shipped_table_costs_a_small_multiple_of_parsing_its_json() -> None:
+    """resolve() reads the shipped table on every start: checking its rows and indexing them stay linear and
+    cheap (about 4x the JSON parse today; a ratio in one process, not an absolute time)."""
+    import time
+
+    from fp8select.measured.model import Measurements
+    from fp8select.measured.table import SHIPPED_DIR, load_table
+
+    path = SHIPPED_DIR / "tuning-nvidia-h200.json"
+    table = load_table(path, "NVIDIA H200")
+    assert table is not None
+    installed = {g["backend"]: g["versions"] for g in table["groups"]}
+
+    def fastest(call: Any) -> float:
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    parse = fastest(lambda: json.loads(path.read_text(encoding="utf-8")))
+    read = fastest(lambda: Measurements("NVIDIA H200", [load_table(path, "NVIDIA H200")], installed))  # type: ignore[list-item]
+    assert read < 20 * parse
+    assert path.stat().st_size < 150 * sum(len(b) for g in table["groups"] for b in g["shapes"].values())  # bytes a row

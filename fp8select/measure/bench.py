@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -26,13 +27,11 @@ from fp8select.buckets import M_BUCKETS
 from fp8select.errors import Fp8SelectError
 from fp8select.guard import PASS_THROUGH, describe
 from fp8select.measure import timing
+from fp8select.measured.shapes import MODELS, shape_sets
 from fp8select.roofline import HBM_BYTES_PER_S, floors_us
 from fp8select.selection import Selection
 
-SHAPE_SETS: dict[str, tuple[tuple[int, int], ...]] = {
-    "deepseek-v3": ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048),
-                    (36864, 7168), (7168, 18432)),
-}
+SHAPE_SETS = shape_sets()
 DEFAULT_M: tuple[int, ...] = M_BUCKETS
 L2_BYTES = 60 * 2**20
 REL_ERR_MAX = 1e-2
@@ -41,8 +40,9 @@ BF16 = "bf16-matmul"
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """Shape-set names and ``N,K`` pairs, mixed: ``deepseek-v3``, ``2112,7168,4096x7168``, ``deepseek-v3,12288,7168``."""
-    tokens = [t for t in text.lower().replace("x", ",").replace(";", ",").replace(" ", ",").split(",") if t]
+    """Shape-set names (:func:`fp8select.measured.shapes.shape_sets`) and ``N,K`` pairs, mixed:
+    ``deepseek-v3``, ``qwen3-32b:tp4``, ``2112,7168,4096x7168``, ``deepseek-v3,12288,7168``."""
+    tokens = [t for t in re.split(r"[,; ]+", text.strip().lower()) if t]
     shapes: list[tuple[int, int]] = []
     numbers: list[int] = []
     for token in tokens:
@@ -50,12 +50,14 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
             shapes.extend(SHAPE_SETS[token])
             continue
         try:
-            numbers.append(int(token))
+            numbers.extend(int(part) for part in token.split("x"))
         except ValueError:
             numbers = [-1]
             break
     if (not shapes and not numbers) or len(numbers) % 2 or (numbers and min(numbers) <= 0):
-        raise Fp8SelectError(f"--shapes: expected {' or '.join(SHAPE_SETS)} and/or positive N,K pairs, found {text!r}")
+        raise Fp8SelectError(f"--shapes: expected model names ({', '.join(MODELS)}; NAME:tpN for one tensor-parallel "
+                             f"degree, NAME:all for every one, served for all of them) and/or positive N,K pairs, "
+                             f"found {text!r}")
     shapes.extend(zip(numbers[::2], numbers[1::2], strict=True))
     return list(dict.fromkeys(shapes))
 

@@ -26,7 +26,9 @@ changes much between releases, and any data beats none), and says so.
   points over 8% (the worst 1.43x) left out in turn, within 0.2% and 1 point (1.10x) on the
   other models' shapes. The constants before (``(d + 0.25)**4``, N counted twice) lost more than
   8% at 14, 6-7, 10 and 1 of those points.
-  Where that matters, measure: ``fp8select tune``, or ``FP8SELECT_TUNE=load`` at load time.
+  A modelled estimate names the measured shapes its backend's standing came from, with their
+  shares of the weight (``sources``; the three largest in ``detail``, which ``explain --layer``
+  shows). Where that matters, measure: ``fp8select tune``, or ``FP8SELECT_TUNE=load`` at load time.
   ``fp8select tune --shapes N,K`` measures a shape exactly; a launch configuration (Triton's) is
   borrowed from the nearest measured shape (the estimate says which: ``config_shape``), and the
   backend fits it to this one (:meth:`fp8select.backends.base.Backend.fit_config`).
@@ -51,6 +53,7 @@ MEASURED, MODEL = "measured", "model"
 _EPS = 0.5
 _POWER = 2
 _N_WEIGHT = 1.0
+_NAMED = 3  # measured shapes a modelled estimate's detail names
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Estimate:
     detail: str
     config: Mapping[str, Any] | None = None
     config_shape: tuple[int, int] | None = None  # the (N, K) ``config`` was measured at (MODEL: the nearest shape)
+    sources: tuple[tuple[tuple[int, int], float], ...] = ()  # MODEL: the measured shapes and their share, largest first
 
 
 @dataclass(frozen=True)
@@ -146,21 +150,25 @@ class Measurements:
         if not train:
             return None
         shapes = [shape for (shape, b) in self._best if b == bucket]
-        best_eff = _interpolate(n, k, [(shape, math.log(self._best[(shape, bucket)] / floor_us(*shape, bucket)))
-                                       for shape in shapes])
-        standing = _interpolate(n, k, [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)]))
-                                       for shape in train])
+        best_eff, _ = _interpolate(n, k, [(shape, math.log(self._best[(shape, bucket)] / floor_us(*shape, bucket)))
+                                          for shape in shapes])
+        standing, shares = _interpolate(n, k, [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)]))
+                                               for shape in train])
         us = floor_us(n, k, bucket) * math.exp(best_eff + standing)
-        nearest = min(train, key=lambda shape: _distance(shape, n, k))
-        detail = f"{us:.1f} us modelled from {len(train)} measured shapes (nearest {nearest[0]}x{nearest[1]}){note}"
-        return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config, nearest)
-
+        sources = tuple(sorted(shares.items(), key=lambda item: (-item[1], item[0])))
+        nearest = sources[0][0]
+        named = ", ".join(f"{sn}x{sk} {share:.0%}" for (sn, sk), share in sources[:_NAMED])
+        detail = f"{us:.1f} us modelled from {len(train)} measured shapes ({named}{', ...' if len(sources) > _NAMED else ''}){note}"
+        return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config, nearest, sources)
 
 def _distance(shape: tuple[int, int], n: int, k: int) -> float:
     return math.hypot(_N_WEIGHT * math.log2(shape[0] / n), math.log2(shape[1] / k))
 
 
-def _interpolate(n: int, k: int, points: list[tuple[tuple[int, int], float]]) -> float:
-    """Inverse-distance weighted mean of the values at measured shapes (see the module docstring)."""
+def _interpolate(n: int, k: int, points: list[tuple[tuple[int, int], float]]) -> tuple[float, dict[tuple[int, int], float]]:
+    """Inverse-distance weighted mean of the values at measured shapes (see the module docstring), and each
+    shape's share of the weight."""
     weights = [1.0 / (_distance(shape, n, k) + _EPS) ** _POWER for shape, _ in points]
-    return sum(w * v for w, (_, v) in zip(weights, points, strict=True)) / sum(weights)
+    total = sum(weights)
+    mean = sum(w * v for w, (_, v) in zip(weights, points, strict=True)) / total
+    return mean, {shape: w / total for w, (shape, _) in zip(weights, points, strict=True)}
