@@ -44,21 +44,43 @@ STARTUP_SHAPES = ((7168, 2048), (4096, 7168), (24576, 1536))
 STARTUP_M = (1, 64, 4096)
 
 
-def _host_us(fn: Callable[..., object], *args: Any, calls: int = 300, rounds: int = 7) -> float:
-    """Median host microseconds per call of ``fn(*args)``, no synchronize inside a round."""
+def _round_us(fn: Callable[[], object], calls: int = 300) -> float:
+    """Host microseconds per call of ``fn`` over one round of ``calls``, no synchronize inside."""
     import torch
 
-    for _ in range(30):
-        fn(*args)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
     torch.cuda.synchronize()
-    times = []
+    return elapsed / calls * 1e6
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Callable[[], object]], float],
+                 rounds: int = 9) -> dict[str, Any]:
+    """The median over ``rounds`` of ``round_of(fn)`` for each of ``fns``, the rounds taken in turn (fn 1, fn 2,
+    ..., fn 1, ...) so that a shared host's drift touches every one alike. A fn that raises is reported so."""
+    import torch
+
+    out: dict[str, Any] = {}
+    times: dict[str, list[float]] = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(30):
+                fn()
+            torch.cuda.synchronize()
+            times[name] = []
+        except Exception as exc:  # noqa: BLE001 - a vendor call that fails here is a finding
+            out[name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return round(statistics.median(times), 2)
+        for name in times:
+            times[name].append(round_of(fns[name]))
+    return {name: round(statistics.median(t), 2 if t[0] < 100 else 1) for name, t in times.items()} | out
+
+
+def _host_us(fn: Callable[..., object], *args: Any) -> float:
+    """Median host microseconds per call of ``fn(*args)`` (one path alone; :func:`_interleaved` for several)."""
+    return float(_interleaved({"fn": lambda: fn(*args)}, _round_us)["fn"])
 
 
 def _pass_ms(fn: Callable[[], object], passes: int = 20, rounds: int = 5) -> float:
@@ -193,53 +215,60 @@ def _prebuilt_launches(linear: Any, x: Any) -> tuple[list[tuple[Any, Any, Any]],
 
 
 def phase_host(report: dict[str, Any]) -> None:
-    import torch
-
     import fp8select
-    from fp8select.nn import BlockFp8Linear
 
     auto = fp8select.resolve()
     report["chain"] = [b.name for b in auto.chain]
     rows = []
     for n, k in HOST_SHAPES:
-        w, s = _weights(n, k, n + k)
-        x = torch.randn(HOST_M, k, device="cuda", dtype=torch.bfloat16)
-        row: dict[str, Any] = {"n": n, "k": k, "m": HOST_M, "us": {}}
-        for name, fn in _raw_calls(n, k, w, s, x).items():
-            try:
-                row["us"][name] = _host_us(fn)
-            except Exception as exc:  # noqa: BLE001 - a vendor call that fails here is a finding
-                row["us"][name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
-        for backend in [b.name for b in auto.chain if b.name != "reference"]:
-            pinned = fp8select.resolve(backend=backend)
-            layer = pinned.prepare(w, s)
-            if backend == "triton":
-                from fp8select.kernels.triton_gemm import BoundLinear
-
-                route = layer.main_plan.route(HOST_M)
-                launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
-                                       counters=layer.prepared["triton"].extra.get("fixup_counters"))
-                row["us"]["fp8select Triton launches alone (bound)"] = _host_us(launches, x)
-                prebuilt, _written = _prebuilt_launches(launches, x)
-                stream = torch.cuda.current_stream().cuda_stream
-                row["us"]["Triton compiled launches alone (arguments prebuilt)"] = _host_us(_launch_all, prebuilt, stream)
-                row["triton_launches"] = len(prebuilt)
-            row["us"][f"layer pinned {backend}"] = _host_us(layer, x)
-        layer = auto.prepare(w, s)
-        row["auto_plan"] = layer.main_plan.summary()
-        row["us"]["layer auto"] = _host_us(layer, x)
-        with torch.inference_mode():
-            row["us"]["layer auto, inference_mode"] = _host_us(layer, x)
-        module = BlockFp8Linear(k, n, bias=False, selection=auto, device="cuda")
-        module.load_state_dict({"weight": w, "weight_scale_inv": s})
-        with torch.no_grad():
-            row["us"]["module auto (no_grad)"] = _host_us(module, x)
-        row["us"]["module auto (grad mode)"] = _host_us(module, x)
-        block = [128, 128]
-        row["us"]["drop-in sel.linear auto"] = _host_us(auto.linear, x, w, block, s)
+        row = _host_row(auto, n, k)
         rows.append(row)
         print(json.dumps(row), flush=True)
     report["host"] = rows
+
+
+def _host_row(auto: Any, n: int, k: int) -> dict[str, Any]:
+    """Every path's host microseconds per call at one shape, timed interleaved."""
+    import torch
+
+    import fp8select
+    from fp8select.nn import BlockFp8Linear
+
+    w, s = _weights(n, k, n + k)
+    x = torch.randn(HOST_M, k, device="cuda", dtype=torch.bfloat16)
+    row: dict[str, Any] = {"n": n, "k": k, "m": HOST_M}
+    paths: dict[str, Callable[[], object]] = {name: lambda fn=fn: fn(x) for name, fn in _raw_calls(n, k, w, s, x).items()}
+    keep = []
+    for backend in [b.name for b in auto.chain if b.name != "reference"]:
+        layer = fp8select.resolve(backend=backend).prepare(w, s)
+        if backend == "triton":
+            from fp8select.kernels.triton_gemm import BoundLinear
+
+            route = layer.main_plan.route(HOST_M)
+            launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
+                                   counters=layer.prepared["triton"].extra.get("fixup_counters"))
+            paths["fp8select Triton launches alone (bound)"] = lambda launches=launches: launches(x)
+            prebuilt, written = _prebuilt_launches(launches, x)
+            keep.append(written)
+            stream = torch.cuda.current_stream().cuda_stream
+            paths["Triton compiled launches alone (arguments prebuilt)"] = \
+                lambda prebuilt=prebuilt, stream=stream: _launch_all(prebuilt, stream)
+            row["triton_launches"] = len(prebuilt)
+        paths[f"layer pinned {backend}"] = lambda layer=layer: layer(x)
+    auto_layer = auto.prepare(w, s)
+    row["auto_plan"] = auto_layer.main_plan.summary()
+    paths["layer auto"] = lambda: auto_layer(x)
+    module = BlockFp8Linear(k, n, bias=False, selection=auto, device="cuda")
+    module.load_state_dict({"weight": w, "weight_scale_inv": s})
+    paths["module auto (grad mode)"] = lambda: module(x)
+    paths["drop-in sel.linear auto"] = lambda: auto.linear(x, w, [128, 128], s)
+    row["us"] = _interleaved(paths, _round_us)
+    with torch.no_grad():
+        row["us"] |= _interleaved({"module auto (no_grad)": lambda: module(x), "layer auto, no_grad": lambda: auto_layer(x)},
+                                  _round_us)
+    with torch.inference_mode():
+        row["us"]["layer auto, inference_mode"] = _host_us(auto_layer, x)
+    return row
 
 
 def phase_compile(report: dict[str, Any]) -> None:
@@ -247,6 +276,7 @@ def phase_compile(report: dict[str, Any]) -> None:
 
     import fp8select
     from fp8select.nn import BlockFp8Linear
+    from fp8select.ops import OUT_DTYPES
 
     auto = fp8select.resolve()
     out = []
@@ -265,7 +295,7 @@ def phase_compile(report: dict[str, Any]) -> None:
             layer = module.fp8_layer
             layer_us = _host_us(layer, x)
             handle = layer._fp8select_handle
-            op_us = _host_us(torch.ops.fp8select.linear.default, x, None, None, handle, n, ops.OUT_DTYPES.index(torch.bfloat16))
+            op_us = _host_us(torch.ops.fp8select.linear.default, x, None, None, handle, n, OUT_DTYPES.index(torch.bfloat16))
             equal = bool(torch.equal(compiled(x), module(x)))
         row = {"n": n, "k": k, "m": HOST_M, "eager_module_us": eager, "compiled_module_us": graph,
                "eager_layer_us": layer_us, "custom_op_direct_us": op_us,
@@ -334,12 +364,11 @@ def phase_stack(report: dict[str, Any]) -> None:
                 raw(x)
 
         row: dict[str, Any] = {"m": m, "plans": [layer.main_plan.route(m).backend for layer in layers]}
-        for _ in range(2):  # two rounds, alternating order; the faster kept
-            for label, fn in (("fp8select_eager_ms", fp8select_pass), ("raw_routes_eager_ms", raw_pass)):
-                row[label] = min(row.get(label, float("inf")), _pass_ms(fn))
+        passes = {"fp8select_eager_ms": fp8select_pass, "raw_routes_eager_ms": raw_pass}
         if hand is not None:
             calls = hand(m)
-            row["hand_written_eager_ms"] = _pass_ms(lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)])
+            passes["hand_written_eager_ms"] = lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)]
+        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1))
         row["fp8select_graphed_ms"] = _graph_ms(fp8select_pass)
         row["ratio_vs_raw_routes"] = round(row["fp8select_eager_ms"] / row["raw_routes_eager_ms"], 3)
         if hand is not None:

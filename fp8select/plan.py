@@ -19,6 +19,11 @@ backends whose prepared weight is not the checkpoint's bytes (a requantized, con
 shuffled copy) count one copy per distinct layout; while the plan needs more copies than
 allowed, the layout whose loss costs least (sum of log time ratios over its buckets) is
 dropped and its buckets re-chosen. An explicit choice is never dropped.
+
+Backends that win by a hair (:data:`HAIR`) are left out first: a backend a layer uses costs
+start-up (its import, and a JIT compile per shape and M range at first use), so one whose every
+bucket another backend of the plan runs at most ``HAIR`` slower (both times estimated) gives its
+buckets to the plan's others; the drop that costs least goes first, and the plan's notes say which.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from fp8select.measured.model import Estimate, Measurements
 from fp8select.problem import Problem
 from fp8select.verdict import Candidate, Verdict
 
-__all__ = ["EXPLICIT", "GATE", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",
+__all__ = ["EXPLICIT", "GATE", "HAIR", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",
            "estimator", "fitted_config", "gate"]
 
 EXPLICIT, GATE, MEASURED, MODEL, RULE = "explicit", "gate", "measured", "model", "rule"
@@ -49,6 +54,12 @@ EstimateFn = Callable[[Backend, int], "Estimate | None"]
 
 MEASURED_BLOCK = (128, 128)
 """The weight block tuning tables are measured with; other blocks are planned without them."""
+
+HAIR = 0.02
+"""How much faster a backend must be somewhere in a layer to be worth its start-up. Its first call
+per shape and M range JIT-compiles (DeepGEMM 3-5 s, FlashInfer 2-3 s on an H200) and its package
+is imported; 2% is within the run-to-run spread of the measurements the estimates come from (which
+of two backends leads at a point changes by up to 3% between runs of the same code)."""
 
 
 def estimator(measurements: Measurements | None, n: int, k: int, block: tuple[int, int]) -> EstimateFn:
@@ -213,6 +224,11 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     allowed = list(accepted)
     routes = choose(allowed)
     notes: list[str] = []
+    while (hair := _by_a_hair(routes, estimates, rejects, explicit_backend)) is not None:
+        name, note = hair
+        allowed = [b for b in allowed if b.name != name]
+        routes = choose(allowed)
+        notes.append(note)
     if max_weight_copies is not None:
         while True:
             used = {layouts[r.backend] for r in routes if r.backend is not None} - {CHECKPOINT_LAYOUT}
@@ -239,6 +255,33 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     weights = tuple(WeightUse(lay, tuple(names)) for lay, names in by_layout.items())
     routes = tuple(_with_config(r, accepted, problem, estimates) for r in routes)
     return Plan(problem, routes, weights, candidates, explicit_backend, max_weight_copies, tuple(notes))
+
+
+def _by_a_hair(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None],
+               rejects: Mapping[tuple[str, int], str], explicit: str | None) -> tuple[str, str] | None:
+    """The backend of ``routes`` whose buckets the plan's other backends all run at most :data:`HAIR`
+    slower, the one whose loss costs least (sum of log time ratios), with a note saying so; None if none."""
+    used = dict.fromkeys(r.backend for r in routes if r.backend is not None)
+    best: tuple[float, str, str] | None = None
+    for name in used:
+        if name == explicit:
+            continue
+        loss, spans = 0.0, []
+        for r in routes:
+            if r.backend != name:
+                continue
+            times = [(e.us, other) for other in used if other != name and (other, r.bucket) not in rejects
+                     and (e := estimates.get((other, r.bucket))) is not None]
+            if r.us is None or not times or min(times)[0] > r.us * (1 + HAIR):
+                break
+            us, other = min(times)
+            loss += math.log(us / r.us)
+            spans.append(f"{_span(*bucket_range(r.bucket))}: {other} +{100 * (us / r.us - 1):.1f}%")
+        else:
+            if spans and (best is None or loss < best[0]):
+                best = (loss, name, f"{name} left out: the plan's others run its buckets at most "
+                                    f"{100 * HAIR:.0f}% slower ({', '.join(spans)}), not worth its start-up")
+    return None if best is None else (best[1], best[2])
 
 
 def _cost(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None]) -> float:

@@ -709,3 +709,24 @@ def test_describe_lists_shared_weights_refusals_notes_and_unrunnable_ranges() ->
     kept = build_plan(_problem(), [Broken(), a, b], CPU, estimator(meas), max_weight_copies=0, explicit="a")
     lines = kept.describe().splitlines()
     assert lines[-1] == f"  note: {kept.notes[0]}" and "explicit choice 'a'" in kept.notes[0]
+
+
+def test_a_backend_that_wins_by_a_hair_is_left_out_for_its_start_up() -> None:
+    """A backend whose every bucket another backend of the plan runs at most HAIR slower is not used (its
+    import and JIT cost start-up); one that wins by more somewhere is kept, and so is an explicit choice."""
+    from fp8select.plan import HAIR
+
+    a, b, c = fake("a"), fake("b"), fake("c")
+    def rows(c_at_64: float) -> dict[str, dict[tuple[int, int], dict[int, float]]]:
+        return {"a": {(N, K): {m: 10.0 if m <= 16 else 30.0 for m in M_BUCKETS}},
+                "b": {(N, K): {m: 20.0 if m <= 16 else 10.0 for m in M_BUCKETS}},
+                "c": {(N, K): {m: c_at_64 if m == 64 else 50.0 for m in M_BUCKETS}}}
+
+    hair = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows(10.0 / (1 + HAIR / 2)))))
+    assert hair.backends == ("a", "b") and hair.route(64).backend == "b"
+    assert any("c left out" in note and "M 33-64: b +1.0%" in note for note in hair.notes), hair.notes
+    clear = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows(10.0 / (1 + 2 * HAIR)))))
+    assert clear.backends == ("a", "b", "c") and clear.route(64).backend == "c" and not clear.notes
+    explicit = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows(10.0 / (1 + HAIR / 2)))),
+                          explicit="c")
+    assert "c" in explicit.backends

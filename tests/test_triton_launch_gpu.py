@@ -58,12 +58,14 @@ def checked_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _layer(config: dict[str, Any]) -> Any:
     from fp8select.kernels.triton_config import TritonConfig
-    from fp8select.kernels.triton_gemm import BoundLinear
+    from fp8select.kernels.triton_gemm import BoundLinear, fixup_counters
 
     w, s = random_problem(N, K, (128, 128), seed=7)
     w, s = w.cuda(), s.cuda()
     cfg = TritonConfig.from_dict({"BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, **config})
-    return w, s, BoundLinear(w, s, (128, 128), cfg, out_dtype=torch.bfloat16)
+    # the layer's own split-K counters, as a prepared layer passes them (the process-wide ones are
+    # shared between calls, so a launch that reads them is not replayed)
+    return w, s, BoundLinear(w, s, (128, 128), cfg, out_dtype=torch.bfloat16, counters=fixup_counters(N, "cuda"))
 
 
 @pytest.mark.parametrize("config", PATHS, ids=[f"{c['path']}-sk{c['SPLIT_K']}{'-p' if c.get('PERSISTENT') else ''}"
