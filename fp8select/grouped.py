@@ -127,13 +127,17 @@ def grouped_gemm_masked(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor,
     if chosen == "deepgemm":
         if out_dtype != torch.bfloat16:
             raise InvalidDtypeError(f"out_dtype: DeepGEMM's grouped GEMMs write bfloat16, found {dtype_name(out_dtype)}")
-        out = torch.empty((e, max_m, w.shape[1]), dtype=out_dtype, device=a.device)
-        pad = -(-max_m // 4) * 4
-        scale = torch.empty((e, a_scale.shape[2], pad), dtype=torch.float32, device=a.device).transpose(1, 2)[:, :max_m]
-        scale.copy_(a_scale)
-        _deep_gemm("m_grouped_fp8_gemm_nt_masked")((a.contiguous(), scale), (w, w_scale), out,
+        from fp8select.backends.moe_deepgemm import MASKED_BLOCK_M
+
+        rows = -(-max(max_m, 1) // MASKED_BLOCK_M) * MASKED_BLOCK_M  # its kernel's rows per expert (see there)
+        padded = torch.zeros((e, rows, k), dtype=torch.uint8, device=a.device).view(a.dtype)
+        padded[:, :max_m].copy_(a)
+        scale = torch.ones((e, a_scale.shape[2], rows), dtype=torch.float32, device=a.device).transpose(1, 2)
+        scale[:, :max_m].copy_(a_scale)
+        out = torch.empty((e, rows, w.shape[1]), dtype=out_dtype, device=a.device)
+        _deep_gemm("m_grouped_fp8_gemm_nt_masked")((padded, scale), (w, w_scale), out,
                                                    masked_m.to(torch.int32).contiguous(), expected_m or max(max_m, 1))
-        return out
+        return out[:, :max_m]
     rank = torch.arange(max_m, device=a.device).expand(e, max_m)
     experts = torch.arange(e, device=a.device).unsqueeze(1).expand(e, max_m)
     expert_of_row = torch.where(rank < masked_m.to(torch.int64).unsqueeze(1), experts, -1).reshape(-1)

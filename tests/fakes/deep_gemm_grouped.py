@@ -23,6 +23,12 @@ Stricter than verified, on purpose: the contiguous form requires M a multiple of
 mixed block would be computed with one expert); rows of a -1 block, and masked rows at or beyond
 ``masked_m``, are written as NaN (DeepGEMM leaves them unwritten: the adapter must never read them);
 ``masked_m`` above M is an error. sm100 (UE8M0 scales) is not emulated for the grouped forms.
+
+The masked form's M must be a multiple of 128: on sm90 DeepGEMM tiles each group's rows by its block M
+(64 or 128, ``csrc/jit_kernels/heuristics/sm90.hpp``) through 2-D TMA descriptors of ``[G * M, K]`` and
+``[G * M, N]`` (``make_tma_a_desc`` / ``make_tma_cd_desc``), so a tile that crosses a group's end reads
+and writes the next group's rows. DeepGEMM does not check it (its tests use M 4096); on the H200 an M of
+4 gave results 60% off.
 """
 
 from __future__ import annotations
@@ -122,6 +128,8 @@ class FakeGroupedGEMM:
         _check(d.dim() == 3 and tuple(d.shape) == (g, m, n) and d.dtype == torch.bfloat16 and d.is_contiguous(),
                "d is bf16 [G, M, N] contiguous")
         _check(isinstance(expected_m, int) and expected_m > 0 and m > 0, "expected_m > 0 and m > 0")
+        _check(m % 128 == 0, "M % 128 == 0 (the sm90 kernel's block M, 64 or 128, tiles each group's rows)",
+               f"got M={m}")
         _check(masked_m.dtype == torch.int32 and masked_m.is_contiguous(), "masked_m is int32 contiguous")
         pad = round_up(m, 4)
         _check(tuple(sfa.shape) == (g, m, ceil_div(k, 128)) and sfa.stride(1) == 1 and sfa.stride(2) == pad
