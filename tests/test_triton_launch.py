@@ -39,13 +39,24 @@ def test_only_a_compiled_kernel_launches_directly() -> None:
 
 
 class _Kernel:
-    """A compiled kernel's stand-in: keeps what each launch passed."""
+    """A compiled kernel's stand-in (``_Direct``'s attributes): keeps what each launch passed."""
 
-    def __init__(self) -> None:
+    function, metadata, tail = "function", "metadata", ("constexpr",)
+
+    def __init__(self, hooked: bool = False) -> None:
         self.calls: list[tuple[object, list[object], int]] = []
+        self.hooked = hooked
 
-    def __call__(self, grid: object, args: list[object], stream: int) -> None:
-        self.calls.append((grid, list(args), stream))
+    def hooks(self) -> tuple[object, object] | None:
+        return ("enter", "leave") if self.hooked else None
+
+    def launcher(self, x: int, y: int, z: int, stream: int, function: str, metadata: str, launch_metadata: object,
+                 enter: object, leave: object, *values: object) -> None:
+        assert (function, metadata, launch_metadata, enter, leave) == ("function", "metadata", None, None, None)
+        self.calls.append(((x, y, z), list(values), stream))
+
+    def launch(self, grid: tuple[int, int, int], values: list[object], stream: int) -> None:
+        self.calls.append((grid, [*values, "hooked"], stream))
 
 
 def test_a_replay_fills_in_each_calls_addresses_and_keeps_the_rest() -> None:
@@ -62,10 +73,21 @@ def test_a_replay_fills_in_each_calls_addresses_and_keeps_the_rest() -> None:
     assert replay is not None and replay.device == 0
     assert replay.nbytes == 256 + 256  # each scratch storage in its own aligned place
     replay((1000, 5000, 90000), stream=42)
-    assert quant.calls == [((1, 1, 1), [1000, 90000, 4, 8, 1.5], 42)]
+    assert quant.calls == [((1, 1, 1), [1000, 90000, 4, 8, 1.5, "constexpr"], 42)]
     row = 4 * 2 * 4  # the view starts one [4, 2] fp32 slab into its storage
     assert gemm.calls == [((2, 3, 1), [90000, weight.data_ptr(), descriptor, 5000, 90000 + 256 + row, 90000 + 256,
-                                       None, 7], 42)]
+                                       None, 7, "constexpr"], 42)]
+
+
+def test_a_replay_calls_launch_hooks_where_they_are_set() -> None:
+    """A profiler's launch hooks: each launch goes through the kernel's own launch, which calls them."""
+    x, out = torch.zeros(2, 2), torch.zeros(2, 2)
+    kernel = _Kernel(hooked=True)
+    replay = triton_launch.Replay.of([(kernel, (1, 1, 1), (x, out, 3))], device=0, per_call=(x, out), scratch=(),
+                                     static=())
+    assert replay is not None
+    replay((10, 20, 0), stream=5)
+    assert kernel.calls == [((1, 1, 1), [10, 20, 3, "constexpr", "hooked"], 5)]
 
 
 @pytest.mark.parametrize("case", ["unknown tensor", "not replayable", "nothing recorded"])

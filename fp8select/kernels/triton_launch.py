@@ -102,12 +102,21 @@ class _Direct:
         self.chain = getattr(knobs, "HookChain", None)
 
     def __call__(self, grid: tuple[int, int, int], args: Sequence[Any], stream: int) -> None:
-        values = (*args, *self.tail)
+        self.launch(grid, (*args, *self.tail), stream)
+
+    def hooks(self) -> tuple[Any, Any] | None:
+        """Triton's launch hooks (a profiler's), or None when there are none to call."""
         runtime = self.runtime
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         chain = self.chain
         if type(enter) is chain and type(leave) is chain and not enter.calls and not leave.calls:
-            enter = leave = None  # empty hook chains call nothing: the launcher skips None instead
+            return None  # empty hook chains call nothing: the launcher skips None instead
+        return None if enter is None and leave is None else (enter, leave)
+
+    def launch(self, grid: tuple[int, int, int], values: Sequence[Any], stream: int) -> None:
+        """Launch with every parameter's value (``values``: the positional arguments and :attr:`tail`)."""
+        hooks = self.hooks()
+        enter, leave = (None, None) if hooks is None else hooks
         metadata = None if enter is None else self.compiled.launch_metadata(grid, stream, *values)
         self.launcher(grid[0], grid[1], grid[2], stream, self.function, self.metadata, metadata, enter, leave, *values)
 
@@ -228,12 +237,24 @@ class Replay:
                 elif not (arg is None or isinstance(arg, (int, float))):  # a tensor or descriptor of no known kind
                     return None
                 template.append(arg)
-            steps.append((kernel, grid, tuple(template), tuple(subs)))
+            steps.append((kernel, grid, (*template, *kernel.tail), tuple(subs)))
         return cls(device, nbytes, tuple(steps))
 
     def __call__(self, addresses: Sequence[int], stream: int) -> None:
-        for kernel, grid, template, subs in self.steps:
-            args = list(template)
-            for pos, base, offset in subs:
-                args[pos] = addresses[base] + offset
-            kernel(grid, args, stream)
+        """Launch every step with ``addresses`` filled in: the compiled kernels' launchers called
+        directly, unless launch hooks (a profiler's) are set, which each launch then calls."""
+        steps = self.steps
+        if steps[0][0].hooks() is not None:
+            for kernel, grid, template, subs in steps:
+                kernel.launch(grid, _filled(template, subs, addresses), stream)
+            return
+        for kernel, grid, template, subs in steps:
+            kernel.launcher(grid[0], grid[1], grid[2], stream, kernel.function, kernel.metadata, None, None, None,
+                            *_filled(template, subs, addresses))
+
+
+def _filled(template: tuple[Any, ...], subs: tuple[tuple[int, int, int], ...], addresses: Sequence[int]) -> list[Any]:
+    values = list(template)
+    for pos, base, offset in subs:
+        values[pos] = addresses[base] + offset
+    return values
