@@ -9,7 +9,7 @@ padding of each expert's rows in the sorted layout, so one routing serves both G
 :func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
 (132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
 its experts' weights once, so the tiles are narrow in M (16 rows, the ``tl.dot`` minimum) and the
-grid wide in N; from a few dozen tokens per expert the tiles grow to 64 and then 128 rows, where
+grid wide in N; from a few dozen tokens per expert the tiles grow to 32 and then 64 rows, where
 the weights are re-read ``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
 """
 
@@ -90,8 +90,13 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
     ``tokens per expert = m * top_k / experts`` (uniform routing) picks the row tile: 16 up to 16
-    tokens, 32 up to 32, 64 up to 256, 128 above. The activation is quantized inside the gate-up GEMM
-    while ``m`` is at most 64 (decode: re-reading a few tokens per column tile costs less than a launch).
+    tokens, 32 up to 32, 64 above. The activation is quantized inside the gate-up GEMM while ``m`` is
+    at most 64 (decode: re-reading a few tokens per column tile costs less than a launch).
+
+    No 128-row tile: the gate-up program holds gate and up accumulators (2 x 128 columns), and on the
+    H200 (DeepSeek-V3, 32 local experts) the 128-row tile took 28.4 ms at M 4096 where the 64-row one
+    took 1.6 ms at M 512: 8.8x and 1.8x the time of DeepGEMM's contiguous layout there
+    (``benchmarks/results/moe.json``); the 64-row tile has not been timed at M 4096 yet.
     """
     per_expert = -(-m * top_k // max(experts, 1))
     quant = 1 if m <= 64 else 0
@@ -99,6 +104,4 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
         return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
     if per_expert <= 32:
         return MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
-    if per_expert <= 256:
-        return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=quant)
-    return MoeTritonConfig(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=3, QUANT_IN_KERNEL=quant)
+    return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=quant)
