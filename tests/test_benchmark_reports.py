@@ -113,3 +113,14 @@ def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_sing
     assert (by_shape["over_8pct"], by_model["over_8pct"]) == (1, 3)  # 65536x7168 is wrong either way
     assert by_model["worst"] == 3.0 and by_model["vs_single_worst"] == 3.0
     assert model_check.cross_validation(table, {"a"})["leave_one_model_out"]["worst"] == 1.0
+
+
+def test_the_kept_results_are_distilled() -> None:
+    """benchmarks/results/ holds the figures the docs quote, not run logs: JSON only, under 2,000 lines in all."""
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    files = sorted(results.iterdir())
+    assert files and all(f.suffix == ".json" for f in files), [f.name for f in files if f.suffix != ".json"]
+    lines = sum(len(f.read_text().splitlines()) for f in files)
+    assert lines < 2000, f"benchmarks/results/ holds {lines} lines: distil them"
+    for f in files:
+        json.loads(f.read_text())
