@@ -29,7 +29,7 @@ pointer queries and one allocation for all the scratch, instead of one per tenso
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import triton
@@ -193,11 +193,12 @@ class Replay:
     same M, dtypes, strides and alignment), and run on ``device``: its caller keys replays so.
     """
 
-    __slots__ = ("device", "nbytes", "steps")
+    __slots__ = ("_launch_all", "device", "nbytes", "steps")
 
     def __init__(self, device: int, nbytes: int,
                  steps: tuple[tuple[_Direct, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]], ...]) -> None:
         self.device, self.nbytes, self.steps = device, nbytes, steps
+        self._launch_all = _launcher_calls(steps)
 
     @classmethod
     def of(cls, recorded: Sequence[Recorded], *, device: int, per_call: Sequence[Any], scratch: Sequence[Any],
@@ -244,17 +245,38 @@ class Replay:
         """Launch every step with ``addresses`` filled in: the compiled kernels' launchers called
         directly, unless launch hooks (a profiler's) are set, which each launch then calls."""
         steps = self.steps
-        if steps[0][0].hooks() is not None:
-            for kernel, grid, template, subs in steps:
-                kernel.launch(grid, _filled(template, subs, addresses), stream)
+        if steps[0][0].hooks() is None:
+            self._launch_all(addresses, stream)
             return
         for kernel, grid, template, subs in steps:
-            kernel.launcher(grid[0], grid[1], grid[2], stream, kernel.function, kernel.metadata, None, None, None,
-                            *_filled(template, subs, addresses))
+            values = list(template)
+            for pos, base, offset in subs:
+                values[pos] = addresses[base] + offset
+            kernel.launch(grid, values, stream)
 
 
-def _filled(template: tuple[Any, ...], subs: tuple[tuple[int, int, int], ...], addresses: Sequence[int]) -> list[Any]:
-    values = list(template)
-    for pos, base, offset in subs:
-        values[pos] = addresses[base] + offset
-    return values
+def _launcher_calls(steps: Sequence[tuple[Any, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]]]
+                    ) -> Callable[[Sequence[int], int], None]:
+    """One function ``(addresses, stream)`` that calls every step's compiled launcher in turn, each
+    value written into its call: the recorded ones by name, the call's addresses as
+    ``addresses[i] + offset``. Generated once per replay (as Triton generates its own launchers): a
+    replay then costs one Python frame and the launcher calls, not a list filled per step."""
+    namespace: dict[str, Any] = {}
+    lines = ["def launch_all(addresses, stream):"]
+    for i, (kernel, grid, template, subs) in enumerate(steps):
+        at = {pos: (base, offset) for pos, base, offset in subs}
+        values = []
+        for pos, value in enumerate(template):
+            if pos in at:
+                values.append(f"addresses[{at[pos][0]}] + {int(at[pos][1])}")
+            else:
+                namespace[f"v{i}_{pos}"] = value
+                values.append(f"v{i}_{pos}")
+        namespace.update({f"launcher{i}": kernel.launcher, f"function{i}": kernel.function,
+                          f"metadata{i}": kernel.metadata})
+        x, y, z = (int(g) for g in grid)
+        lines.append(f"    launcher{i}({x}, {y}, {z}, stream, function{i}, metadata{i}, None, None, None, "
+                     f"{', '.join(values)})")
+    exec("\n".join(lines), namespace)  # the source holds ints and generated names only
+    launch_all: Callable[[Sequence[int], int], None] = namespace["launch_all"]
+    return launch_all
