@@ -219,3 +219,27 @@ def test_module_loads_a_state_dict_and_compiles(problem) -> None:  # type: ignor
     for m in (5, 9):
         w, ids = random_routing(m, K, E, seed=m)
         assert torch.equal(compiled(_x(m), w, ids), module(_x(m), w, ids) * 2)
+
+
+class _DecodeOnly(ReferenceMoe):
+    name = "decode-only"
+
+    def supports(self, problem, caps, layout):  # type: ignore[no-untyped-def]
+        verdict = super().supports(problem, caps, layout)
+        if verdict.ok and problem.m is not None and problem.m > 64:
+            return type(verdict).reject(f"requires M <= 64, found M={problem.m}")
+        return verdict
+
+
+def test_a_bucket_the_first_backend_rejects_is_routed_by_the_gate_saying_why() -> None:
+    from fp8select.moe_plan import GATE
+
+    problem = MoeProblem(E, H, INTER, K)
+    plan = build_moe_plan(problem, [_DecodeOnly(), ReferenceMoe()], CPU)
+    assert (plan.route(64).backend, plan.route(64).why) == ("decode-only", RULE)
+    route = plan.route(65)
+    assert (route.backend, route.why) == ("reference", GATE) and "decode-only: requires M <= 64, found M=65" in route.detail
+    alone = build_moe_plan(problem, [_DecodeOnly()], CPU)
+    assert alone.route(65).backend is None and alone.route(65).why == GATE
+    assert "no backend accepts this M: decode-only: requires M <= 64" in alone.route(65).detail
+    assert "M >= 65        -                          gate" in alone.describe()
