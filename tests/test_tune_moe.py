@@ -15,6 +15,7 @@ from fp8select import InvalidInputError, resolve
 from fp8select import moe_select as moe_select_module
 from fp8select.backends.moe import ReferenceMoe
 from fp8select.kernels.moe_config import default_config, tuning_configs
+from fp8select.kernels.moe_routing import uniform_routing
 from fp8select.measure import timing, tune_moe
 from fp8select.measure.timing import Timing
 from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
@@ -173,7 +174,7 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
 
 def test_uniform_routing_draws_distinct_experts() -> None:
     gen = torch.Generator().manual_seed(0)
-    weights, ids = tune_moe.uniform_routing(512, 8, 32, "cpu", gen)
+    weights, ids = uniform_routing(512, 8, 32, "cpu", gen)
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
     assert all(len(set(row)) == 8 for row in ids.tolist())
     counts = torch.bincount(ids.flatten().long(), minlength=32)

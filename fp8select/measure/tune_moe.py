@@ -36,11 +36,12 @@ import torch
 from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights
 from fp8select.buckets import m_bucket
 from fp8select.guard import PASS_THROUGH, describe
+from fp8select.kernels.moe_routing import uniform_routing
 from fp8select.measure import timing
 from fp8select.measured.moe import moe_shape_key
 from fp8select.measured.table import backend_versions, new_table
 
-__all__ = ["MAX_MASKED_BYTES", "REL_ERR_MAX", "random_experts", "tune_moe", "uniform_routing", "weight_copies"]
+__all__ = ["MAX_MASKED_BYTES", "REL_ERR_MAX", "random_experts", "tune_moe", "weight_copies"]
 
 REL_ERR_MAX = 3e-2
 L2_BYTES = 60e6
@@ -65,16 +66,6 @@ def random_experts(e: int, h: int, i: int, device: torch.device | str,
         return w, s
 
     return (*one(2 * i, h), *one(h, i))
-
-
-def uniform_routing(m: int, k: int, e: int, device: torch.device | str,
-                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(topk_weights fp32 [M, k], topk_ids int32 [M, k])``: each token's ``k`` experts distinct and drawn
-    uniformly (the top-k of uniform noise), weights a softmax of random logits over them."""
-    noise = torch.rand(m, e, generator=generator, device=device)
-    ids = noise.topk(k, dim=1).indices.to(torch.int32)
-    weights = torch.softmax(torch.randn(m, k, generator=generator, device=device), dim=1)
-    return weights, ids
 
 
 def weight_copies(e: int, h: int, i: int, k: int) -> int:
