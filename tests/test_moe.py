@@ -274,3 +274,17 @@ def test_warmup_runs_each_distinct_moe_layer_at_every_route_once(problem, monkey
                                                             4097, 8192}
     with pytest.raises(InvalidInputError, match="H=256"):
         warmup(twins[0], ms=[10**13])
+
+
+def test_the_fast_path_and_the_checked_path_agree(moe, problem) -> None:  # type: ignore[no-untyped-def]
+    w, ids = random_routing(6, K, E, seed=9)
+    x = _x(6)
+    y = moe(x, w, ids)
+    strided = torch.empty(H, 6, dtype=x.dtype).t().copy_(x)  # not contiguous: the checked path
+    assert not strided.is_contiguous() and torch.equal(moe(strided, w, ids), y)
+    wanting = x.clone().requires_grad_()
+    out = moe(wanting, w, ids)
+    assert out.grad_fn is None and torch.equal(out, y)
+    with pytest.raises(InvalidInputError, match=r"found \[4, 4, 4, 4\]"):  # k = 1: the range check alone
+        moe(x, w[:, :1].contiguous(), torch.full((6, 1), E, dtype=torch.int32))
+    assert torch.equal(moe(x[:1], w[:1, :1].contiguous(), torch.full((1, 1), -1)), torch.zeros_like(x[:1]))
