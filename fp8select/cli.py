@@ -299,6 +299,8 @@ def _tune(args: argparse.Namespace) -> int:
         known = merge_tables(known, found)
     print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
     existing = load_table(path, device)
+    if existing is not None:  # what the output file holds is known too: a run cut short by --budget-s goes on
+        known = merge_tables(known, existing)
 
     def merged(measured: dict[str, Any]) -> dict[str, Any]:
         return merge_tables(existing, measured) if existing is not None else measured

@@ -197,6 +197,9 @@ def test_the_tune_command_writes_moe_rows_and_merges(clocked: Any, monkeypatch: 
     assert cli.main(["tune", "--moe", "4,256,256,2", "--m", "1", "--out", str(out)]) == 0
     shapes = {s for g in json.loads(out.read_text())["moe"] for s in g["shapes"]}
     assert shapes == {KEY, "4,256,256,2"}, "a second run adds to the table"
+    RAN.clear()
+    assert cli.main(["tune", "--moe", KEY, "--m", "1,64,128", "--out", str(out)]) == 0
+    assert {m for _, m in RAN} == {128}, "what the output file holds is not measured again"
     assert cli.main(["tune", "--moe", "4,256"]) == 2
 
 
