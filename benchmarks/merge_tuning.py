@@ -2,7 +2,8 @@
 
     python -m benchmarks.merge_tuning BASE.json NEW.json OUT.json [--margin 0.02]
 
-A row of NEW replaces BASE's row for the same backend, versions, shape and M bucket only where
+A row of NEW replaces BASE's row for the same backend, versions, shape and M bucket (and, for the
+MoE rows of a table's ``moe`` list, the same layout; ``fp8select tune --moe`` writes them) only where
 NEW's measured whole-op time is lower by more than ``--margin`` (a fraction; default 0) (both measure the whole op the same way: CUDA graph,
 median, weights rotated past the L2), so a narrower re-tune never makes a shipped row worse;
 rows BASE lacks are added. NEW is a tuning table, or a distilled ``benchmarks.limits``
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fp8select.buckets import m_bucket
-from fp8select.measured.table import check_table, merge_tables, save_table
+from fp8select.measured.table import check_table, group_key, merge_tables, save_table
 
+SECTIONS = ("groups", "moe")  # a table's dense groups and its MoE entries
 VERSION_KEYS = ("torch", "cuda", "triton")  # what the Triton rows' speed depends on (tuning.table.backend_versions)
 
 
@@ -46,21 +48,22 @@ def improvements(base: dict[str, Any], new: dict[str, Any], margin: float = 0.0)
     """NEW's rows that beat BASE's by more than ``margin`` (as a table), and a line per row taken."""
     if base["device_name"] != new["device_name"]:
         raise SystemExit(f"devices differ: {base['device_name']} != {new['device_name']}")
-    rows = {(g["backend"], tuple(sorted(g["versions"].items())), shape, bucket): row["us"]
-            for g in base["groups"] for shape, buckets in g["shapes"].items() for bucket, row in buckets.items()}
-    kept = {**new, "groups": []}
+    rows = {(group_key(g), shape, bucket): row["us"] for section in SECTIONS for g in base.get(section, ())
+            for shape, buckets in g["shapes"].items() for bucket, row in buckets.items()}
+    kept = {**{k: v for k, v in new.items() if k != "moe"}, "groups": []}
     taken = []
-    for group in new["groups"]:
-        versions = tuple(sorted(group["versions"].items()))
-        shapes: dict[str, dict[str, Any]] = {}
-        for shape, buckets in group["shapes"].items():
-            for bucket, row in buckets.items():
-                old = rows.get((group["backend"], versions, shape, bucket))
-                if old is None or row["us"] < old * (1 - margin):
-                    shapes.setdefault(shape, {})[bucket] = row
-                    taken.append(f"{group['backend']} {shape} M<={bucket}: {old} -> {row['us']} us")
-        if shapes:
-            kept["groups"].append({**group, "shapes": shapes})
+    for section in SECTIONS:
+        for group in new.get(section, ()):
+            name = group["backend"] + (f"/{group['layout']}" if "layout" in group else "")
+            shapes: dict[str, dict[str, Any]] = {}
+            for shape, buckets in group["shapes"].items():
+                for bucket, row in buckets.items():
+                    old = rows.get((group_key(group), shape, bucket))
+                    if old is None or row["us"] < old * (1 - margin):
+                        shapes.setdefault(shape, {})[bucket] = row
+                        taken.append(f"{name} {shape} M<={bucket}: {old} -> {row['us']} us")
+            if shapes:
+                kept.setdefault(section, []).append({**group, "shapes": shapes})
     return kept, taken
 
 

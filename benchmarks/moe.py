@@ -31,33 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
+from fp8select.measured.moe import MOE_SHAPES
 
-SHAPES = {"deepseek-v3-e8": (8, 7168, 2048, 8), "deepseek-v3-e32": (32, 7168, 2048, 8),
-          "deepseek-v3-e256": (256, 7168, 2048, 8), "qwen3-30b-a3b": (128, 2048, 768, 8),
-          "qwen3-235b-a22b": (128, 4096, 1536, 8)}
+SHAPES = MOE_SHAPES
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 QUICK_SHAPES = ("deepseek-v3-e32", "qwen3-30b-a3b")
 QUICK_M = (1, 16, 64, 512, 4096)
 HBM_BYTES_PER_S = 4.3e12
-L2_BYTES = 60e6
-MAX_WEIGHT_BYTES = 24e9
-MAX_MASKED_BYTES = 8e9
-"""Largest working set (``E x M`` rows of activations and GEMM outputs) a pinned masked column is timed at."""
 
 
 def _weights(e: int, h: int, i: int, seed: int) -> tuple[Any, ...]:
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    from fp8select.measure.tune_moe import random_experts
 
-    def one(n: int, k: int) -> tuple[Any, Any]:
-        w = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device="cuda")
-        for j in range(e):
-            w[j] = (torch.randn(n, k, generator=g, device="cuda") * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
-        s = torch.rand(e, -(-n // 128), -(-k // 128), generator=g, device="cuda") * 1e-3 + 1e-4
-        return w, s
-
-    return (*one(2 * i, h), *one(h, i))
+    return random_experts(e, h, i, "cuda", torch.Generator(device="cuda").manual_seed(seed))
 
 
 def _routing(m: int, k: int, e: int, kind: str, seed: int) -> tuple[Any, Any]:
@@ -191,12 +179,12 @@ def timing(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tupl
 
     from fp8select.backends.moe import MoeProblem
     from fp8select.measure.timing import time_graphs
+    from fp8select.measure.tune_moe import MAX_MASKED_BYTES, weight_copies
 
     e, h, i, k = shape
     caps = selection.capabilities
     per_expert = 3 * h * i
-    copies = max(1, min(math.ceil(3 * L2_BYTES / (k * per_expert)), int(MAX_WEIGHT_BYTES // (e * per_expert))))
-    sets = [_weights(e, h, i, seed=10 + c) for c in range(copies)]
+    sets = [_weights(e, h, i, seed=10 + c) for c in range(weight_copies(e, h, i, k))]
     problem = MoeProblem(e, h, i, k)
     pinned = [_columns(selection, problem, w, caps, with_reference=False) for w in sets]
     layers = [selection.prepare_moe(*w, top_k=k) for w in sets]

@@ -16,16 +16,16 @@ import logging
 import math
 import os
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from fp8select.capabilities import Capabilities
+from fp8select.cli_files import check_writable, save_or_rescue, write_json
+from fp8select.cli_moe import MOE_HELP, MOE_TUNE_HELP, explain_moe, parse_explain_shapes, tune_moe_command
 from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
 from fp8select.measure.bench import DEFAULT_M
+from fp8select.measured.moe import parse_moe_shapes
 from fp8select.resolver import parse_names, resolve
 
 DESCRIPTION = "Choose, explain and run the kernel for block-wise FP8 linear layers."
@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--no-plugins", action="store_true", help="do not load entry-point plugins")
     ex.add_argument("--layer", metavar="N,K", action="append", default=[],
                     help="also show the plan a layer of this shape gets: per M range the backend and why (repeatable)")
+    ex.add_argument("--moe", metavar="E,H,I,k", action="append", default=[], help=MOE_HELP)
     be = sub.add_parser("bench", help="check and time every accepted backend on this GPU, per shape",
                         description="On a CUDA GPU: check every accepted backend against an fp64 reference, then time "
                                     "it (CUDA-graph replay, weights rotated past the L2) per shape and M; prints a table "
@@ -82,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "finds for this device and software stack (into the cache directory: "
                                     "FP8SELECT_CACHE_DIR, else $XDG_CACHE_HOME/fp8select or ~/.cache/fp8select). "
                                     "The output locations are checked before measuring.")
-    tu.add_argument("--shapes", default="deepseek-v3", help=SHAPES_HELP)
+    tu.add_argument("--shapes", default=None, help=SHAPES_HELP + " (default deepseek-v3 unless --moe is given)")
+    tu.add_argument("--moe", metavar="SHAPES", help=MOE_TUNE_HELP)
     tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
     tu.add_argument("--out", metavar="FILE", help="write the table here instead of the cache directory")
     tu.add_argument("--force", action="store_true", help="measure again what the tables already hold for these versions")
@@ -186,8 +188,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return _tune(args)
         caps = _snapshot(args)
         layers = [_layer_shape(text) for text in args.layer]
+        moe_shapes = parse_explain_shapes(args.moe)
         selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins)
         plans = [selection.plan_for(n, k) for n, k in layers]
+        moe_text, moe_data = explain_moe(selection, moe_shapes)
     except (BackendRejectedError, NoBackendError) as exc:
         if args.command == "explain" and args.json:
             print(json.dumps({"backend": None, "error": str(exc).splitlines()[0],
@@ -199,9 +203,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"fp8select: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({**selection.to_dict(), "plans": [plan.to_dict() for plan in plans]}, indent=2))
+        print(json.dumps({**selection.to_dict(), "plans": [plan.to_dict() for plan in plans], "moe": moe_data}, indent=2))
     else:
-        print("\n\n".join([selection.explain(), *(plan.describe() for plan in plans)]))
+        print("\n\n".join([selection.explain(), *(plan.describe() for plan in plans), moe_text]))
     return 0
 
 
@@ -219,84 +223,6 @@ def _layer_shape(text: str) -> tuple[int, int]:
 def _check_budget(args: argparse.Namespace) -> None:
     if math.isnan(args.budget_s) or args.budget_s < 0:
         raise Fp8SelectError(f"--budget-s: expected a non-negative number of seconds, found {args.budget_s}")
-
-
-def check_writable(path: str | Path, what: str, *, directory: bool = False, hint: str = "") -> None:
-    """Fail now, with one line, if the file ``path`` (or, with ``directory``, a file in it) could
-    not be written later.
-
-    Writes and removes a temporary file in the directory (or, when the directory is still to be
-    created, checks its nearest existing parent); creates nothing else and leaves an existing
-    file untouched.
-    """
-    target = Path(path).expanduser()
-    folder = target if directory else target.parent
-    where = f"{what} {str(target)!r}"
-
-    def fail(reason: str) -> NoReturn:
-        raise Fp8SelectError(f"cannot write {where}: {reason}" + (f" ({hint})" if hint else ""))
-
-    if not directory and target.is_dir():
-        fail("it is a directory")
-    if not directory and target.exists() and not target.is_file():  # /dev/null, a fifo: an atomic replace would clobber it
-        fail("it is not a regular file")
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        fail(f"{str(existing)!r} is not a directory")
-    if existing != folder:  # to be created when writing: its nearest existing parent must take a new directory
-        if not os.access(existing, os.W_OK | os.X_OK):
-            fail(f"cannot create a directory in {str(existing)!r} (permission denied)")
-    else:
-        try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".fp8select-write-check-")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            fail(str(exc.strerror or exc))
-    if not directory and target.exists() and not os.access(target, os.W_OK):
-        fail("permission denied")
-
-
-def save_or_rescue(path: str | Path, save: Callable[[Path], None], data: Any, what: str) -> bool:
-    """``save(path)``, or, when that fails, ``data`` as JSON in a fallback file, saying where.
-
-    Measurements can take long; a write that fails after them (a disk filled up, a directory
-    removed) must not lose them. The fallback is a new file in the current directory, else in
-    the temporary directory, else the JSON goes to standard output. Returns whether ``path`` was written.
-    """
-    target = Path(path).expanduser()
-    try:
-        save(target)
-        return True
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    text = json.dumps(data, indent=1, sort_keys=True, default=str) + "\n"
-    stem = f"fp8select-{what.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
-    for directory in (os.getcwd(), tempfile.gettempdir()):
-        try:
-            fd, rescue = tempfile.mkstemp(dir=directory, prefix=stem, suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-        except OSError:
-            continue
-        print(f"fp8select: error: cannot write the {what} to {str(target)!r} ({reason}); it was saved to {rescue!r} "
-              "instead", file=sys.stderr)
-        return False
-    print(f"fp8select: error: cannot write the {what} to {str(target)!r} ({reason}), nor a fallback file; "
-          "here it is:", file=sys.stderr)
-    print(text)
-    return False
-
-
-def _write_json(data: Any) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-
-    return write
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -326,7 +252,7 @@ def _bench(args: argparse.Namespace) -> int:
         data = {"environment": bench.environment(), "chain": [b.name for b in selection.chain],
                 "tuning_sources": list(selection.tuning_sources), "summary": figures,
                 "capabilities": selection.capabilities.to_dict(), "rows": rows}
-        saved = save_or_rescue(args.json, _write_json(data), data, "bench rows")
+        saved = save_or_rescue(args.json, write_json(data), data, "bench rows")
     if args.plot:
         try:
             bench.plot(rows, args.plot)
@@ -347,7 +273,10 @@ def _tune(args: argparse.Namespace) -> int:
     from fp8select.measured.sources import find_tables
     from fp8select.measured.table import cache_dir, load_table, merge_tables, new_table, save_table, table_path
 
-    shapes, ms = bench.parse_shapes(args.shapes), bench.parse_ms(args.m)
+    shapes = bench.parse_shapes(args.shapes or "deepseek-v3") if args.shapes or not args.moe else []
+    ms = bench.parse_ms(args.m)
+    if args.moe:
+        parse_moe_shapes(args.moe)  # malformed input fails before anything else
     if args.replays < 1 or args.max_configs < 1:
         raise Fp8SelectError(f"--replays/--max-configs: expected positive integers, found {args.replays}/{args.max_configs}")
     _check_budget(args)
@@ -370,6 +299,8 @@ def _tune(args: argparse.Namespace) -> int:
         known = merge_tables(known, found)
     print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
     existing = load_table(path, device)
+    if existing is not None:  # what the output file holds is known too: a run cut short by --budget-s goes on
+        known = merge_tables(known, existing)
 
     def merged(measured: dict[str, Any]) -> dict[str, Any]:
         return merge_tables(existing, measured) if existing is not None else measured
@@ -378,19 +309,28 @@ def _tune(args: argparse.Namespace) -> int:
         with contextlib.suppress(OSError):
             save_table(path, merged(measured))
 
-    table, rows = tune(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
-                       max_configs=args.max_configs, budget_s=args.budget_s, backends=parse_names(args.backends) or None,
-                       progress=lambda line: print(line, flush=True), on_shape=save_so_far)
+    table, rows = new_table(device), list[dict[str, Any]]()
+    if shapes:
+        table, rows = tune(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
+                           max_configs=args.max_configs, budget_s=args.budget_s,
+                           backends=parse_names(args.backends) or None,
+                           progress=lambda line: print(line, flush=True), on_shape=save_so_far)
+    if args.moe:
+        dense = table
+        table, moe_rows = tune_moe_command(args, selection, known, lambda moe: save_so_far(merge_tables(dense, moe)))
+        table, rows = merge_tables(dense, table), rows + moe_rows
     final = merged(table)
     saved = save_or_rescue(path, lambda target: save_table(target, final), final, "tuning table")
-    measured = sum(len(b) for g in table["groups"] for b in g["shapes"].values())
+    groups = [*table["groups"], *table.get("moe", ())]
+    measured = sum(len(b) for g in groups for b in g["shapes"].values())
     if saved:
-        print(f"{measured} new measurements ({', '.join(g['backend'] for g in table['groups']) or 'none missing'}) "
+        names = ", ".join(g["backend"] + (f"/{g['layout']}" if "layout" in g else "") for g in groups)
+        print(f"{measured} new measurements ({names or 'none missing'}) "
               f"written to {path}")
     else:
         print("fp8select: a rescued table is used when FP8SELECT_TUNING_TABLE names it, or once copied to "
               f"{path!r}", file=sys.stderr)
     if args.json:
         data = {"environment": bench.environment(), "table": table, "rows": rows}
-        saved = save_or_rescue(args.json, _write_json(data), data, "tune rows") and saved
+        saved = save_or_rescue(args.json, write_json(data), data, "tune rows") and saved
     return 0 if saved else 1

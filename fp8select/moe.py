@@ -31,6 +31,7 @@ from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableE
 from fp8select.guard import call_foreign
 from fp8select.kernels.quant import ACTIVATION_DTYPES
 from fp8select.layer import check_block_size
+from fp8select.measured.moe import MoeMeasurements
 from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
 from fp8select.problem import dtype_name
 from fp8select.verdict import Candidate
@@ -41,6 +42,8 @@ DEFAULT_TOP_K = 8
 _WEIGHT_DTYPE = torch.float8_e4m3fn
 _ID_DTYPES = (torch.int32, torch.int64)
 _WEIGHT_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_TENSOR, _STRIDED = torch.Tensor, torch.strided
+_LAST_BUCKET = BUCKET_INDEX[-1]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -100,8 +103,8 @@ class Fp8MoE:
 
     def __init__(self, backends: Sequence[MoeBackend], caps: Capabilities, w13: torch.Tensor, w13_scale: torch.Tensor,
                  w2: torch.Tensor, w2_scale: torch.Tensor, block_size: Sequence[int] = (128, 128), *,
-                 top_k: int | None = None, measured: MoeTimes | None = None, explicit: str | None = None,
-                 check_ids: bool = True) -> None:
+                 top_k: int | None = None, measured: MoeTimes | None = None, table: MoeMeasurements | None = None,
+                 explicit: str | None = None, check_ids: bool = True) -> None:
         start = time.perf_counter()
         block = check_block_size(block_size)
         self.experts, self.hidden, self.intermediate = check_moe_weights(w13, w13_scale, w2, w2_scale, block)
@@ -112,7 +115,7 @@ class Fp8MoE:
         self._by_name = {b.name: b for b in self.backends_chain}
         self.device = w13.device
         self._weights = MoeWeights(w13.detach(), w13_scale.detach(), w2.detach(), w2_scale.detach(), block)
-        self._measured = measured
+        self._measured, self._table = measured, table
         self.prepared: dict[str, Any] = {}
         self._failed: dict[str, str] = {}
         self.plans: dict[tuple[torch.dtype, int], MoePlan] = {}
@@ -136,7 +139,7 @@ class Fp8MoE:
         while True:
             chain = [b for b in self.backends_chain if b.name not in self._failed]
             try:
-                plan = build_moe_plan(problem, chain, self.caps, measured=self._measured, explicit=self.explicit)
+                plan = build_moe_plan(problem, chain, self.caps, measured=self._measured_rows(top_k), explicit=self.explicit)
             except UnsupportedProblemError as exc:
                 failed = [Candidate(len(exc.candidates) + i, n, False, f"prepare() raised {why}")
                           for i, (n, why) in enumerate(self._failed.items(), 1)]
@@ -146,6 +149,12 @@ class Fp8MoE:
         self.plans[key] = plan
         self._launches[key] = tuple(self._bind(route) for route in plan.routes)
         return plan
+
+    def _measured_rows(self, top_k: int) -> MoeTimes | None:
+        """The rows given to ``prepare_moe``, else the tables' for this shape and ``top_k``."""
+        if self._measured is not None or self._table is None:
+            return self._measured
+        return self._table.times(self.experts, self.hidden, self.intermediate, top_k)
 
     def _prepare(self, plan: MoePlan) -> bool:
         for name in plan.backends:
@@ -180,9 +189,36 @@ class Fp8MoE:
     # -- the call path -------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """``y[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` (docs/moe.md); no autograd."""
+        """``y[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` (docs/moe.md); no autograd.
+
+        Under ``torch.compile`` one opaque custom op (:mod:`fp8select.moe_ops`). Eagerly, the inputs a
+        prepared layer expects (plain contiguous tensors of planned dtypes and matching shapes on the
+        weights' device, no gradient) go straight to their bucket's bound launch after the ids' check
+        (one device read); anything else takes :meth:`_checked_forward`, which checks every argument.
+        """
         if torch.compiler.is_compiling():
             return moe_ops.compiled_call(self, x, topk_weights, topk_ids)
+        if (type(x) is _TENSOR and type(topk_ids) is _TENSOR and type(topk_weights) is _TENSOR
+                and not x.requires_grad and not topk_weights.requires_grad
+                and x.layout is _STRIDED and topk_ids.layout is _STRIDED and topk_weights.layout is _STRIDED
+                and x.is_contiguous() and topk_ids.is_contiguous() and topk_weights.is_contiguous()
+                and x.device == self.device and topk_ids.device == self.device and topk_weights.device == self.device
+                and topk_ids.dtype in _ID_DTYPES and topk_weights.dtype in _WEIGHT_FLOATS):
+            shape, ids_shape = x.shape, topk_ids.shape
+            if (len(shape) == 2 and len(ids_shape) == 2 and shape[1] == self.hidden and ids_shape[0] == shape[0]
+                    and topk_weights.shape == ids_shape):
+                launches = self._launches.get((x.dtype, ids_shape[1]))
+                m = shape[0]
+                if launches is not None and m:
+                    if self.check_ids and not _capturing(topk_ids):
+                        _check_ids(topk_ids, self.experts)
+                    return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](x, topk_weights, topk_ids)
+        return self._checked_forward(x, topk_weights, topk_ids)
+
+    __call__ = forward
+
+    def _checked_forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` for any input: every argument checked (typed errors), no autograd recorded."""
         m, top_k = self._check(x, topk_weights, topk_ids)
         if m == 0:
             return torch.empty((0, self.hidden), dtype=x.dtype, device=x.device)
@@ -191,10 +227,8 @@ class Fp8MoE:
             self._plan_for(x.dtype, top_k)
             launches = self._launches[(x.dtype, top_k)]
         with torch.no_grad():
-            return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else BUCKET_INDEX[-1]](
+            return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](
                 x.contiguous(), topk_weights.contiguous(), topk_ids.contiguous())
-
-    __call__ = forward
 
     def _check(self, x: object, topk_weights: object, topk_ids: object) -> tuple[int, int]:
         x = _tensor("x", x)
@@ -235,14 +269,18 @@ def _capturing(t: torch.Tensor) -> bool:
 
 
 def _check_ids(ids: torch.Tensor, experts: int) -> None:
-    """One device read: ids outside ``[-1, E)``, or repeated within a token's row (ignoring -1)."""
-    out_of_range = (ids < -1) | (ids >= experts)
-    ordered = torch.sort(ids, dim=1).values
-    repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
-    flags = torch.stack([out_of_range.any(), repeated.any()]).tolist()
-    if flags[0]:
-        bad = ids[out_of_range][:4].tolist()
+    """One device read: the ids' least and greatest value, and whether a token's row repeats an id (ignoring
+    -1); the message is worked out only when something is wrong."""
+    low, high = torch.aminmax(ids)
+    if ids.shape[1] > 1:
+        ordered = torch.sort(ids, dim=1).values
+        repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, :-1] >= 0)).any()
+        low, high, twice = torch.stack([low, high, repeated.to(ids.dtype)]).tolist()
+    else:
+        low, high, twice = *torch.stack([low, high]).tolist(), 0
+    if low < -1 or high >= experts:
+        bad = ids[(ids < -1) | (ids >= experts)][:4].tolist()
         raise InvalidInputError(f"topk_ids: expected expert ids in [0, {experts}) or -1 (an expert on another rank), "
                                 f"found {bad}")
-    if flags[1]:
+    if twice:
         raise InvalidInputError("topk_ids: expected distinct expert ids within each token's row, found a repeated id")

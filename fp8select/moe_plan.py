@@ -7,14 +7,17 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
 * **explicit**: the selection's explicit backend, where one of its layouts' gates accepts the bucket;
 * **measured**: otherwise the (backend, layout) with the least measured time of the whole experts op
   (routing, both GEMMs, activation and its quantization, weighted sum) among those whose gate accepts;
-* **rule** (a stopgap until shipped MoE tables exist): the first backend in priority order, in its
-  first layout, except that DeepGEMM runs ``masked`` up to :data:`MASKED_MAX_M` tokens (decode, CUDA
-  graphs: FACTS.md measured its masked kernel at 0.83-0.94 of the HBM floor there) and ``contiguous``
-  above (its masked layout holds ``E x M`` rows, which stops paying, and fitting, as M grows).
+* **rule** (where nothing is measured): the first backend in priority order, in its first layout,
+  except that DeepGEMM runs ``masked`` up to :data:`MASKED_MAX_M` tokens (decode, CUDA graphs: FACTS.md
+  measured its masked kernel at 0.83-0.94 of the HBM floor there) and ``contiguous`` above (its masked
+  layout holds ``E x M`` rows, which stops paying, and fitting, as M grows);
+* **gate**: as the rule, where the first backend in priority order that accepts the layer rejects this
+  bucket (the detail says why), or where no backend accepts it (calls of that size raise).
 
 A gate is asked at both ends of each bucket. Measured rows come in as a mapping
-``{"backend/layout": {bucket: {"us": float, "config": {...} | None}}}`` for this layer's shape
-(what ``benchmarks/moe.py`` writes); none is shipped yet.
+``{"backend/layout": {bucket: {"us": float, "config": {...} | None}}}`` for this layer's shape: the
+tuning tables' MoE rows (:mod:`fp8select.measured.moe`, written by ``fp8select tune --moe``) or rows
+given to ``prepare_moe(measured=...)``.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from fp8select.errors import UnsupportedProblemError
 from fp8select.guard import safe_verdict
 from fp8select.verdict import Candidate, Verdict
 
-__all__ = ["EXPLICIT", "MASKED_MAX_M", "MEASURED", "RULE", "MoePlan", "MoeRoute", "MoeTimes", "build_moe_plan",
+__all__ = ["EXPLICIT", "GATE", "MASKED_MAX_M", "MEASURED", "RULE", "MoePlan", "MoeRoute", "MoeTimes", "build_moe_plan",
            "route_name"]
 
-EXPLICIT, MEASURED, RULE = "explicit", "measured", "rule"
+EXPLICIT, MEASURED, RULE, GATE = "explicit", "measured", "rule", "gate"
 MASKED_MAX_M = 64
 """Largest M the rule runs DeepGEMM's masked layout at (decode batch sizes)."""
 
@@ -168,12 +171,16 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
     routes = []
     for bucket in M_BUCKETS:
         runnable: dict[str, list[str]] = {}
+        rejected: dict[str, str] = {}
         for b in accepted:
-            ok = [lay for lay in layouts[b.name]
-                  if all(_gate(b, replace(problem, m=m), caps, lay).ok for m in _probe_ms(bucket))]
+            verdicts = {lay: [_gate(b, replace(problem, m=m), caps, lay) for m in _probe_ms(bucket)]
+                        for lay in layouts[b.name]}
+            ok = [lay for lay, vs in verdicts.items() if all(v.ok for v in vs)]
             if ok:
                 runnable[b.name] = ok
-        routes.append(_route(bucket, accepted, runnable, problem, measured, explicit))
+            else:
+                rejected[b.name] = next(v.reason for vs in verdicts.values() for v in vs if not v.ok)
+        routes.append(_route(bucket, accepted, runnable, rejected, problem, measured, explicit))
     return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates),
                    explicit if explicit in layouts else None)
 
@@ -186,11 +193,12 @@ def _measured_row(measured: MoeTimes, name: str, bucket: int) -> Mapping[str, An
     return row if isinstance(row, Mapping) and isinstance(row.get("us"), int | float) else None
 
 
-def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]], problem: MoeProblem,
-           measured: MoeTimes, explicit: str | None) -> MoeRoute:
+def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]],
+           rejected: Mapping[str, str], problem: MoeProblem, measured: MoeTimes, explicit: str | None) -> MoeRoute:
     by_name = {b.name: b for b in accepted}
     if not runnable:
-        return MoeRoute(bucket, None, "", RULE, "no backend accepts this M")
+        return MoeRoute(bucket, None, "", GATE, "no backend accepts this M: " +
+                        "; ".join(f"{n}: {why}" for n, why in rejected.items()))
     if explicit is not None and explicit in runnable:
         b = by_name[explicit]
         layout = _rule_layout(b, runnable[explicit], bucket)
@@ -214,5 +222,9 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
     name = next(iter(runnable))
     b = by_name[name]
     layout = _rule_layout(b, runnable[name], bucket)
-    return MoeRoute(bucket, name, layout, RULE, "first in priority order (no measurement)",
-                    b.default_config(replace(problem, m=bucket), layout, bucket))
+    config = b.default_config(replace(problem, m=bucket), layout, bucket)
+    first = accepted[0].name
+    if first != name:
+        return MoeRoute(bucket, name, layout, GATE, f"first in priority order that accepts this M ({first}: "
+                        f"{rejected[first]})", config)
+    return MoeRoute(bucket, name, layout, RULE, "first in priority order (no measurement)", config)

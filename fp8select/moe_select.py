@@ -8,7 +8,8 @@ a MoE backend too is the MoE layer's explicit choice as well.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -18,10 +19,12 @@ from fp8select.decision import Decision
 from fp8select.errors import InvalidInputError, NoBackendError
 from fp8select.guard import safe_verdict
 from fp8select.layer import check_block_size
+from fp8select.measured.moe import MoeMeasurements
+from fp8select.measured.table import backend_versions
 from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
 from fp8select.verdict import Candidate
 
-__all__ = ["moe_chain", "moe_explicit", "moe_plan_for", "moe_verdicts"]
+__all__ = ["moe_chain", "moe_explicit", "moe_measurements", "moe_plan_for", "moe_verdicts"]
 
 
 def moe_verdicts(decision: Decision) -> tuple[tuple[MoeBackend, Candidate], ...]:
@@ -51,12 +54,24 @@ def moe_explicit(decision: Decision, chain: Sequence[MoeBackend]) -> str | None:
     return explicit if explicit is not None and any(b.name == explicit for b in chain) else None
 
 
+def moe_measurements(decision: Decision, chain: Sequence[MoeBackend],
+                     tables: Iterable[Mapping[str, Any]]) -> MoeMeasurements | None:
+    """The MoE rows of the device's tuning tables (the selection's ``tables``) for ``chain``'s backends at
+    their versions here; None when the tables hold none."""
+    caps = decision.capabilities
+    found = MoeMeasurements(tables, {b.name: backend_versions(caps, b.packages) for b in chain})
+    return found if found else None
+
+
 def moe_plan_for(decision: Decision, chain: Sequence[MoeBackend], experts: int, hidden: int, intermediate: int,
-                 top_k: int, block_size: Sequence[int] = (128, 128), measured: MoeTimes | None = None) -> MoePlan:
+                 top_k: int, block_size: Sequence[int] = (128, 128), measured: MoeTimes | None = None,
+                 table: MoeMeasurements | None = None) -> MoePlan:
     block = check_block_size(block_size)
     for name, value in (("experts", experts), ("hidden", hidden), ("intermediate", intermediate), ("top_k", top_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name}: expected a positive int, found {value!r}")
     problem = MoeProblem(experts, hidden, intermediate, top_k, block, None, torch.float8_e4m3fn, torch.bfloat16)
+    if measured is None and table is not None:
+        measured = table.times(experts, hidden, intermediate, top_k)
     return build_moe_plan(problem, chain, decision.capabilities, measured=measured,
                           explicit=moe_explicit(decision, chain))

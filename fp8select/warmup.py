@@ -9,10 +9,16 @@ runs and one ``fp8select.warmup`` event with the totals.
 
 A JIT library may pick different kernels for different M inside one bucket (DeepGEMM chooses
 its tile by M); pass the exact batch sizes your engine captures as ``ms`` to cover them all.
+
+MoE experts layers (:class:`~fp8select.moe.Fp8MoE`, or a :class:`~fp8select.nn.BlockFp8MoE` in the
+module) are warmed the same way, per distinct shape and plan, with uniform random top-k routing at the
+plan's top-k: every kernel a route of the plan launches (DeepGEMM's masked and contiguous GEMMs, the
+Triton kernels at each bucket's configuration) is compiled before an engine captures its decode buckets.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +30,9 @@ import torch
 from fp8select._log import get_logger
 from fp8select.buckets import bucket_range
 from fp8select.errors import InvalidDtypeError, InvalidInputError
+from fp8select.kernels.moe_routing import uniform_routing
 from fp8select.layer import Fp8Linear
+from fp8select.moe import Fp8MoE
 
 __all__ = ["WarmupReport", "warmup"]
 
@@ -37,18 +45,21 @@ class WarmupReport:
     seconds: float
 
 
-def _layers(target: Any) -> list[Fp8Linear]:
-    if isinstance(target, Fp8Linear):
+Layer = Fp8Linear | Fp8MoE
+
+
+def _layers(target: Any) -> list[Layer]:
+    if isinstance(target, Layer):
         return [target]
     if isinstance(target, torch.nn.Module):
-        found = [getattr(m, "fp8_layer", None) for m in target.modules()]
-        return [layer for layer in found if isinstance(layer, Fp8Linear)]
+        found = [getattr(m, name, None) for m in target.modules() for name in ("fp8_layer", "fp8_moe")]
+        return [layer for layer in found if isinstance(layer, Layer)]
     if isinstance(target, Iterable) and not isinstance(target, (str, bytes)):
         items = list(target)
-        if all(isinstance(t, Fp8Linear) for t in items):
+        if all(isinstance(t, Layer) for t in items):
             return items
-    raise InvalidDtypeError(f"target: expected an Fp8Linear, an iterable of them or an nn.Module holding them, "
-                            f"found {type(target).__name__}")
+    raise InvalidDtypeError(f"target: expected an Fp8Linear or Fp8MoE, an iterable of them or an nn.Module holding "
+                            f"them, found {type(target).__name__}")
 
 
 def _device_bytes(device: torch.device) -> int | None:
@@ -63,19 +74,33 @@ def _device_bytes(device: torch.device) -> int | None:
     return None
 
 
-def _check_fits(layer: Fp8Linear, m: int, dtype: torch.dtype) -> None:
+def _check_fits(layer: Layer, m: int, dtype: torch.dtype) -> None:
     """A typed error, before anything is allocated, for an M whose activation and output alone would
     not fit in the layer's device: no call of the layer could have that many rows."""
     total = _device_bytes(layer.device)
-    out_size = (layer.out_dtype or dtype).itemsize
-    need = m * (layer.k * dtype.itemsize + layer.n * out_size)
+    if isinstance(layer, Fp8MoE):
+        need, shape = 2 * m * layer.hidden * dtype.itemsize, f"H={layer.hidden}"
+    else:
+        need, shape = m * (layer.k * dtype.itemsize + layer.n * (layer.out_dtype or dtype).itemsize), \
+            f"N={layer.n}, K={layer.k}"
     if total is not None and need > total:
         raise InvalidInputError(f"ms: expected sizes whose activation and output fit in {layer.device} "
-                                f"({total / 2**30:.1f} GiB), found M={m}: {need / 2**30:.1f} GiB for N={layer.n}, "
-                                f"K={layer.k}")
+                                f"({total / 2**30:.1f} GiB), found M={m}: {need / 2**30:.1f} GiB for {shape}")
 
 
-def _default_ms(layer: Fp8Linear) -> list[int]:
+def _same(layer: Layer) -> tuple[Any, ...]:
+    """What makes two layers run the same kernels: shape, dtypes, device and plan."""
+    if isinstance(layer, Fp8MoE):
+        plan = json.dumps(layer.main_plan.to_dict(), sort_keys=True, default=str)
+        return ("moe", layer.experts, layer.hidden, layer.intermediate, layer.block_size, str(layer.device), plan)
+    return (layer.n, layer.k, layer.block_size, layer.weight_dtype, str(layer.device), layer.main_plan.fingerprint())
+
+
+def _width(layer: Layer) -> int:
+    return layer.hidden if isinstance(layer, Fp8MoE) else layer.k
+
+
+def _default_ms(layer: Layer) -> list[int]:
     ms: set[int] = set()
     for route in layer.main_plan.routes:
         if route.backend is None:
@@ -95,25 +120,29 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
     if ms is not None:
         for layer in layers:
             _check_fits(layer, max(ms), dtype)
-    distinct: dict[tuple[Any, ...], Fp8Linear] = {}
+    distinct: dict[tuple[Any, ...], Layer] = {}
     for layer in layers:
-        same = (layer.n, layer.k, layer.block_size, layer.weight_dtype, str(layer.device), layer.main_plan.fingerprint())
-        distinct.setdefault(same, layer)
+        distinct.setdefault(_same(layer), layer)
     todo = [(layer, m) for layer in distinct.values() for m in (ms or _default_ms(layer))]
     log = get_logger()
     start = last = time.perf_counter()
     rows: dict[tuple[int, str], int] = {}
     for layer, m in todo:
-        key = (layer.k, str(layer.device))
+        key = (_width(layer), str(layer.device))
         rows[key] = max(rows.get(key, 0), m)
-    inputs: dict[tuple[int, str], torch.Tensor] = {}  # one activation per K and device, sliced per M
+    inputs: dict[tuple[int, str], torch.Tensor] = {}  # one activation per K (H) and device, sliced per M
     for done, (layer, m) in enumerate(todo, 1):
-        key = (layer.k, str(layer.device))
+        key = (_width(layer), str(layer.device))
         if key not in inputs:
-            inputs[key] = torch.randn(rows[key], layer.k, device=layer.device, dtype=dtype)
+            inputs[key] = torch.randn(rows[key], key[0], device=layer.device, dtype=dtype)
         x = inputs[key]
         with torch.no_grad():
-            layer.forward(x[:m])
+            if isinstance(layer, Fp8MoE):
+                top_k = layer.main_plan.problem.top_k or 1
+                weights, ids = uniform_routing(m, min(top_k, layer.experts), layer.experts, layer.device)
+                layer.forward(x[:m], weights, ids)
+            else:
+                layer.forward(x[:m])
         now = time.perf_counter()
         if now - last >= every_s:
             last = now

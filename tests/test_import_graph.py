@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fp8select.measure*",),                                             # timing, bench, tune, load-time measuring
     ("fp8select.resolver",),                                             # resolve(): facts to a settled Selection
     ("fp8select.nn", "fp8select.integrations*"),                         # modules that resolve when not given one
-    ("fp8select.cli", "fp8select.__main__", "fp8select._docs", "fp8select"),  # the command line, the package
+    ("fp8select.cli", "fp8select.cli_moe", "fp8select.cli_files", "fp8select.__main__", "fp8select._docs",
+     "fp8select"),                                                       # the command line, the package
 )
 MEASUREMENT = {"fp8select.measure.bench", "fp8select.measure.tune", "fp8select.measure.loadtime"}
 CALL_PATH = ("fp8select.layer", "fp8select.ops", "fp8select.plan", "fp8select.moe", "fp8select.moe_ops",

@@ -219,3 +219,72 @@ def test_module_loads_a_state_dict_and_compiles(problem) -> None:  # type: ignor
     for m in (5, 9):
         w, ids = random_routing(m, K, E, seed=m)
         assert torch.equal(compiled(_x(m), w, ids), module(_x(m), w, ids) * 2)
+
+
+class _DecodeOnly(ReferenceMoe):
+    name = "decode-only"
+
+    def supports(self, problem, caps, layout):  # type: ignore[no-untyped-def]
+        verdict = super().supports(problem, caps, layout)
+        if verdict.ok and problem.m is not None and problem.m > 64:
+            return type(verdict).reject(f"requires M <= 64, found M={problem.m}")
+        return verdict
+
+
+def test_a_bucket_the_first_backend_rejects_is_routed_by_the_gate_saying_why() -> None:
+    from fp8select.moe_plan import GATE
+
+    problem = MoeProblem(E, H, INTER, K)
+    plan = build_moe_plan(problem, [_DecodeOnly(), ReferenceMoe()], CPU)
+    assert (plan.route(64).backend, plan.route(64).why) == ("decode-only", RULE)
+    route = plan.route(65)
+    assert (route.backend, route.why) == ("reference", GATE) and "decode-only: requires M <= 64, found M=65" in route.detail
+    alone = build_moe_plan(problem, [_DecodeOnly()], CPU)
+    assert alone.route(65).backend is None and alone.route(65).why == GATE
+    assert "no backend accepts this M: decode-only: requires M <= 64" in alone.route(65).detail
+    assert "M >= 65        -                          gate" in alone.describe()
+
+
+def test_warmup_runs_each_distinct_moe_layer_at_every_route_once(problem, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from fp8select.moe import Fp8MoE
+    from fp8select.warmup import warmup
+
+    sel = resolve(CPU, plugins=False)
+    twins = [sel.prepare_moe(*problem.weights(), top_k=K) for _ in range(2)]
+    module = BlockFp8MoE(E, H, INTER, selection=sel, top_k=K, device="meta")
+    w13, s13, w2, s2 = problem.weights()
+    module.load_state_dict({"w13_weight": w13, "w13_weight_scale_inv": s13, "w2_weight": w2,
+                            "w2_weight_scale_inv": s2}, assign=True)
+    ran: list[tuple[int, int, bool]] = []
+    real = Fp8MoE.forward
+
+    def spy(self, x, weights, ids):  # type: ignore[no-untyped-def]
+        distinct = all(len(set(row)) == K for row in ids.tolist())
+        ran.append((id(self), x.shape[0], distinct and tuple(ids.shape) == (x.shape[0], K)))
+        return real(self, x, weights, ids) if x.shape[0] <= 64 else x
+
+    monkeypatch.setattr(Fp8MoE, "forward", spy)
+    report = warmup([*twins, twins[1]], ms=[1, 3, 64])
+    assert (report.layers, report.distinct, report.calls) == (3, 1, 3)
+    assert [(m, ok) for _, m, ok in ran] == [(1, True), (3, True), (64, True)]
+    ran.clear()
+    report = warmup(torch.nn.Sequential(module))  # a module holding a BlockFp8MoE: both ends of every bucket
+    assert report.layers == 1 and {m for _, m, _ in ran} == {1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129,
+                                                            256, 257, 512, 513, 1024, 1025, 2048, 2049, 4096,
+                                                            4097, 8192}
+    with pytest.raises(InvalidInputError, match="H=256"):
+        warmup(twins[0], ms=[10**13])
+
+
+def test_the_fast_path_and_the_checked_path_agree(moe, problem) -> None:  # type: ignore[no-untyped-def]
+    w, ids = random_routing(6, K, E, seed=9)
+    x = _x(6)
+    y = moe(x, w, ids)
+    strided = torch.empty(H, 6, dtype=x.dtype).t().copy_(x)  # not contiguous: the checked path
+    assert not strided.is_contiguous() and torch.equal(moe(strided, w, ids), y)
+    wanting = x.clone().requires_grad_()
+    out = moe(wanting, w, ids)
+    assert out.grad_fn is None and torch.equal(out, y)
+    with pytest.raises(InvalidInputError, match=r"found \[4, 4, 4, 4\]"):  # k = 1: the range check alone
+        moe(x, w[:, :1].contiguous(), torch.full((6, 1), E, dtype=torch.int32))
+    assert torch.equal(moe(x[:1], w[:1, :1].contiguous(), torch.full((1, 1), -1)), torch.zeros_like(x[:1]))

@@ -140,3 +140,20 @@ def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
         MoeTritonConfig.from_dict({"BLOCK_M": 16})
     config = default_config(64, 8, 32)
     assert MoeTritonConfig.from_dict(config.to_dict()) == config
+
+
+def test_tune_moe_times_the_triton_configurations_through_the_real_kernels(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The tuner binds each candidate configuration of the rule's neighbourhood, checks it against the
+    reference and keeps the fastest (the clock faked: the interpreter has no CUDA graphs)."""
+    from fp8select.kernels.moe_config import tuning_configs
+    from fp8select.measure import timing, tune_moe
+    from fp8select.measure.timing import Timing
+
+    alone = iter([5.0, 3.0])
+    monkeypatch.setattr(timing, "time_graph", lambda calls, replays=50, **kw: Timing(*(next(alone),) * 3))
+    monkeypatch.setattr(timing, "time_graphs", lambda cols, replays=50, **kw: {c: Timing(1.0, 1.0, 1.0) for c in cols})
+    sel = resolve(CPU_TRITON, plugins=False, tuning=False)
+    table, rows = tune_moe.tune_moe(sel, [(4, 256, 128, 2)], ms=(1,), max_configs=2, device="cpu")
+    checked = [r for r in rows if "rel_err" in r]
+    assert len(checked) == 2 and all(r["rel_err"] < 1e-2 for r in checked)
+    assert table["moe"][0]["shapes"]["4,256,128,2"]["1"]["config"] == tuning_configs(1, 2, 4)[1].to_dict()

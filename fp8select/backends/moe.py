@@ -109,6 +109,10 @@ class MoeBackend:
         """A measured row's ``config`` in the form :meth:`bind` takes."""
         return None
 
+    def tuning_configs(self, problem: MoeProblem, layout: str, bucket: int) -> list[Any]:
+        """The configurations ``tune --moe`` times for one bucket, the default first (here: the default only)."""
+        return [self.default_config(problem, layout, bucket)]
+
     def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
         """Load-time layout work; the default keeps the checkpoint's tensors."""
         return weights
@@ -157,6 +161,11 @@ class TritonMoe(MoeBackend):
         from fp8select.kernels.moe_config import MoeTritonConfig
 
         return MoeTritonConfig.from_dict(config)
+
+    def tuning_configs(self, problem: MoeProblem, layout: str, bucket: int) -> list[Any]:
+        from fp8select.kernels.moe_config import tuning_configs
+
+        return tuning_configs(bucket, problem.top_k or 1, problem.experts)
 
     def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
         from fp8select.kernels.moe_triton import TritonExperts

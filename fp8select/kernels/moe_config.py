@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["GATE_UP_BLOCK_N", "MoeTritonConfig", "default_config"]
+__all__ = ["GATE_UP_BLOCK_N", "MoeTritonConfig", "default_config", "tuning_configs"]
 
 GATE_UP_BLOCK_N = 128
 """Columns of gate (and of up) per gate-up program: one activation scale group."""
@@ -105,3 +105,22 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     if per_expert <= 32:
         return MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
     return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=quant)
+
+
+def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
+    """What ``tune --moe`` times at ``m`` tokens, most likely first: the rule's configuration, then its
+    neighbours one step away (the row tile halved and doubled, the other warp count, the other
+    quantization placement, one pipeline stage more or fewer), each distinct."""
+    base = default_config(m, top_k, experts)
+    steps = [{"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
+             {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
+             {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
+    out = [base]
+    for step in steps:
+        try:
+            config = MoeTritonConfig(**{**base.to_dict(), **step})
+        except ValueError:  # a step past a bound (BLOCK_M below 16)
+            continue
+        if config.BLOCK_M <= 128 and config not in out:  # 128 rows: tune may time it, the rule leaves it out
+            out.append(config)
+    return out

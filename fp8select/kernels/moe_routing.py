@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Routing", "block_capacity", "masked_rows", "route", "row_of_slot"]
+__all__ = ["Routing", "block_capacity", "masked_rows", "route", "row_of_slot", "uniform_routing"]
 
 
 def block_capacity(slots: int, experts: int, block_m: int) -> int:
@@ -110,3 +110,13 @@ def _slot_expert(routing: Routing) -> torch.Tensor:
     row_expert = routing.block_expert.to(torch.int64).repeat_interleave(routing.block_m)
     expert.scatter_(0, routing.slot_ids.to(torch.int64), row_expert.clamp(min=0))
     return expert[: routing.slots]
+
+
+def uniform_routing(m: int, k: int, e: int, device: torch.device | str,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(topk_weights fp32 [M, k], topk_ids int32 [M, k])``: each token's ``k`` experts distinct and drawn
+    uniformly (the top-k of uniform noise), weights a softmax of random logits over them."""
+    noise = torch.rand(m, e, generator=generator, device=device)
+    ids = noise.topk(k, dim=1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(m, k, generator=generator, device=device), dim=1)
+    return weights, ids

@@ -13,9 +13,13 @@ FlashInfer and leaves the Triton and cuBLAS groups valid::
 
 ``shapes`` maps ``"N,K"`` to M buckets (:mod:`fp8select.buckets`) to the whole-op median
 time in microseconds and, for backends with launch parameters (Triton), the configuration
-measured. A table is a cache: :func:`load_table` returns None with exactly one
-:class:`TuningCacheWarning` for anything unusable (corrupt, truncated, another device, an
-unknown schema) and never raises; :func:`save_table` replaces the file atomically.
+measured. An optional ``moe`` list holds MoE experts layers the same way, each entry also naming
+its ``layout``, with ``"E,H,I,k"`` shape keys (:mod:`fp8select.measured.moe`); a table without one
+is as before (fp8select versions before the ``moe`` key reject a table that has it).
+
+A table is a cache: :func:`load_table` returns None with exactly one :class:`TuningCacheWarning`
+for anything unusable (corrupt, truncated, another device, an unknown schema) and never raises;
+:func:`save_table` replaces the file atomically.
 :func:`check_table` gives the same checks as a typed error, for tables handed in as mappings.
 Pure Python: no torch, no triton.
 """
@@ -46,6 +50,7 @@ __all__ = [
     "backend_versions",
     "cache_dir",
     "check_table",
+    "group_key",
     "load_table",
     "merge_tables",
     "new_table",
@@ -60,7 +65,7 @@ ENV_CACHE_DIR = "FP8SELECT_CACHE_DIR"
 ENV_TABLE = "FP8SELECT_TUNING_TABLE"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data"
 _TOP_KEYS = ("schema", "device_name", "groups")
-_OPTIONAL_TOP_KEYS = ("note",)
+_OPTIONAL_TOP_KEYS = ("note", "moe")
 _BUCKETS = frozenset(str(b) for b in M_BUCKETS)
 
 
@@ -118,7 +123,7 @@ def _positive_int(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0
 
 
-def _check_row(where: str, backend: str, row: object) -> str | None:
+def _check_row(where: str, backend: str, row: object, moe: bool = False) -> str | None:
     if not isinstance(row, dict):
         return f"{where}: expected an object, found {type(row).__name__}"
     unknown = sorted(set(row) - {"us", "config"})
@@ -131,47 +136,52 @@ def _check_row(where: str, backend: str, row: object) -> str | None:
     if config is not None:
         if not isinstance(config, dict):
             return f"{where}.config: expected an object or null, found {config!r}"
-        problem = _config_problem(backend, config)
+        problem = _config_problem(backend, config, moe)
         if problem is not None:
             return f"{where}.config: {problem}"
     return None
 
 
-def _config_problem(backend: str, config: Mapping[str, Any]) -> str | None:
+def _config_problem(backend: str, config: Mapping[str, Any], moe: bool = False) -> str | None:
     """Why a launch configuration is invalid for ``backend`` (only Triton has them), or None."""
     if backend != "triton":
         return f"expected no configuration for backend {backend!r}, found one"
-    from fp8select.kernels.triton_config import TritonConfig  # pure python
+    from fp8select.kernels.moe_config import MoeTritonConfig  # pure python
+    from fp8select.kernels.triton_config import TritonConfig
 
     try:
-        TritonConfig.from_dict(config)
+        (MoeTritonConfig if moe else TritonConfig).from_dict(config)
     except (ValueError, TypeError) as exc:
         return str(exc)
     return None
 
 
-def _check_group(where: str, group: object) -> str | None:
+def _check_group(where: str, group: object, moe: bool = False) -> str | None:
     if not isinstance(group, dict):
         return f"{where}: expected an object, found {type(group).__name__}"
-    if set(group) != {"backend", "versions", "shapes"}:
-        return f"{where}: expected keys 'backend', 'versions', 'shapes', found {sorted(map(str, group))}"
+    keys = ("backend", "layout", "versions", "shapes") if moe else ("backend", "versions", "shapes")
+    if set(group) != set(keys):
+        return f"{where}: expected keys {', '.join(map(repr, keys))}, found {sorted(map(str, group))}"
     backend, versions, shapes = group["backend"], group["versions"], group["shapes"]
     if not isinstance(backend, str) or not backend:
         return f"{where}.backend: expected a backend name, found {backend!r}"
+    if moe and (not isinstance(group["layout"], str) or not group["layout"]):
+        return f"{where}.layout: expected a layout name, found {group['layout']!r}"
     if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
         return f"{where}.versions: expected an object of version strings, found {versions!r}"
     if not isinstance(shapes, dict):
         return f"{where}.shapes: expected an object, found {type(shapes).__name__}"
     for shape, buckets in shapes.items():
         parts = shape.split(",") if isinstance(shape, str) else []
-        if len(parts) != 2 or not all(_positive_int(p) for p in parts):
-            return f"{where}.shapes: expected keys 'N,K' with positive integers, found {shape!r}"
+        if len(parts) != (4 if moe else 2) or not all(_positive_int(p) for p in parts):
+            expected = "'E,H,I,k'" if moe else "'N,K'"
+            return f"{where}.shapes: expected keys {expected} with positive integers, found {shape!r}"
         if not isinstance(buckets, dict):
             return f"{where}.shapes[{shape!r}]: expected an object of M buckets, found {type(buckets).__name__}"
         for bucket, row in buckets.items():
             if bucket not in _BUCKETS:
                 return f"{where}.shapes[{shape!r}]: expected M buckets 1, 2, 4, ..., 8192, found {bucket!r}"
-            problem = _check_row(f"{where}.shapes[{shape!r}][{bucket!r}]", backend, row)
+            problem = _check_row(f"{where}.shapes[{shape!r}][{bucket!r}]", backend, row, moe)
             if problem is not None:
                 return problem
     return None
@@ -200,6 +210,13 @@ def validate_table(table: object) -> str | None:
         problem = _check_group(f"groups[{i}]", group)
         if problem is not None:
             return problem
+    entries = table.get("moe", [])
+    if not isinstance(entries, list):
+        return f"moe: expected a list, found {type(entries).__name__}"
+    for i, entry in enumerate(entries):
+        problem = _check_group(f"moe[{i}]", entry, moe=True)
+        if problem is not None:
+            return problem
     return None
 
 
@@ -214,19 +231,28 @@ def check_table(table: object, parameter: str = "tuning") -> dict[str, Any]:
     return table
 
 
+def group_key(group: Mapping[str, Any]) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """What identifies a group (or ``moe`` entry) of a table: backend, layout ("" for dense groups), versions."""
+    return group["backend"], group.get("layout", ""), tuple(sorted(group["versions"].items()))
+
+
 def merge_tables(base: Mapping[str, Any], newer: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``newer``'s rows added, ``newer`` winning where both have a row for the same
-    backend, versions, shape and bucket (both tables of one device)."""
+    backend (and layout), versions, shape and bucket (both tables of one device); dense groups and
+    MoE entries alike."""
     merged = json.loads(json.dumps(dict(base)))
-    index = {(g["backend"], tuple(sorted(g["versions"].items()))): g for g in merged["groups"]}
-    for group in newer["groups"]:
-        key = (group["backend"], tuple(sorted(group["versions"].items())))
-        into = index.get(key)
-        if into is None:
-            into = index[key] = {"backend": group["backend"], "versions": dict(group["versions"]), "shapes": {}}
-            merged["groups"].append(into)
-        for shape, buckets in group["shapes"].items():
-            into["shapes"].setdefault(shape, {}).update(json.loads(json.dumps(buckets)))
+    for section in ("groups", "moe"):
+        if not newer.get(section):
+            continue
+        into_list = merged.setdefault(section, [])
+        index = {group_key(g): g for g in into_list}
+        for group in newer[section]:
+            into = index.get(group_key(group))
+            if into is None:
+                into = index[group_key(group)] = {**json.loads(json.dumps(group)), "shapes": {}}
+                into_list.append(into)
+            for shape, buckets in group["shapes"].items():
+                into["shapes"].setdefault(shape, {}).update(json.loads(json.dumps(buckets)))
     return merged
 
 

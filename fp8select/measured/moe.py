@@ -1,0 +1,130 @@
+"""MoE experts layers in the tuning tables: their shapes, and the rows their plans read.
+
+A table's optional ``moe`` list holds the whole-experts-op times (:mod:`fp8select.measured.table`
+checks it), one entry per backend, layout and the versions that backend's speed depends on::
+
+    "moe": [{"backend": "deepgemm", "layout": "masked", "versions": {..., "deep_gemm": "2.6.1"},
+             "shapes": {"32,7168,2048,8": {"1": {"us": 61.2}, ...}}},
+            {"backend": "triton", "layout": "sorted", "versions": {...},
+             "shapes": {"32,7168,2048,8": {"1": {"us": 70.4, "config": {"BLOCK_M": 16, ...}}}}}]
+
+A shape key is ``"E,H,I,k"`` (experts, hidden, intermediate, top-k); buckets are the dense layers'.
+:class:`MoeMeasurements` indexes a device's tables once (later tables winning on equal keys) and
+answers, per layer shape, the rows :func:`fp8select.moe_plan.build_moe_plan` takes. As for the dense
+layers, a backend's rows at the versions installed here are used, else those of the other versions
+with the most rows (and ``describe`` says so). A shape never measured has no rows: its plan follows
+the rule. Pure Python.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fp8select.errors import InvalidInputError
+
+__all__ = ["MOE_SHAPES", "MoeMeasurements", "moe_shape_key", "parse_moe_shape", "parse_moe_shapes"]
+
+MoeShape = tuple[int, int, int, int]
+
+MOE_SHAPES: dict[str, MoeShape] = {
+    "deepseek-v3-e8": (8, 7168, 2048, 8),
+    "deepseek-v3-e32": (32, 7168, 2048, 8),
+    "deepseek-v3-e256": (256, 7168, 2048, 8),
+    "qwen3-30b-a3b": (128, 2048, 768, 8),
+    "qwen3-235b-a22b": (128, 4096, 1536, 8),
+}
+"""The MoE layers the shipped tables hold, ``(E, H, I, k)``: DeepSeek-V3's routed experts per rank
+(256 experts over 32, 8 and 1 ranks of expert parallelism; hidden 7168, moe_intermediate 2048, 8 per
+token) and Qwen3-MoE's (config.json: 128 experts, 8 per token; 30B-A3B hidden 2048, moe_intermediate
+768; 235B-A22B 4096, 1536). ``all`` names every one."""
+
+
+def moe_shape_key(experts: int, hidden: int, intermediate: int, top_k: int) -> str:
+    return f"{experts},{hidden},{intermediate},{top_k}"
+
+
+def parse_moe_shape(text: str, what: str = "--moe") -> MoeShape:
+    """``"E,H,I,k"`` (four positive integers) or a name of :data:`MOE_SHAPES`; a typed error otherwise."""
+    name = text.strip().lower()
+    if name in MOE_SHAPES:
+        return MOE_SHAPES[name]
+    parts = [p for p in re.split(r"[,x ]+", name) if p]
+    if len(parts) == 4 and all(p.isascii() and p.isdigit() and len(p) <= 9 and int(p) > 0 for p in parts):
+        e, h, i, k = (int(p) for p in parts)
+        if k <= e:
+            return e, h, i, k
+    raise InvalidInputError(f"{what} {text!r}: expected E,H,I,k (experts, hidden, intermediate, top-k: positive "
+                            f"integers, k <= E) or one of {', '.join(MOE_SHAPES)}")
+
+
+def parse_moe_shapes(text: str, what: str = "--moe") -> list[MoeShape]:
+    """Names (``all``: every one of :data:`MOE_SHAPES`) and ``E,H,I,k`` groups, separated by ``;``, spaces
+    or commas between names: ``deepseek-v3-e32,qwen3-30b-a3b``, ``all``, ``64,4096,1024,6;all``."""
+    shapes: list[MoeShape] = []
+    for chunk in (c for c in re.split(r"[; ]+", text.strip()) if c):
+        tokens = chunk.split(",")
+        while tokens:
+            if tokens[0].strip().lower() == "all":
+                shapes.extend(MOE_SHAPES.values())
+                tokens = tokens[1:]
+            elif tokens[0].strip().lower() in MOE_SHAPES:
+                shapes.append(MOE_SHAPES[tokens[0].strip().lower()])
+                tokens = tokens[1:]
+            else:
+                shapes.append(parse_moe_shape(",".join(tokens[:4]), what))
+                tokens = tokens[4:]
+    if not shapes:
+        raise InvalidInputError(f"{what}: expected MoE shapes (E,H,I,k or {', '.join(MOE_SHAPES)}, all), found {text!r}")
+    return list(dict.fromkeys(shapes))
+
+
+@dataclass(frozen=True)
+class _RouteRows:
+    versions: Mapping[str, str]
+    exact: bool
+    shapes: Mapping[str, Mapping[int, Mapping[str, Any]]]
+
+
+class MoeMeasurements:
+    """The MoE rows of one device's tables, per ``backend/layout`` (immutable once built)."""
+
+    def __init__(self, tables: Iterable[Mapping[str, Any]], installed: Mapping[str, Mapping[str, str]]) -> None:
+        """``tables``: valid tables of one device, later ones winning; ``installed``: per backend name, the
+        versions found here (:func:`~fp8select.measured.table.backend_versions`)."""
+        groups: dict[str, dict[tuple[tuple[str, str], ...], dict[str, dict[int, Mapping[str, Any]]]]] = {}
+        for table in tables:
+            for entry in table.get("moe", ()):
+                route = f"{entry['backend']}/{entry['layout']}"
+                shapes = groups.setdefault(route, {}).setdefault(tuple(sorted(entry["versions"].items())), {})
+                for shape, buckets in entry["shapes"].items():
+                    shapes.setdefault(shape, {}).update({int(b): dict(r) for b, r in buckets.items()})
+        self._rows: dict[str, _RouteRows] = {}
+        for route, by_versions in groups.items():
+            here = tuple(sorted(installed.get(route.split("/", 1)[0], {}).items()))
+            exact = here in by_versions
+            key = here if exact else max(by_versions, key=lambda v: sum(len(b) for b in by_versions[v].values()))
+            self._rows[route] = _RouteRows(dict(key), exact, by_versions[key])
+
+    def __bool__(self) -> bool:
+        return bool(self._rows)
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        return tuple(sorted(self._rows))
+
+    def times(self, experts: int, hidden: int, intermediate: int, top_k: int) -> dict[str, dict[int, Mapping[str, Any]]]:
+        """The rows of one layer shape: ``"backend/layout"`` -> bucket -> ``{"us", "config"?}`` (empty: none)."""
+        key = moe_shape_key(experts, hidden, intermediate, top_k)
+        return {route: dict(rows.shapes[key]) for route, rows in self._rows.items() if rows.shapes.get(key)}
+
+    def describe(self) -> str:
+        """One line per backend/layout: how many MoE shapes, and at which versions."""
+        lines = []
+        for route, rows in sorted(self._rows.items()):
+            which = "installed versions" if rows.exact else \
+                "other versions (" + ", ".join(f"{k} {v}" for k, v in sorted(rows.versions.items())) + ")"
+            lines.append(f"{route}: {len(rows.shapes)} MoE shapes measured, {which}")
+        return "\n".join(lines)

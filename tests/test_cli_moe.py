@@ -1,0 +1,101 @@
+"""``explain``'s MoE section and ``--moe E,H,I,k`` plans (text and JSON), on replayed snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from matrix import MATRIX
+
+from fp8select.cli import main
+from fp8select.measured.table import new_table
+
+DG_MOE = dataclasses.replace(MATRIX["h200-deepgemm"][0], package_symbols={
+    "deep_gemm": ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["explain", "--no-plugins", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def h200(tmp_path: Path) -> Path:
+    path = tmp_path / "h200.json"
+    path.write_text(DG_MOE.to_json())
+    return path
+
+
+def test_explain_lists_every_moe_backend_with_its_verdict(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
+    code, out, _ = run(capsys, "--capabilities", str(h200))
+    assert code == 0
+    section = out[out.index("MoE experts backends"):]
+    rows = {line.split()[1]: line for line in section.splitlines() if line[:4].strip().isdigit()}
+    assert set(rows) == {"deepgemm", "cuda-scaled-grouped-mm", "triton", "reference"}
+    assert " ok " in rows["deepgemm"] and "contiguous/masked" in rows["deepgemm"]
+    assert "rejected" in rows["cuda-scaled-grouped-mm"] and "functional" in rows["cuda-scaled-grouped-mm"].lower()
+    assert "MoE chain: deepgemm -> triton -> reference" in section
+    assert "MoE measurements: none for this device" in section
+    code, out, _ = run(capsys)  # this machine (a CPU): DeepGEMM rejected, saying why
+    assert code == 0 and "requires device cuda, found cpu" in out[out.index("MoE experts backends"):]
+
+
+def test_explain_moe_prints_a_plan_per_m_range_with_the_reason(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "deepseek-v3-e32", "--moe", "8,7168,200,8")
+    assert code == 0
+    assert "MoE plan for E=32, H=7168, I=2048, k=8" in out
+    assert "M 1-64         deepgemm/masked            rule" in out
+    assert "M >= 65        deepgemm/contiguous        rule" in out
+    odd = out[out.index("MoE plan for E=8, H=7168, I=200"):]
+    assert "triton/sorted" in odd and "not for this layer: deepgemm: requires I % 128 == 0" in odd
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "32,7168,2048,8", "--json")
+    data = json.loads(out)["moe"]
+    assert data["chain"] == ["deepgemm", "triton", "reference"]
+    routes = data["plans"][0]["routes"]
+    assert [r["layout"] for r in routes[:7]] == ["masked"] * 7 and routes[7]["layout"] == "contiguous"
+    assert {r["why"] for r in routes} == {"rule"}
+
+
+def test_explain_moe_reads_the_tables_moe_rows(capsys: pytest.CaptureFixture[str], h200: Path, tmp_path: Path) -> None:
+    table = new_table(DG_MOE.device_name or "")
+    triton = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
+    versions = {"torch": DG_MOE.torch_version, "cuda": DG_MOE.cuda_version or ""}
+    table["moe"] = [{"backend": "triton", "layout": "sorted", "versions": versions,
+                     "shapes": {"32,7168,2048,8": {"1": {"us": 50.0, "config": triton}, "2": {"us": 90.0, "config": triton}}}},
+                    {"backend": "deepgemm", "layout": "masked", "versions": {**versions, "deep_gemm": "2.6.1"},
+                     "shapes": {"32,7168,2048,8": {"1": {"us": 60.0}, "2": {"us": 61.0}}}}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--set", f"env.FP8SELECT_TUNING_TABLE={path}",
+                       "--moe", "deepseek-v3-e32")
+    assert code == 0
+    assert "triton/sorted: 1 MoE shapes measured" in out
+    plan = out[out.index("MoE plan for"):]
+    assert ("M 1            triton/sorted              measured  [moe 16x128 w4 s4 qk] measured 50.0 us "
+            "(others: deepgemm/masked 60.0 us)") in plan
+    assert "M 2            deepgemm/masked            measured" in plan
+    assert "M 3-64         deepgemm/masked            rule" in plan
+
+
+def test_an_explicit_choice_runs_every_bucket(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--backend", "triton", "--moe", "4,256,128,2")
+    assert code == 0 and "MoE plan for E=4, H=256, I=128, k=2 (explicit choice: triton)" in out
+    routes = out[out.index("MoE plan for"):].splitlines()[1:]
+    assert routes and all("triton/sorted" in line and " explicit " in line for line in routes)
+
+
+@pytest.mark.parametrize("text", ["1,2,3", "a,b,c,d", "4,256,128,8", "deepseek-v4", "0,256,128,2"])
+def test_malformed_moe_shapes_get_one_line(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    code, out, err = run(capsys, "--moe", text)
+    assert code == 2 and out == "" and err.startswith("fp8select: error: --moe") and len(err.splitlines()) == 1
+
+
+def test_no_moe_backend_is_an_error_with_every_verdict(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
+    off = ("--capabilities", str(h200), "--disable", "reference,triton,deepgemm")
+    code, out, err = run(capsys, *off, "--moe", "4,256,128,2")
+    assert code == 1 and "MoE experts layers" in err and "disabled" in err
+    code, out, _ = run(capsys, *off)
+    assert code == 0 and "MoE chain: none" in out

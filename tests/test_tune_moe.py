@@ -1,0 +1,221 @@
+"""``tune --moe`` on the CPU, with the CUDA-graph timer replaced by a fake clock: what is measured and
+skipped, the ``moe`` rows of the table, and that a table's rows make a MoE layer's plan pick the winner."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from fp64_moe_reference import random_moe
+from matrix import MATRIX
+
+from fp8select import InvalidInputError, resolve
+from fp8select import moe_select as moe_select_module
+from fp8select.backends.moe import ReferenceMoe
+from fp8select.kernels.moe_config import default_config, tuning_configs
+from fp8select.kernels.moe_routing import uniform_routing
+from fp8select.measure import timing, tune_moe
+from fp8select.measure.timing import Timing
+from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
+from fp8select.measured.table import merge_tables, new_table, validate_table
+from fp8select.moe_plan import MEASURED
+
+CPU = MATRIX["cpu-only"][0]
+E, H, INTER, K = 4, 256, 128, 2
+SHAPE = (E, H, INTER, K)
+KEY = "4,256,128,2"
+RAN: list[tuple[str, int]] = []
+
+
+class Clocked(ReferenceMoe):
+    """Reference math; the launches record which route ran at which M, so the fake clock can time it."""
+
+    requires = ()
+    layouts: ClassVar[tuple[str, ...]] = ("a", "b")
+    broken: ClassVar[str] = ""
+
+    def bind(self, prepared: Any, layout: str, config: Any, caps: Any) -> Any:
+        inner = super().bind(prepared, layout, config, caps)
+
+        def launch(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            RAN.append((f"{self.name}/{layout}", x.shape[0]))
+            y = inner(x, w, ids)
+            return y * 2 if f"{self.name}/{layout}" == self.broken else y
+
+        return launch
+
+
+class Fast(Clocked):
+    name = "fast"
+
+
+class Slow(Clocked):
+    name = "slow"
+    layouts = ("sorted",)
+
+
+TIMES = {"fast/a": lambda m: 1.0 if m <= 8 else 9.0, "fast/b": lambda m: 2.0, "slow/sorted": lambda m: 5.0}
+
+
+def fake_clock(columns: Any, replays: int = 50, **kw: Any) -> dict[str, Timing]:
+    out = {}
+    for column, calls in columns.items():
+        calls[0]()
+        name, m = RAN[-1]
+        t = TIMES[name](m)
+        out[column] = Timing(t, t, t)
+    return out
+
+
+@pytest.fixture
+def clocked(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(timing, "time_graphs", fake_clock)
+    monkeypatch.setattr(tune_moe, "weight_copies", lambda *a: 2)
+    monkeypatch.setattr(tune_moe, "random_experts", lambda e, h, i, device, gen: random_moe(e, h, i, seed=0).weights())
+    Clocked.broken = ""
+    return resolve(CPU, plugins=False, tuning=False)
+
+
+CHAIN = (Fast(), Slow(), ReferenceMoe())
+
+
+def test_tune_moe_times_every_route_but_reference_and_only_what_is_missing(clocked: Any) -> None:
+    table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(1, 8, 64), chain=CHAIN, device="cpu")
+    assert validate_table(table) is None and table["groups"] == []
+    got = {(g["backend"], g["layout"]): {b: r["us"] for b, r in g["shapes"][KEY].items()} for g in table["moe"]}
+    assert got == {("fast", "a"): {"1": 1.0, "8": 1.0, "64": 9.0}, ("fast", "b"): {"1": 2.0, "8": 2.0, "64": 2.0},
+                   ("slow", "sorted"): {"1": 5.0, "8": 5.0, "64": 5.0}}
+    assert all(g["versions"] == {"torch": CPU.torch_version} for g in table["moe"])
+    assert all(r["rel_err"] < tune_moe.REL_ERR_MAX for r in rows if "rel_err" in r)
+    again, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=(1, 8, 64), known=table, chain=CHAIN, device="cpu")
+    assert "moe" not in again, "rows the known table holds are not measured again"
+    forced, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=(1,), known=table, force=True, chain=CHAIN, device="cpu",
+                                  backends=["fast/b"])
+    assert [(g["backend"], g["layout"]) for g in forced["moe"]] == [("fast", "b")]
+
+
+def test_a_wrong_route_is_recorded_and_left_out(clocked: Any) -> None:
+    Clocked.broken = "fast/a"
+    table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(4,), chain=CHAIN, device="cpu")
+    assert {(g["backend"], g["layout"]) for g in table["moe"]} == {("fast", "b"), ("slow", "sorted")}
+    assert any(r.get("route") == "fast/a" and r.get("correct") is False for r in rows)
+
+
+def test_the_budget_stops_new_points(clocked: Any) -> None:
+    table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(1, 8), chain=CHAIN, device="cpu", budget_s=0.0)
+    assert "moe" not in table and any(r.get("skipped") == "budget" for r in rows)
+
+
+def test_a_tuned_table_makes_the_moe_plan_pick_the_measured_winner(clocked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    table, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=tuple(2**i for i in range(14)), chain=CHAIN, device="cpu")
+    table = merge_tables(new_table("cpu-test"), {**table, "device_name": "cpu-test"})
+    monkeypatch.setattr(moe_select_module, "MOE_BACKENDS", (Fast, Slow, ReferenceMoe))
+    sel = resolve(CPU, plugins=False, tuning=table)
+    moe = sel.prepare_moe(*random_moe(E, H, INTER, seed=0).weights(), top_k=K)
+    assert moe.main_plan.summary() == "M 1-8: fast/a, M >= 9: fast/b"
+    assert {r.why for r in moe.main_plan.routes} == {MEASURED}
+    other_k = moe._plan_for(torch.bfloat16, 1)  # no rows for k=1: the rule
+    assert {r.why for r in other_k.routes} == {"rule"}
+    assert sel.moe_plan_for(*SHAPE).summary() == moe.main_plan.summary()
+
+
+def test_table_moe_rows_are_checked_and_merged() -> None:
+    table = new_table("dev")
+    table["moe"] = [{"backend": "triton", "layout": "sorted", "versions": {"torch": "2.13"},
+                     "shapes": {KEY: {"1": {"us": 3.0, "config": default_config(1, K, E).to_dict()}}}}]
+    assert validate_table(table) is None
+    bad = json.loads(json.dumps(table))
+    bad["moe"][0]["shapes"] = {"256,128": {"1": {"us": 3.0}}}
+    assert "expected keys 'E,H,I,k'" in (validate_table(bad) or "")
+    bad = json.loads(json.dumps(table))
+    bad["moe"][0]["shapes"][KEY]["1"]["config"] = {"BLOCK_M": 16}
+    assert "MoeTritonConfig keys" in (validate_table(bad) or "")
+    bad = json.loads(json.dumps(table))
+    del bad["moe"][0]["layout"]
+    assert "expected keys 'backend', 'layout'" in (validate_table(bad) or "")
+    newer = json.loads(json.dumps(table))
+    newer["moe"][0]["shapes"][KEY] = {"1": {"us": 2.0}, "2": {"us": 4.0}}
+    newer["moe"][0]["backend"] = "deepgemm"
+    newer["moe"][0]["layout"] = "masked"
+    merged = merge_tables(merge_tables(table, newer), {**newer, "moe": [{**newer["moe"][0], "shapes": {KEY: {"1": {"us": 1.5}}}}]})
+    rows = MoeMeasurements([merged], {}).times(*SHAPE)
+    assert {r: {b: v["us"] for b, v in bs.items()} for r, bs in rows.items()} == {
+        "triton/sorted": {1: 3.0}, "deepgemm/masked": {1: 1.5, 2: 4.0}}
+    assert merge_tables(merged, new_table("dev")) == merged
+
+
+def test_measurements_prefer_the_installed_versions() -> None:
+    old = {"backend": "triton", "layout": "sorted", "versions": {"torch": "2.11"}, "shapes": {KEY: {"1": {"us": 9.0}, "2": {"us": 9.0}}}}
+    here = {**old, "versions": {"torch": "2.13"}, "shapes": {KEY: {"1": {"us": 3.0}}}}
+    table = {**new_table("dev"), "moe": [old, here]}
+    assert MoeMeasurements([table], {"triton": {"torch": "2.13"}}).times(*SHAPE)["triton/sorted"][1]["us"] == 3.0
+    other = MoeMeasurements([table], {"triton": {"torch": "2.14"}})
+    assert other.times(*SHAPE)["triton/sorted"][1]["us"] == 9.0 and "other versions (torch 2.11)" in other.describe()
+    assert MoeMeasurements([table], {}).times(1, 2, 3, 1) == {}
+
+
+def test_moe_shapes_parse_names_and_groups() -> None:
+    assert parse_moe_shapes("all") == list(MOE_SHAPES.values())
+    assert parse_moe_shapes("deepseek-v3-e32,64,4096,1024,6;qwen3-30b-a3b") == [
+        (32, 7168, 2048, 8), (64, 4096, 1024, 6), (128, 2048, 768, 8)]
+    for text in ("", "1,2,3", "4,256,128,8", "kimi"):
+        with pytest.raises(InvalidInputError, match="--moe"):
+            parse_moe_shapes(text)
+
+
+def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
+    for m in (1, 64, 512, 8192):
+        configs = tuning_configs(m, 8, 32)
+        assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
+        assert all(16 <= c.BLOCK_M <= 128 for c in configs)
+
+
+def test_uniform_routing_draws_distinct_experts() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weights, ids = uniform_routing(512, 8, 32, "cpu", gen)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert all(len(set(row)) == 8 for row in ids.tolist())
+    counts = torch.bincount(ids.flatten().long(), minlength=32)
+    assert counts.min() > 0.6 * 128 and counts.max() < 1.4 * 128  # 4096 slots over 32 experts: ~128 each
+    assert torch.allclose(weights.sum(1), torch.ones(512))
+
+
+def test_the_tune_command_writes_moe_rows_and_merges(clocked: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from fp8select import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "resolve", lambda **kw: clocked)
+    real = tune_moe.tune_moe
+    monkeypatch.setattr(tune_moe, "tune_moe", lambda *a, **kw: real(*a, **kw, chain=CHAIN, device="cpu"))
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", "--moe", KEY, "--m", "1,64", "--out", str(out)]) == 0
+    first = json.loads(out.read_text())
+    assert first["groups"] == [] and {(g["backend"], g["layout"]) for g in first["moe"]} == {
+        ("fast", "a"), ("fast", "b"), ("slow", "sorted")}
+    assert cli.main(["tune", "--moe", "4,256,256,2", "--m", "1", "--out", str(out)]) == 0
+    shapes = {s for g in json.loads(out.read_text())["moe"] for s in g["shapes"]}
+    assert shapes == {KEY, "4,256,256,2"}, "a second run adds to the table"
+    RAN.clear()
+    assert cli.main(["tune", "--moe", KEY, "--m", "1,64,128", "--out", str(out)]) == 0
+    assert {m for _, m in RAN} == {128}, "what the output file holds is not measured again"
+    assert cli.main(["tune", "--moe", "4,256"]) == 2
+
+
+def test_merge_tuning_folds_moe_rows_in_keeping_only_improvements(tmp_path: Any) -> None:
+    from benchmarks import merge_tuning
+
+    def entry(layout: str, rows: dict[str, float]) -> dict[str, Any]:
+        return {"backend": "deepgemm", "layout": layout, "versions": {"torch": "2.11"},
+                "shapes": {KEY: {b: {"us": us} for b, us in rows.items()}}}
+
+    base = {**new_table("dev"), "moe": [entry("masked", {"1": 10.0, "2": 10.0})]}
+    new = {**new_table("dev"), "moe": [entry("masked", {"1": 9.0, "2": 11.0}), entry("contiguous", {"1": 20.0})]}
+    paths = [tmp_path / n for n in ("base.json", "new.json", "out.json")]
+    paths[0].write_text(json.dumps(base))
+    paths[1].write_text(json.dumps(new))
+    merge_tuning.main([str(p) for p in paths])
+    out = json.loads(paths[2].read_text())
+    got = {(g["layout"], b): r["us"] for g in out["moe"] for b, r in g["shapes"][KEY].items()}
+    assert got == {("masked", "1"): 9.0, ("masked", "2"): 10.0, ("contiguous", "1"): 20.0}
