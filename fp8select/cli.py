@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from fp8select.capabilities import Capabilities
 from fp8select.detect import detect_capabilities
-from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
+from fp8select.errors import BackendRejectedError, BatchInvariantError, Fp8SelectError, NoBackendError
 from fp8select.measure.bench import DEFAULT_M
 from fp8select.resolver import parse_names, resolve
 
@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--backend", metavar="NAME", help="explicit choice (as FP8SELECT_BACKEND; 'auto' for none)")
     ex.add_argument("--disable", metavar="A,B", default="", help="backends to leave out (as FP8SELECT_DISABLE)")
     ex.add_argument("--no-plugins", action="store_true", help="do not load entry-point plugins")
+    ex.add_argument("--batch-invariant", action="store_true",
+                    help="batch-invariant plans (as FP8SELECT_BATCH_INVARIANT=1): which backends may run them, and why")
     ex.add_argument("--layer", metavar="N,K", action="append", default=[],
                     help="also show the plan a layer of this shape gets: per M range the backend and why (repeatable)")
     be = sub.add_parser("bench", help="check and time every accepted backend on this GPU, per shape",
@@ -186,9 +188,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return _tune(args)
         caps = _snapshot(args)
         layers = [_layer_shape(text) for text in args.layer]
-        selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins)
+        selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins,
+                            batch_invariant=True if args.batch_invariant else None)
         plans = [selection.plan_for(n, k) for n, k in layers]
-    except (BackendRejectedError, NoBackendError) as exc:
+    except (BackendRejectedError, BatchInvariantError, NoBackendError) as exc:
         if args.command == "explain" and args.json:
             print(json.dumps({"backend": None, "error": str(exc).splitlines()[0],
                               "verdicts": [c.to_dict() for c in exc.candidates]}, indent=2))

@@ -39,12 +39,17 @@ from typing import Any
 
 from fp8select.buckets import M_BUCKET_MAX
 from fp8select.capabilities import Capabilities
+from fp8select.errors import InvalidInputError
 from fp8select.measured.table import SHIPPED_DIR, backend_versions, cache_dir, config_problem, device_path, load_table
 
-__all__ = ["POSITIONS", "SCHEMA", "Invariance", "Option", "Record", "find_records", "invariance_for", "merge_records",
-           "validate_records"]
+__all__ = ["ENV_BATCH_INVARIANT", "POSITIONS", "SCHEMA", "Invariance", "Option", "Record", "batch_invariant_from_env",
+           "find_records", "invariance_for", "merge_records", "validate_records"]
 
 SCHEMA = 1
+ENV_BATCH_INVARIANT = "FP8SELECT_BATCH_INVARIANT"
+"""``1`` (true, yes, on): ``resolve()`` makes batch-invariant plans when its ``batch_invariant`` is not given."""
+_FLAG_VALUES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
+                "": False}
 POSITIONS = ("first", "middle", "last")
 """Where in its batch a compared row sits; a qualifying record measured each."""
 
@@ -252,6 +257,16 @@ def merge_records(base: Mapping[str, Any] | None, newer: Iterable[Record], devic
     if note or (base or {}).get("note"):
         out["note"] = note or (base or {})["note"]
     return out
+
+
+def batch_invariant_from_env(env: Mapping[str, str]) -> bool:
+    """:data:`ENV_BATCH_INVARIANT` of a snapshot's environment (unset or blank: False); another value
+    than 1/0, true/false, yes/no, on/off is an :class:`~fp8select.errors.InvalidInputError`."""
+    value = env.get(ENV_BATCH_INVARIANT, "")
+    flag = _FLAG_VALUES.get(value.strip().lower())
+    if flag is None:
+        raise InvalidInputError(f"{ENV_BATCH_INVARIANT}: expected 1 or 0 (true/false, yes/no, on/off), found {value!r}")
+    return flag
 
 
 def find_records(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:
