@@ -24,7 +24,8 @@ A record **qualifies** its backend for invariant plans when it says invariant ov
 position of :data:`POSITIONS`, at exactly the versions installed here: unlike tuning rows, no
 other version stands in. A layer of a shape the record was not measured at is planned from it,
 and its plan says so. A backend whose ``invariant`` attribute states a proof (the reference)
-needs no record; on an accelerator it serves invariant plans only when chosen explicitly, being
+needs no record (the class whose ``run`` or ``bind`` it runs must state it: a subclass that
+overrides them states its own); on an accelerator it serves invariant plans only when chosen explicitly, being
 the pure-torch yardstick, far slower than the kernels. Files, lowest precedence first: the
 shipped ``fp8select/data/invariance-<device>.json``, the cache directory's; a later file's record
 replaces an earlier one of the same backend, versions and schedule. Pure Python.
@@ -162,7 +163,7 @@ class Invariance:
 
     def options(self, backend: Any, *, explicit: bool = False) -> tuple[tuple[Option, ...], str]:
         """The ways ``backend`` runs invariant here, and when there are none, why not."""
-        proof = getattr(backend, "invariant", None)
+        proof = _proof(backend)
         if proof:
             if self.on_cpu or explicit:
                 return (Option(backend.name, ((1, None),), f"invariant by construction: {proof}"),), ""
@@ -187,6 +188,14 @@ class Invariance:
             options, why = self.options(backend)
             lines.append(f"  {backend.name}: " + ("; ".join(o.why for o in options) if options else f"not used: {why}"))
         return lines
+
+
+def _proof(backend: Any) -> str | None:
+    """A backend's ``invariant`` proof, if the class whose call code it runs states it: a subclass that
+    overrides ``run`` or ``bind`` computes otherwise, and states its own proof or none."""
+    owner = next((c for c in type(backend).__mro__ if "run" in vars(c) or "bind" in vars(c)), None)
+    proof = vars(owner).get("invariant") if owner is not None else None
+    return proof if isinstance(proof, str) and proof else None
 
 
 def _versions_text(versions: Mapping[str, str]) -> str:
