@@ -252,7 +252,7 @@ def test_reference_rows_are_bitwise_the_same_for_any_batch(out_dtype: torch.dtyp
     layer = resolve(CPU, plugins=False, batch_invariant=True).prepare(w, s, out_dtype=out_dtype)
     assert layer.main_plan.invariant is not None and "batch-invariant" in repr(layer)
     rows = torch.randn(max(MS), K, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    probe = rows[0].clone()
+    probe = torch.randn(K, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
     alone = layer(probe[None])[0]
     for m in MS:
         for position in dict.fromkeys((0, m // 2, m - 1)):
@@ -276,3 +276,31 @@ def test_explain_says_what_backs_the_plans(capsys: pytest.CaptureFixture[str], m
 def test_versions_are_the_tuning_tables_keys() -> None:
     deepgemm = resolve(H200, plugins=False, verify=False).chain[0]
     assert backend_versions(H200, deepgemm.packages) == Invariance(H200, [deepgemm], []).installed["deepgemm"]
+
+
+# -- the GPU tool's pieces that run anywhere -------------------------------------------------------
+
+
+def test_the_row_check_finds_a_batch_dependent_row_and_passes_the_reference() -> None:
+    from benchmarks.invariance import check_rows
+
+    w, s = random_problem(N, K, seed=7)[:2]
+    layer = resolve(CPU, plugins=False, batch_invariant=True).prepare(w, s)
+    assert check_rows(layer, K, (1, 2, 17), "cpu") == []
+    centred = check_rows(lambda x: x - x.float().mean(0).to(x.dtype), K, (1, 2, 17), "cpu")
+    assert [(d["m"], d["position"]) for d in centred] == [(2, "first"), (2, "middle"), (2, "last"), (17, "first"),
+                                                          (17, "middle"), (17, "last")]
+    assert all(d["max_rel"] > 0 for d in centred)
+
+
+def test_the_tool_merges_its_records_into_a_records_file(tmp_path: Path) -> None:
+    from benchmarks.invariance import write_record
+
+    path = tmp_path / "invariance-cpu.json"
+    write_record(path, "cpu", [record("a", invariant=False)], [(N, K)], MS)
+    write_record(path, "cpu", [record("a"), record("b")], [(N, K)], MS)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert validate_records(data) is None and "benchmarks/invariance.py" in data["note"]
+    assert [(r["backend"], r["invariant"]) for r in data["records"]] == [("a", True), ("b", True)]
+    with pytest.raises(SystemExit, match="not a records file of NVIDIA H200"):
+        write_record(path, "NVIDIA H200", [record("a")], [(N, K)], MS)
