@@ -11,6 +11,7 @@ from fp8select.decision import Decision, choose
 from fp8select.detect import detect_capabilities, forget_detected
 from fp8select.errors import (
     BackendRejectedError,
+    BatchInvariantError,
     CapabilitiesError,
     Fp8SelectError,
     InvalidDtypeError,
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_ORDER",
     "Backend",
     "BackendRejectedError",
+    "BatchInvariantError",
     "Candidate",
     "Capabilities",
     "CapabilitiesError",

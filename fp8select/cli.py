@@ -23,7 +23,7 @@ from fp8select.capabilities import Capabilities
 from fp8select.cli_files import check_writable, save_or_rescue, write_json
 from fp8select.cli_moe import MOE_HELP, MOE_TUNE_HELP, explain_moe, parse_explain_shapes, tune_moe_command
 from fp8select.detect import detect_capabilities
-from fp8select.errors import BackendRejectedError, Fp8SelectError, NoBackendError
+from fp8select.errors import BackendRejectedError, BatchInvariantError, Fp8SelectError, NoBackendError
 from fp8select.measure.bench import DEFAULT_M
 from fp8select.measured.moe import parse_moe_shapes
 from fp8select.resolver import parse_names, resolve
@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--backend", metavar="NAME", help="explicit choice (as FP8SELECT_BACKEND; 'auto' for none)")
     ex.add_argument("--disable", metavar="A,B", default="", help="backends to leave out (as FP8SELECT_DISABLE)")
     ex.add_argument("--no-plugins", action="store_true", help="do not load entry-point plugins")
+    ex.add_argument("--batch-invariant", action="store_true",
+                    help="batch-invariant plans (as FP8SELECT_BATCH_INVARIANT=1): which backends may run them, and why")
     ex.add_argument("--layer", metavar="N,K", action="append", default=[],
                     help="also show the plan a layer of this shape gets: per M range the backend and why (repeatable)")
     ex.add_argument("--moe", metavar="E,H,I,k", action="append", default=[], help=MOE_HELP)
@@ -189,10 +191,11 @@ def _main(argv: Sequence[str] | None) -> int:
         caps = _snapshot(args)
         layers = [_layer_shape(text) for text in args.layer]
         moe_shapes = parse_explain_shapes(args.moe)
-        selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins)
+        selection = resolve(caps, backend=args.backend, disable=args.disable, plugins=not args.no_plugins,
+                            batch_invariant=True if args.batch_invariant else None)
         plans = [selection.plan_for(n, k) for n, k in layers]
         moe_text, moe_data = explain_moe(selection, moe_shapes)
-    except (BackendRejectedError, NoBackendError) as exc:
+    except (BackendRejectedError, BatchInvariantError, NoBackendError) as exc:
         if args.command == "explain" and args.json:
             print(json.dumps({"backend": None, "error": str(exc).splitlines()[0],
                               "verdicts": [c.to_dict() for c in exc.candidates]}, indent=2))

@@ -54,6 +54,19 @@ class UnsupportedProblemError(Fp8SelectError, ValueError):
         super().__init__(f"no backend in the chain supports {what}:\n{_format_candidates(self.candidates)}")
 
 
+class BatchInvariantError(Fp8SelectError, LookupError):
+    """Batch-invariant plans asked for (``resolve(batch_invariant=True)``, ``FP8SELECT_BATCH_INVARIANT=1``)
+    and no backend of the chain is known to give a row the same bits whatever its batch, for this
+    layer or on this machine: each backend's reason is listed."""
+
+    def __init__(self, what: str, candidates: Sequence[Candidate]) -> None:
+        self.candidates = tuple(candidates)
+        super().__init__(
+            f"no backend runs {what} batch-invariant here:\n{_format_candidates(self.candidates)}\n"
+            "measure this device with `python -m benchmarks.invariance --out DIR --write-record FILE`, or resolve "
+            "without batch_invariant")
+
+
 class CapabilitiesError(Fp8SelectError, ValueError):
     """A capability snapshot (JSON or an override) that is malformed."""
 

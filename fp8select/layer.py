@@ -28,6 +28,7 @@ from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
 from fp8select.guard import call_foreign
 from fp8select.kernels.quant import ACTIVATION_DTYPES
+from fp8select.measured.invariance import Invariance
 from fp8select.measured.model import Measurements
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
@@ -109,13 +110,14 @@ class Fp8Linear:
     Made by :meth:`fp8select.Selection.prepare`. ``chain`` is the selection's accepted backends
     in priority order (an explicit choice first, named by ``explicit``); ``measurements`` the
     device's tuning tables; ``max_weight_copies`` how many copies of the weight beyond the
-    checkpoint's the plan may hold (None: no limit).
+    checkpoint's the plan may hold (None: no limit); ``invariance``, when given, the records its
+    plans keep every row batch-invariant by (:mod:`fp8select.measured.invariance`).
     """
 
     def __init__(self, chain: Sequence[Backend], caps: Capabilities, weight: torch.Tensor, weight_scale: torch.Tensor,
                  block_size: Sequence[int] = (128, 128), *, out_dtype: torch.dtype | None = None,
                  measurements: Measurements | None = None, explicit: str | None = None,
-                 max_weight_copies: int | None = 1) -> None:
+                 max_weight_copies: int | None = 1, invariance: Invariance | None = None) -> None:
         start = time.perf_counter()
         block = check_block_size(block_size)
         check_weight(weight, weight_scale, block)
@@ -137,6 +139,7 @@ class Fp8Linear:
         self._estimate = estimator(measurements, self.n, self.k, block)
         self.explicit = explicit
         self.max_weight_copies = max_weight_copies
+        self.invariance = invariance
         self._checkpoint_storage = weight.untyped_storage().data_ptr()
         # The [N, K] weight of each layout prepared so far, which later backends of that layout share.
         self._shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {CHECKPOINT_LAYOUT: (weight, weight_scale)}
@@ -170,7 +173,7 @@ class Fp8Linear:
             chain = [b for b in self.chain if b.name not in self._failed]
             try:
                 plan = build_plan(problem, chain, self.caps, self._estimate, explicit=self.explicit,
-                                  max_weight_copies=self.max_weight_copies)
+                                  max_weight_copies=self.max_weight_copies, invariance=self.invariance)
             except UnsupportedProblemError as exc:
                 raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *self._failures(len(exc.candidates))]) \
                     from None
@@ -263,7 +266,7 @@ class Fp8Linear:
         return self._by_name[route.backend]
 
     def describe(self) -> str:
-        """The plan, one line per M range: backend, why (measured, model, rule, gate, explicit), detail."""
+        """The plan, one line per M range: backend, why (measured, model, rule, gate, explicit, invariant), detail."""
         return self.main_plan.describe()
 
     def memory(self) -> dict[str, Any]:

@@ -20,6 +20,15 @@ shuffled copy) count one copy per distinct layout; while the plan needs more cop
 allowed, the layout whose loss costs least (sum of log time ratios over its buckets) is
 dropped and its buckets re-chosen. An explicit choice is never dropped.
 
+**Batch-invariant** (``invariance`` given: ``resolve(batch_invariant=True)``): every bucket runs one
+backend with one schedule of configurations that a record (:mod:`fp8select.measured.invariance`)
+says gives each row the same bits whatever M and its position, or that is invariant by
+construction; the backend's gate must accept every M, its weight fit the budget, and an explicit
+choice is the only one considered. Among the options, the least expected time (sum of log times
+over the buckets, as the weight budget's choice; a schedule's configuration counts as timed only
+where the estimate measured that configuration) wins, the priority order breaking ties. No
+option: :class:`~fp8select.errors.BatchInvariantError` with every backend's reason.
+
 Backends that win by a hair (:data:`HAIR`) are left out first: a backend a layer uses costs
 start-up (its import, and a JIT compile per shape and M range at first use), so one whose every
 bucket another backend of the plan runs at most ``HAIR`` slower (both times estimated) gives its
@@ -28,26 +37,26 @@ buckets to the plan's others; the drop that costs least goes first, and the plan
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend
-from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range
+from fp8select.buckets import M_BUCKETS, bucket_range
 from fp8select.capabilities import Capabilities
-from fp8select.errors import UnsupportedProblemError
+from fp8select.errors import BatchInvariantError, UnsupportedProblemError
 from fp8select.guard import safe_verdict
+from fp8select.measured.invariance import Invariance, Option
 from fp8select.measured.model import Estimate, Measurements
 from fp8select.problem import Problem
+from fp8select.routes import Plan, Route, WeightUse, span
 from fp8select.verdict import Candidate, Verdict
 
-__all__ = ["EXPLICIT", "GATE", "HAIR", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route", "WeightUse", "build_plan",
-           "estimator", "fitted_config", "gate"]
+__all__ = ["EXPLICIT", "GATE", "HAIR", "INVARIANT", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route",
+           "WeightUse", "build_plan", "estimator", "fitted_config", "gate"]
 
-EXPLICIT, GATE, MEASURED, MODEL, RULE = "explicit", "gate", "measured", "model", "rule"
+EXPLICIT, GATE, INVARIANT, MEASURED, MODEL, RULE = "explicit", "gate", "invariant", "measured", "model", "rule"
 
 EstimateFn = Callable[[Backend, int], "Estimate | None"]
 
@@ -75,127 +84,19 @@ def gate(backend: Backend, problem: Problem, caps: Capabilities) -> Verdict:
     return safe_verdict(backend.supports, problem, caps, what="gate")
 
 
-@dataclass(frozen=True)
-class Route:
-    """What runs the calls of one M bucket (M in ``bucket/2 + 1 .. bucket``)."""
-
-    bucket: int
-    backend: str | None  # None: no backend of the chain can run this bucket (calls raise)
-    why: str
-    detail: str
-    config: Any = None  # a launch configuration (Triton's TritonConfig), else None
-    us: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        config = self.config.to_dict() if hasattr(self.config, "to_dict") else self.config
-        return {"bucket": self.bucket, "backend": self.backend, "why": self.why, "detail": self.detail,
-                "config": config, "us": None if self.us is None else round(self.us, 3)}
-
-
-@dataclass(frozen=True)
-class WeightUse:
-    """One weight layout the plan needs: which backends read it, and whether it is a copy."""
-
-    layout: str
-    backends: tuple[str, ...]
-
-    @property
-    def copy(self) -> bool:
-        return self.layout != CHECKPOINT_LAYOUT
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A layer's decisions: one :class:`Route` per M bucket, the weights they need, and the verdicts."""
-
-    problem: Problem
-    routes: tuple[Route, ...]
-    weights: tuple[WeightUse, ...]
-    candidates: tuple[Candidate, ...]
-    explicit: str | None = None
-    max_weight_copies: int | None = 1
-    notes: tuple[str, ...] = ()
-
-    def route(self, m: int) -> Route:
-        return self.routes[bucket_index(m)]
-
-    @property
-    def backends(self) -> tuple[str, ...]:
-        """The backends the plan runs, in order of first use (smallest M first)."""
-        return tuple(dict.fromkeys(r.backend for r in self.routes if r.backend is not None))
-
-    @property
-    def weight_copies(self) -> int:
-        return sum(w.copy for w in self.weights)
-
-    def ranges(self, *, by_backend_only: bool = False) -> list[tuple[int, int | None, Route]]:
-        """Consecutive buckets merged, ``(m_lo, m_hi, first route)``: those with the same backend, why
-        and configuration (or, ``by_backend_only``, the same backend); ``m_hi`` None is unbounded."""
-        out: list[tuple[int, int | None, Route]] = []
-        for route in self.routes:
-            lo, hi = bucket_range(route.bucket)
-            if out and _same(out[-1][2], route, by_backend_only):
-                out[-1] = (out[-1][0], hi, out[-1][2])
-            else:
-                out.append((lo, hi, route))
-        return out
-
-    def summary(self) -> str:
-        """``M 1-4: triton, M 5-64: cuda-scaled-mm, M >= 65: deepgemm`` (one line)."""
-        return ", ".join(f"{_span(lo, hi)}: {route.backend or 'none'}" for lo, hi, route in self.ranges(by_backend_only=True))
-
-    def describe(self) -> str:
-        """Several lines: per M range the backend, why and its launch configuration (Triton's kernel
-        path and tiles), then the weights held."""
-        bn, bk = self.problem.block_size
-        lines = [f"plan for N={self.problem.n}, K={self.problem.k}, block [{bn}, {bk}]"
-                 + (f" (explicit choice: {self.explicit})" if self.explicit else "")]
-        for lo, hi, route in self.ranges():
-            at = f"at M={route.bucket}: " if (lo, hi) != bucket_range(route.bucket) else ""
-            kernel = f"[{route.config.describe()}] " if hasattr(route.config, "describe") else ""
-            lines.append(f"  {_span(lo, hi):<14} {route.backend or '-':<15} {route.why:<9} {kernel}{at}{route.detail}")
-        for use in self.weights:
-            kind = "a copy" if use.copy else "the checkpoint's"
-            lines.append(f"  weight layout {use.layout!r} ({kind}) for {', '.join(use.backends)}")
-        lines.extend(f"  not for this layer: {c.name}: {c.reason}" for c in self.candidates if not c.accepted)
-        lines.extend(f"  note: {n}" for n in self.notes)
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"n": self.problem.n, "k": self.problem.k, "block_size": list(self.problem.block_size),
-                "explicit": self.explicit, "max_weight_copies": self.max_weight_copies,
-                "routes": [r.to_dict() for r in self.routes],
-                "weights": [{"layout": w.layout, "backends": list(w.backends), "copy": w.copy} for w in self.weights],
-                "notes": list(self.notes)}
-
-    def fingerprint(self) -> str:
-        """A short hash of the decisions (backends, configs, weights): equal plans, equal fingerprints."""
-        data = self.to_dict()
-        for route in data["routes"]:
-            route.pop("detail"), route.pop("us")
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _same(a: Route, b: Route, by_backend_only: bool) -> bool:
-    return a.backend == b.backend and (by_backend_only or (a.why, a.config) == (b.why, b.config))
-
-
-def _span(lo: int, hi: int | None) -> str:
-    if hi is None:
-        return "any M" if lo == 1 else f"M >= {lo}"
-    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
-
-
 def _probe_ms(bucket: int) -> tuple[int, ...]:
     lo, hi = bucket_range(bucket)
     return (lo,) if hi is None or hi == lo else (lo, hi)
 
 
 def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, estimate: EstimateFn, *,
-               explicit: str | None = None, max_weight_copies: int | None = 1) -> Plan:
-    """The plan for ``problem`` (``m`` None) over ``chain`` (accepted backends, priority order).
+               explicit: str | None = None, max_weight_copies: int | None = 1,
+               invariance: Invariance | None = None) -> Plan:
+    """The plan for ``problem`` (``m`` None) over ``chain`` (accepted backends, priority order);
+    batch-invariant with ``invariance`` (the records that apply here).
 
-    Raises :class:`UnsupportedProblemError` when no backend of the chain accepts the layer.
+    Raises :class:`UnsupportedProblemError` when no backend of the chain accepts the layer, and
+    :class:`BatchInvariantError` when none runs it batch-invariant.
     """
     load_verdicts = {b.name: gate(b, problem, caps) for b in chain}
     candidates = tuple(Candidate(rank, b.name, load_verdicts[b.name].ok, load_verdicts[b.name].reason)
@@ -217,6 +118,9 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     layouts = {b.name: b.weight_layout(caps, problem) for b in accepted}
     preferred = {b.name: b.preferred_m(caps) for b in accepted}
     explicit_backend = explicit if explicit in layouts else None
+    if invariance is not None:
+        return _invariant_plan(problem, accepted, candidates, rejects, estimates, layouts, invariance, explicit_backend,
+                               max_weight_copies)
 
     def choose(allowed: Sequence[Backend]) -> tuple[Route, ...]:
         return tuple(_route(bucket, allowed, explicit_backend, rejects, estimates, preferred) for bucket in M_BUCKETS)
@@ -257,6 +161,51 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     return Plan(problem, routes, weights, candidates, explicit_backend, max_weight_copies, tuple(notes))
 
 
+def _invariant_plan(problem: Problem, accepted: Sequence[Backend], candidates: tuple[Candidate, ...],
+                    rejects: Mapping[tuple[str, int], str], estimates: Mapping[tuple[str, int], Estimate | None],
+                    layouts: Mapping[str, str], invariance: Invariance, explicit: str | None,
+                    max_weight_copies: int | None) -> Plan:
+    """The batch-invariant plan (the module docstring): the cheapest option of one backend and schedule."""
+    options, refused = [], []
+    for rank, b in enumerate(accepted):
+        found, why = invariance.options(b, explicit=b.name == explicit)
+        gated = [bucket for bucket in M_BUCKETS if (b.name, bucket) in rejects]
+        if explicit is not None and b.name != explicit:
+            found, why = (), f"not the explicit choice ({explicit})"
+        elif found and gated:
+            found, why = (), f"rejects {span(*bucket_range(gated[0]))} ({rejects[(b.name, gated[0])]})"
+        elif found and max_weight_copies == 0 and layouts[b.name] != CHECKPOINT_LAYOUT:
+            found, why = (), f"needs a weight copy ({layouts[b.name]}), found max_weight_copies=0"
+        for option in found:
+            routes = tuple(_invariant_route(bucket, b, option, estimates) for bucket in M_BUCKETS)
+            options.append((_cost(routes, estimates), rank, routes, option.backs(problem.n, problem.k)))
+        if not found:
+            refused.append((b.name, why))
+    if not options:
+        raise BatchInvariantError(problem.describe(), [Candidate(i, name, False, why)
+                                                       for i, (name, why) in enumerate(refused, 1)])
+    _, _, routes, backed = min(options, key=lambda o: (o[0], o[1]))
+    notes = tuple(f"not batch-invariant here: {name}: {why}" for name, why in refused)
+    name = routes[0].backend
+    assert name is not None
+    return Plan(problem, routes, (WeightUse(layouts[name], (name,)),), candidates, explicit, max_weight_copies, notes,
+                invariant=backed)
+
+
+def _invariant_route(bucket: int, backend: Backend, option: Option,
+                     estimates: Mapping[tuple[str, int], Estimate | None]) -> Route:
+    """One bucket of an invariant option: its schedule's configuration as is (never refitted per M),
+    timed by the estimate only where that measured the same configuration."""
+    raw = option.config_at(bucket)
+    config = None if raw is None else backend.launch_config(raw)
+    est = estimates.get((backend.name, bucket))
+    same = est is not None and (est.config is None if raw is None
+                                else est.config is not None and backend.launch_config(est.config) == config)
+    if est is not None and same:
+        return Route(bucket, backend.name, INVARIANT, f"one kernel for every M; {est.detail}", config, est.us)
+    return Route(bucket, backend.name, INVARIANT, "one kernel for every M; no time measured for it here", config)
+
+
 def _by_a_hair(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None],
                rejects: Mapping[tuple[str, int], str], explicit: str | None) -> tuple[str, str] | None:
     """The backend of ``routes`` whose buckets the plan's other backends all run at most :data:`HAIR`
@@ -276,7 +225,7 @@ def _by_a_hair(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Esti
                 break
             us, other = min(times)
             loss += math.log(us / r.us)
-            spans.append(f"{_span(*bucket_range(r.bucket))}: {other} +{100 * (us / r.us - 1):.1f}%")
+            spans.append(f"{span(*bucket_range(r.bucket))}: {other} +{100 * (us / r.us - 1):.1f}%")
         else:
             if spans and (best is None or loss < best[0]):
                 best = (loss, name, f"{name} left out: the plan's others run its buckets at most "

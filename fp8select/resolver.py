@@ -25,14 +25,16 @@ from fp8select.backends import DEFAULT_ORDER, Backend
 from fp8select.capabilities import Capabilities
 from fp8select.decision import ENV_BACKEND, ENV_DISABLE, builtin_backends, choose
 from fp8select.detect import detect_capabilities
-from fp8select.errors import BackendRejectedError, InvalidDtypeError, InvalidInputError, NoBackendError
+from fp8select.errors import BackendRejectedError, BatchInvariantError, InvalidDtypeError, InvalidInputError, NoBackendError
 from fp8select.layer import check_max_weight_copies
 from fp8select.measure.loadtime import measure_shape
+from fp8select.measured.invariance import batch_invariant_from_env, invariance_for
 from fp8select.measured.sources import find_tables, measurements_for
 from fp8select.measured.table import check_table
 from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
 from fp8select.selection import Selection
+from fp8select.verdict import Candidate
 from fp8select.verify import remembered
 from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_in_background
 
@@ -42,7 +44,7 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
             disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
             plugins: bool | Iterable[Any] = True, verify: bool | None = None, background: Literal[False] = False,
             group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
-            max_weight_copies: int | None = 1) -> Selection: ...
+            max_weight_copies: int | None = 1, batch_invariant: bool | None = None) -> Selection: ...
 
 
 @overload
@@ -50,14 +52,14 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
             disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
             plugins: bool | Iterable[Any] = True, verify: bool | None = None, background: Literal[True],
             group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
-            max_weight_copies: int | None = 1) -> Future[Selection]: ...
+            max_weight_copies: int | None = 1, batch_invariant: bool | None = None) -> Future[Selection]: ...
 
 
 def resolve(capabilities: Capabilities | None = None, *, backend: str | None = None,
             disable: Iterable[str] | str = (), order: Sequence[str] | str | None = None,
             plugins: bool | Iterable[Any] = True, verify: bool | None = None, background: bool = False,
             group: Any = None, on_mismatch: str = "common", tuning: bool | Mapping[str, Any] = True,
-            max_weight_copies: int | None = 1) -> Selection | Future[Selection]:
+            max_weight_copies: int | None = 1, batch_invariant: bool | None = None) -> Selection | Future[Selection]:
     """Choose the block-FP8 linear backend for this machine (or for ``capabilities``).
 
     ``backend`` forces a choice (an error if it is rejected, never a silent substitute);
@@ -100,9 +102,19 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     when malformed). With ``group``, rank 0's tables are broadcast, so every rank makes the same
     plans. ``max_weight_copies``: how many copies of a weight beyond the checkpoint's a layer may
     hold (1 by default; 0 for none, None for no bound).
+
+    ``batch_invariant``: True makes every layer's plan keep each output row a function of that
+    row and the weights alone, bitwise the same for any M, any position in the batch and run to
+    run: one backend and one configuration schedule for every M, among the backends that a
+    measured record for the installed versions says are invariant on this device
+    (:mod:`fp8select.measured.invariance`), the fastest by the plan's estimates. None (the default)
+    reads ``FP8SELECT_BATCH_INVARIANT`` from the snapshot's environment. When no backend of the
+    chain qualifies, :class:`~fp8select.errors.BatchInvariantError` names each one's reason.
     """
     _check_arguments(capabilities, verify, plugins, group, on_mismatch, tuning)
     check_max_weight_copies(max_weight_copies)
+    if batch_invariant is not None and not isinstance(batch_invariant, bool):
+        raise InvalidDtypeError(f"batch_invariant: expected True, False or None, found {batch_invariant!r}")
     if not isinstance(background, bool):
         raise InvalidDtypeError(f"background: expected True or False, found {background!r}")
     if background and group is not None:
@@ -110,9 +122,11 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
                                 "pass background=False with a group")
     given = check_table(tuning) if isinstance(tuning, Mapping) else None
     caps = detect_capabilities() if capabilities is None else capabilities
+    invariant = batch_invariant if batch_invariant is not None else batch_invariant_from_env(caps.env)
     if group is None:
         selection, later = _resolve_here(caps, backend, disable, order, plugins, verify, background=background)
         selection = _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
+        selection = _with_invariance(selection, invariant)
         if not background:
             return selection
         if later is not None:
@@ -128,7 +142,24 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
     except Exception as exc:  # noqa: BLE001 - reported to the other ranks, then re-raised by agree
         outcome = exc
     agreed = agree(outcome, None if isinstance(group, str) else group, on_mismatch=on_mismatch)
-    return _with_tuning(replace(agreed, max_weight_copies=max_weight_copies, group=group), tuning, given, group)
+    return _with_invariance(_with_tuning(replace(agreed, max_weight_copies=max_weight_copies, group=group), tuning,
+                                         given, group), invariant)
+
+
+def _with_invariance(selection: Selection, invariant: bool) -> Selection:
+    """``selection`` making batch-invariant plans by this device's records, when ``invariant``; a
+    :class:`BatchInvariantError` when no backend it could plan with (the explicit one, else the chain's)
+    has an option."""
+    if not invariant:
+        return selection
+    index = invariance_for(selection.capabilities, selection.chain)
+    considered = [b for b in selection.chain if selection.explicit in (None, b.name)]
+    verdicts = [(b.name, index.options(b, explicit=b.name == selection.explicit)) for b in considered]
+    if not any(options for _, (options, _) in verdicts):
+        caps = selection.capabilities
+        raise BatchInvariantError(f"any layer on {caps.device_name or caps.device_kind}",
+                                  [Candidate(i, name, False, why) for i, (name, (_, why)) in enumerate(verdicts, 1)])
+    return replace(selection, batch_invariant=True, invariance=index)
 
 
 def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: dict[str, Any] | None,

@@ -12,6 +12,7 @@ import torch
 from fp8select.decision import Decision
 from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
+from fp8select.measured.invariance import Invariance
 from fp8select.measured.model import Measurements
 from fp8select.measured.sources import measurements_for, wants_load_time_tuning
 from fp8select.moe import Fp8MoE
@@ -51,12 +52,16 @@ class Selection(Decision):
     tuning tables, read from ``tuning_sources``), and an explicit choice runs wherever its gate
     accepts the call. ``max_weight_copies`` bounds the copies of a weight a layer may hold beyond
     the checkpoint's (None: no bound). ``group`` is the process group it was agreed in, if any.
+    ``batch_invariant``: every layer's plan keeps each output row independent of its batch, by
+    the records of ``invariance`` (:mod:`fp8select.measured.invariance`; see :mod:`fp8select.plan`).
     """
 
     measurements: Measurements | None = field(default=None, repr=False, compare=False)
     tuning_sources: tuple[str, ...] = ()
     max_weight_copies: int | None = 1
     tables: tuple[Mapping[str, Any], ...] = field(default=(), repr=False, compare=False)
+    batch_invariant: bool = False
+    invariance: Invariance | None = field(default=None, repr=False, compare=False)
     group: Any = field(default=None, repr=False, compare=False)
     # How to measure a layer shape at load time (set by resolve(): fp8select.measure.loadtime.measure_shape;
     # measurement code sits above this module).
@@ -86,7 +91,11 @@ class Selection(Decision):
             lines.append(f"{c.rank:>4}  {c.name:<{width}}  {verdict:<8}  {c.reason}")
         lines.append("")
         lines.append("chain: " + " -> ".join(b.name for b in self.chain))
-        if self.explicit:
+        if self.batch_invariant:
+            lines.append("plans: per layer one backend and configuration for every M (batch-invariant), the fastest that "
+                         "these allow" + (f" (explicit choice: {self.explicit})" if self.explicit else "") + ":")
+            lines.extend(self.invariance.describe(self.chain) if self.invariance is not None else [])
+        elif self.explicit:
             lines.append(f"plans: {self.explicit!r} for every call its gate accepts, the fastest other backend elsewhere")
         else:
             lines.append("plans: per layer and M bucket, the fastest backend of the chain (explain --layer N,K shows one)")
@@ -110,6 +119,7 @@ class Selection(Decision):
             "tuning_sources": list(self.tuning_sources),
             "measured_backends": list(self.measurements.backends) if self.measurements is not None else [],
             "max_weight_copies": self.max_weight_copies,
+            "batch_invariant": self.batch_invariant,
         }
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -130,7 +140,7 @@ class Selection(Decision):
             measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
         return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
                          measurements=measurements, explicit=self.explicit,
-                         max_weight_copies=copies)
+                         max_weight_copies=copies, invariance=self._invariance())
 
     def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
         measured = self._memo.measured
@@ -152,7 +162,13 @@ class Selection(Decision):
         problem = Problem(n, k, block, None, torch.float8_e4m3fn, torch.bfloat16, out_dtype or torch.bfloat16)
         estimate = estimator(self.measurements, n, k, block)
         return build_plan(problem, self.chain, self.capabilities, estimate, explicit=self.explicit,
-                          max_weight_copies=self.max_weight_copies)
+                          max_weight_copies=self.max_weight_copies, invariance=self._invariance())
+
+    def _invariance(self) -> Invariance | None:
+        """The records plans keep rows batch-invariant by; None for ordinary plans."""
+        if not self.batch_invariant:
+            return None
+        return self.invariance if self.invariance is not None else Invariance(self.capabilities, self.chain, ())
 
     def prepare_moe(self, w13: torch.Tensor, w13_scale_inv: torch.Tensor, w2: torch.Tensor, w2_scale_inv: torch.Tensor,
                     block_size: Sequence[int] = (128, 128), *, top_k: int | None = None,

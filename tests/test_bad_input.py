@@ -24,6 +24,7 @@ from plugin_dist import install_distribution
 
 from fp8select import (
     BackendRejectedError,
+    BatchInvariantError,
     Capabilities,
     CapabilitiesError,
     InvalidDtypeError,
@@ -131,6 +132,14 @@ CASES: tuple[Case, ...] = (
          ("verify:", "expected True, False or None", "found 'on'")),
     Case("resolve-on-mismatch", "resolve", lambda: _sel(on_mismatch="vote"), InvalidInputError,
          ("on_mismatch:", "expected 'common' or 'raise'", "found 'vote'")),
+    Case("resolve-batch-invariant-not-bool", "resolve", lambda: _sel(batch_invariant="yes"), InvalidDtypeError,
+         ("batch_invariant:", "expected True, False or None", "found 'yes'")),
+    Case("resolve-batch-invariant-env", "resolve",
+         lambda: _sel(Capabilities(torch_version="2.13.0", env={"FP8SELECT_BATCH_INVARIANT": "maybe"})), InvalidInputError,
+         ("FP8SELECT_BATCH_INVARIANT:", "expected 1 or 0", "found 'maybe'")),
+    Case("resolve-batch-invariant-none-known", "resolve", lambda: _sel(H200, verify=False, batch_invariant=True),
+         BatchInvariantError, ("no backend runs any layer on NVIDIA H200 batch-invariant here",
+                               "cuda-scaled-mm: rejected: no batch-invariance record", "benchmarks.invariance")),
     Case("choose-unknown-order", "resolve", lambda: choose(CPU, {}, ["reference"]), UnknownBackendError,
          ("order:", "'reference'")),
     # names as typed: case, blanks and the engines' spellings are accepted, the rest named in canonical form

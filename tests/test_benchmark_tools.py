@@ -24,6 +24,7 @@ NEEDS_CUDA = {
     "gpu_check": ["--out", "OUT/check"],
     "h200_checks": ["--out", "OUT/checks.json"],
     "host_overhead": ["--out", "OUT/host"],
+    "invariance": ["--out", "OUT/invariance"],
     "jit_warm": ["--out", "OUT/warm.json"],
     "moe": ["--out", "OUT/moe"],
     "sweep_triton": ["--out", "OUT/sweep.json"],

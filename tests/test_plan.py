@@ -648,7 +648,7 @@ def test_to_dict_is_the_plan_as_json() -> None:
     data = json.loads(json.dumps(plan.to_dict()))
     assert data == {"n": N, "k": K, "block_size": [128, 128], "explicit": "triton", "max_weight_copies": 3,
                     "routes": data["routes"], "weights": [{"layout": "fnuz", "backends": ["triton", "aiter"], "copy": True}],
-                    "notes": ["a note"]}
+                    "notes": ["a note"], "batch_invariant": None}
     assert [r["bucket"] for r in data["routes"]] == list(M_BUCKETS)
     assert data["routes"][0] == {"bucket": 1, "backend": "triton", "why": MEASURED, "detail": "d1",
                                  "config": config.to_dict(), "us": 1.235}  # microseconds to the nanosecond

@@ -81,6 +81,9 @@ class Backend:
     n_multiple: ClassVar[int] = 1
     k_multiple: ClassVar[int] = 1
     implemented: ClassVar[bool] = True
+    invariant: ClassVar[str | None] = None
+    """Why every output row is bitwise independent of the batch (M, position) by construction, in
+    one line, or None: then only a measured record says so (:mod:`fp8select.measured.invariance`)."""
     packages: ClassVar[tuple[str, ...]] = ()
     """Import names of the packages whose versions this backend's speed depends on (besides torch,
     CUDA/HIP and Triton): measurements are kept per backend at these versions."""

@@ -33,7 +33,7 @@ import os
 import re
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ __all__ = [
     "backend_versions",
     "cache_dir",
     "check_table",
+    "config_problem",
+    "device_path",
     "group_key",
     "load_table",
     "merge_tables",
@@ -58,6 +60,7 @@ __all__ = [
     "shape_key",
     "table_path",
     "validate_table",
+    "write_json",
 ]
 
 SCHEMA = 2
@@ -103,13 +106,16 @@ def cache_dir(env: Mapping[str, str]) -> Path:
     return Path.home() / ".cache" / "fp8select"
 
 
-def _slug(device_name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
+def device_path(directory: Path | str, device_name: str, kind: str = "tuning") -> Path:
+    """Where a file of one device model lives in ``directory``: ``tuning-nvidia-h200.json`` (a tuning
+    table), ``invariance-nvidia-h200.json`` (``kind="invariance"``: :mod:`.invariance`'s records)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
+    return Path(directory) / f"{kind}-{slug}.json"
 
 
 def table_path(directory: Path | str, device_name: str) -> Path:
     """Where the table of one device model lives in ``directory`` (``tuning-nvidia-h200.json``)."""
-    return Path(directory) / f"tuning-{_slug(device_name)}.json"
+    return device_path(directory, device_name)
 
 
 def new_table(device_name: str, note: str | None = None) -> dict[str, Any]:
@@ -136,13 +142,13 @@ def _check_row(where: str, backend: str, row: object, moe: bool = False) -> str 
     if config is not None:
         if not isinstance(config, dict):
             return f"{where}.config: expected an object or null, found {config!r}"
-        problem = _config_problem(backend, config, moe)
+        problem = config_problem(backend, config, moe)
         if problem is not None:
             return f"{where}.config: {problem}"
     return None
 
 
-def _config_problem(backend: str, config: Mapping[str, Any], moe: bool = False) -> str | None:
+def config_problem(backend: str, config: Mapping[str, Any], moe: bool = False) -> str | None:
     """Why a launch configuration is invalid for ``backend`` (only Triton has them), or None."""
     if backend != "triton":
         return f"expected no configuration for backend {backend!r}, found one"
@@ -263,7 +269,11 @@ def save_table(path: Path | str, table: Mapping[str, Any]) -> None:
     The JSON goes to a temporary file in the same directory, is flushed and ``fsync``-ed, then
     ``os.replace``-d over ``path``; concurrent writers leave one writer's complete table.
     """
-    data = check_table(table, "table")
+    write_json(path, check_table(table, "table"))
+
+
+def write_json(path: Path | str, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (:func:`save_table` says how)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
@@ -295,25 +305,28 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def load_table(path: Path | str, device_name: str | None = None) -> dict[str, Any] | None:
+def load_table(path: Path | str, device_name: str | None = None, *,
+               validate: Callable[[object], str | None] = validate_table, what: str = "tuning table") -> dict[str, Any] | None:
     """The table at ``path`` if it is valid (and measured on ``device_name``, when given), else None.
 
     A missing file is a cold cache: None, silently. Anything else that makes the table unusable
     (unreadable, not UTF-8, corrupt or truncated JSON, wrong schema, another device) gives None
     and exactly one :class:`TuningCacheWarning` naming the file and the problem. Never raises.
+    ``validate`` and ``what``: another per-device JSON file read the same way (:mod:`.invariance`'s records).
     """
     try:
-        problem, table = _read(Path(path), device_name)
+        problem, table = _read(Path(path), device_name, validate)
     except Exception as exc:  # noqa: BLE001 - a cache must never crash the process
         problem, table = f"unreadable ({type(exc).__name__}: {exc})", None
     if problem is not None:
         if problem != "missing":
-            warnings.warn(f"fp8select tuning table {str(path)!r} ignored: {problem}", TuningCacheWarning, stacklevel=2)
+            warnings.warn(f"fp8select {what} {str(path)!r} ignored: {problem}", TuningCacheWarning, stacklevel=2)
         return None
     return table
 
 
-def _read(path: Path, device_name: str | None) -> tuple[str | None, dict[str, Any] | None]:
+def _read(path: Path, device_name: str | None,
+          validate: Callable[[object], str | None]) -> tuple[str | None, dict[str, Any] | None]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -334,7 +347,7 @@ def _read(path: Path, device_name: str | None) -> tuple[str | None, dict[str, An
         return f"corrupt (invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno})", None
     except (RecursionError, ValueError) as exc:
         return f"corrupt ({type(exc).__name__}: {exc})", None
-    problem = validate_table(table)
+    problem = validate(table)
     if problem is not None:
         return f"invalid schema ({problem})", None
     if device_name is not None and table["device_name"] != device_name:

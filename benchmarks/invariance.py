@@ -1,0 +1,250 @@
+"""Batch invariance on this GPU: which backends give a row the same bits whatever its batch, and what the
+invariant plans cost against the normal ones (GPU only).
+
+Phases, one JSON report (``DIR/invariance.json``):
+
+* ``rows``: every accepted backend pinned (Triton with each candidate configuration for every M:
+  the shipped table's configurations of the first shape at M buckets 1, 64 and 8192), on each
+  shape, for M in ``--m``: a probe row placed first, in the middle and last of a batch of M
+  random rows, compared bitwise with the probe computed alone (M 1, twice: run to run). Each
+  (backend, configuration) becomes a record (:mod:`fp8select.measured.invariance`) at this
+  device and the installed versions; ``--write-record FILE`` merges them into that records file
+  (the shipped one is ``fp8select/data/invariance-nvidia-h200.json``).
+* ``cost``: per shape and M bucket 1..8192, the layer of ``resolve()`` against the layer of
+  ``resolve(batch_invariant=True)`` planned from the records just measured, each timed as the
+  whole op under CUDA graphs (:func:`fp8select.measure.timing.time_graphs`, replays interleaved,
+  weights rotated past the L2); the geometric mean of invariant / normal over shapes x M, and the
+  points where the invariant plan costs more than 10%.
+
+Usage: ``python -m benchmarks.invariance --out DIR [--write-record FILE] [--shapes 7168,2048,...]
+[--m 1,2,...] [--phases rows,cost]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks._cuda import require_cuda
+
+SHAPES = ((7168, 2048), (2112, 7168), (24576, 1536))
+MS = (1, 2, 3, 7, 16, 17, 64, 300, 2048, 8192)
+CANDIDATE_BUCKETS = (1, 64, 8192)
+BUDGET = 1.10
+
+
+def positions(m: int) -> dict[str, int]:
+    """The probe row's places in a batch of ``m`` rows, by the names records use."""
+    return {"first": 0, "middle": m // 2, "last": m - 1}
+
+
+def check_rows(layer: Callable[[Any], Any], k: int, ms: Sequence[int], device: Any, seed: int = 0) -> list[dict[str, Any]]:
+    """Where ``layer`` gives a probe row other bits inside a batch than alone: ``{"m", "position",
+    "max_rel"}`` per difference (M 1 twice: run to run); empty when it never does."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    rows = torch.randn(max(ms), k, device=device, generator=g).to(torch.bfloat16)
+    probe = torch.randn(k, device=device, generator=g).to(torch.bfloat16)  # a row the batches hold only where placed
+    alone = layer(probe[None])[0].clone()
+    differs = []
+    for m in ms:
+        for name, at in (positions(m).items() if m > 1 else [("first", 0)]):
+            batch = rows[:m].clone()
+            batch[at] = probe
+            row = layer(batch)[at]
+            if not torch.equal(row, alone):
+                diff = (row.double() - alone.double()).abs().max() / alone.double().abs().max().clamp_min(1e-30)
+                differs.append({"m": m, "position": name, "max_rel": float(diff)})
+    return differs
+
+
+def candidate_schedules(selection: Any, backend: Any, shape: tuple[int, int]) -> list[tuple[tuple[int, Any], ...]]:
+    """The configuration schedules to measure ``backend`` with: none for a backend without launch
+    configurations; for Triton, each distinct configuration of the tables at ``shape``'s buckets
+    :data:`CANDIDATE_BUCKETS` (or the kernels' heuristic there), used for every M."""
+    if backend.name != "triton":
+        return [((1, None),)]
+    from fp8select.kernels.triton_config import TritonConfig
+    from fp8select.kernels.triton_search import heuristic_config
+
+    configs = []
+    for bucket in CANDIDATE_BUCKETS:
+        est = selection.measurements.estimate("triton", *shape, bucket) if selection.measurements is not None else None
+        config = TritonConfig.from_dict(est.config) if est is not None and est.config else heuristic_config(*shape, bucket, "gemm")
+        configs.append(json.dumps(config.to_dict(), sort_keys=True))
+    return [((1, json.loads(c)),) for c in dict.fromkeys(configs)]
+
+
+def _layer(selection: Any, backend: Any, schedule: Any, w: Any, s: Any, record: Any) -> Any:
+    """``backend`` pinned with ``schedule`` for every M, through the plan an invariant selection makes;
+    a backend whose gate takes only some M (FlashInfer's sm90 route) pinned by an ordinary plan instead,
+    measured where it runs. Raises UnsupportedProblemError for a shape it does not take at all."""
+    from fp8select.errors import BatchInvariantError
+    from fp8select.layer import Fp8Linear
+    from fp8select.measured.invariance import Invariance, merge_records
+
+    caps = selection.capabilities
+    data = merge_records(None, [replace(record, invariant=True)], caps.device_name or "cpu")
+    try:
+        return Fp8Linear([backend], caps, w, s, measurements=selection.measurements, explicit=backend.name,
+                         invariance=Invariance(caps, [backend], [("candidate", data)]))
+    except BatchInvariantError:
+        return Fp8Linear([backend], caps, w, s, measurements=selection.measurements, explicit=backend.name)
+
+
+def measure_rows(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Every accepted backend's (and Triton configuration's) records over ``shapes`` and ``ms``, and the raw results."""
+    import torch
+
+    from fp8select.errors import UnsupportedProblemError
+    from fp8select.measure.bench import random_weight
+    from fp8select.measured.invariance import POSITIONS, Record
+    from fp8select.measured.table import backend_versions
+
+    caps, device = selection.capabilities, torch.device("cuda")
+    records, raw = [], []
+    for backend in selection.chain:
+        for schedule in candidate_schedules(selection, backend, shapes[0]):
+            record = Record(backend.name, backend_versions(caps, backend.packages), schedule, tuple(shapes),
+                            (min(ms), max(ms)), POSITIONS, True)
+            differs: list[dict[str, Any]] = []
+            measured, runs = [], set(ms)
+            for n, k in shapes:
+                w, s = random_weight(n, k, device, torch.Generator(device=device).manual_seed(n + k))
+                start = time.perf_counter()
+                try:
+                    layer = _layer(selection, backend, schedule, w, s, record)
+                except UnsupportedProblemError as exc:
+                    raw.append({"backend": backend.name, "shape": [n, k], "skipped": str(exc).splitlines()[-1][:200]})
+                    continue
+                here = [m for m in ms if layer.main_plan.route(m).backend is not None]
+                try:
+                    found = check_rows(layer, k, here, device)
+                except Exception as exc:  # noqa: BLE001 - a backend that fails a call is a finding, not a crash
+                    raw.append({"backend": backend.name, "schedule": schedule, "shape": [n, k], "error": repr(exc)[:300]})
+                    found = [{"m": 0, "position": "error", "max_rel": math.inf}]
+                measured.append((n, k))
+                runs &= set(here)
+                differs += [{"shape": f"{n},{k}", **d} for d in found]
+                raw.append({"backend": backend.name, "schedule": schedule, "shape": [n, k], "m": here, "differs": found,
+                            "s": round(time.perf_counter() - start, 2)})
+                print(f"rows {backend.name:<15} {n}x{k}: {'invariant' if not found else f'{len(found)} differ'}", flush=True)
+            if measured and runs:
+                records.append(replace(record, shapes=tuple(measured), m=(min(runs), max(runs)), invariant=not differs,
+                                       differs=tuple(differs[:10])))
+    return records, raw
+
+
+def measure_cost(selection: Any, records: Sequence[Any], shapes: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The invariant plans' time against the normal plans', per shape and M bucket (the module docstring)."""
+    import torch
+
+    from fp8select.buckets import M_BUCKETS
+    from fp8select.errors import BatchInvariantError
+    from fp8select.measure.bench import random_weight, rotated
+    from fp8select.measure.timing import time_graphs
+    from fp8select.measured.invariance import Invariance, merge_records
+
+    caps, device = selection.capabilities, torch.device("cuda")
+    data = merge_records(None, records, caps.device_name or "cuda")
+    invariant = replace(selection, batch_invariant=True, invariance=Invariance(caps, selection.chain, [("measured", data)]))
+    points: list[dict[str, Any]] = []
+    for n, k in shapes:
+        w, s = random_weight(n, k, device, torch.Generator(device=device).manual_seed(n * k))
+        weights = rotated(w)
+        try:
+            layers = {"normal": [selection.prepare(wi, s) for wi in weights],
+                      "invariant": [invariant.prepare(wi, s) for wi in weights]}
+        except BatchInvariantError as exc:
+            points.append({"shape": [n, k], "error": str(exc).splitlines()[0]})
+            continue
+        plans = {mode: ls[0].main_plan.summary() for mode, ls in layers.items()}
+        for m in M_BUCKETS:
+            x = torch.randn(m, k, device=device).to(torch.bfloat16)
+            columns = {mode: [functools_call(layer, x) for layer in ls] for mode, ls in layers.items()}
+            t = time_graphs(columns, replays=30)
+            points.append({"shape": [n, k], "m": m, "normal_us": round(t["normal"].median_us, 2),
+                           "invariant_us": round(t["invariant"].median_us, 2),
+                           "ratio": round(t["invariant"].median_us / t["normal"].median_us, 4), "plans": plans})
+        print(f"cost {n}x{k}: {plans}", flush=True)
+    ratios = [p["ratio"] for p in points if "ratio" in p]
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+    return {"points": points, "geomean_ratio": None if geomean is None else round(geomean, 4),
+            "within_budget": geomean is not None and geomean <= BUDGET,
+            "costs_more_than_10_percent": [p for p in points if p.get("ratio", 0) > BUDGET]}
+
+
+def functools_call(layer: Any, x: Any) -> Callable[[], object]:
+    return lambda: layer(x)
+
+
+def write_record(path: Path, device_name: str, records: Sequence[Any], shapes: Sequence[tuple[int, int]],
+                 ms: Sequence[int]) -> None:
+    """Merge ``records`` into the records file at ``path`` (made when missing; checked before writing)."""
+    from fp8select.measured.invariance import merge_records, validate_records
+    from fp8select.measured.table import write_json
+
+    base = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if base is not None and (validate_records(base) or base["device_name"] != device_name):
+        raise SystemExit(f"invariance: error: {path} is not a records file of {device_name}; not overwritten")
+    note = (f"Measured by benchmarks/invariance.py on {device_name} ({datetime.date.today().isoformat()}): each "
+            f"accepted backend pinned (Triton with each candidate configuration for every M), shapes "
+            f"{', '.join(f'{n}x{k}' for n, k in shapes)}, a probe row first, in the middle and last of batches of "
+            f"M {', '.join(map(str, ms))}, compared bitwise with the row alone.")
+    data = merge_records(base, records, device_name, note)
+    assert validate_records(data) is None
+    write_json(path, data)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.invariance", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory for invariance.json")
+    parser.add_argument("--write-record", metavar="FILE", help="merge the measured records into this records file")
+    parser.add_argument("--shapes", default=";".join(f"{n},{k}" for n, k in SHAPES), help="N,K pairs (; between)")
+    parser.add_argument("--m", default=",".join(map(str, MS)), help="comma list of M (include 1 and 8192 for a record "
+                                                                     "that qualifies)")
+    parser.add_argument("--phases", default="rows,cost", help="rows, cost or both")
+    args = parser.parse_args(argv)
+    require_cuda("invariance")
+    from fp8select import resolve
+    from fp8select.measure.bench import environment
+
+    shapes = [(int(n), int(k)) for n, k in (p.split(",") for p in args.shapes.split(";") if p)]
+    ms = sorted({int(m) for m in args.m.split(",") if m})
+    phases = set(args.phases.split(","))
+    start = time.perf_counter()
+    selection = resolve(plugins=False)
+    report: dict[str, Any] = {"environment": environment(), "chain": [b.name for b in selection.chain],
+                              "shapes": shapes, "m": ms}
+    records: list[Any] = []
+    if "rows" in phases:
+        records, report["rows"] = measure_rows(selection, shapes, ms)
+        report["records"] = [r.to_dict() for r in records]
+        report["rows_s"] = round(time.perf_counter() - start, 1)
+    if "cost" in phases:
+        if not records:
+            from fp8select.measured.invariance import find_records, invariance_for
+
+            records = list(invariance_for(selection.capabilities, selection.chain).records)
+            report["records_from"] = [source for source, _ in find_records(selection.capabilities)]
+        report["cost"] = measure_cost(selection, records, shapes)
+        print(f"cost: geomean invariant/normal {report['cost']['geomean_ratio']} (budget {BUDGET})", flush=True)
+    report["total_s"] = round(time.perf_counter() - start, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "invariance.json").write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
+    if args.write_record and records:
+        write_record(Path(args.write_record), selection.capabilities.device_name or "cuda", records, shapes, ms)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
