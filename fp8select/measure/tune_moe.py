@@ -126,7 +126,8 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
         if time.monotonic() - start > budget_s:
             rows.append({"shape": key, "skipped": "budget"})
             continue
-        sets = [random_experts(e, h, i, device, gen) for _ in range(weight_copies(e, h, i, k))]
+        copies = weight_copies(e, h, i, k) if device.type == "cuda" else 1  # rotated past a GPU's L2 only
+        sets = [random_experts(e, h, i, device, gen) for _ in range(copies)]
         prepared: dict[str, list[Any]] = {}
         for b in dict.fromkeys(b for b, lay in routes if todo.get((b.name, lay))):
             try:
