@@ -38,7 +38,7 @@ PACKAGE_SYMBOLS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "deep_gemm": (("__init__.py",), ("fp8_gemm_nt", "gemm_fp8_fp8_bf16_nt", "m_grouped_fp8_gemm_nt_contiguous",
                                      "m_grouped_fp8_gemm_nt_masked")),
     "flashinfer": (("gemm/__init__.py", "gemm.py"), ("gemm_fp8_nt_groupwise", "fp8_blockscale_gemm_sm90")),
-    "sgl_kernel": (("__init__.py",), ("fp8_blockwise_scaled_mm",)),
+    "sgl_kernel": (("__init__.py",), ("fp8_blockwise_scaled_mm", "fp8_blockwise_scaled_grouped_mm", "prepare_moe_input")),
     "aiter": (("ops/gemm_op_a8w8.py",), ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle")),
 }
 

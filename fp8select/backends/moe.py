@@ -24,7 +24,7 @@ from fp8select.problem import dtype_name
 from fp8select.verdict import Verdict
 
 __all__ = ["MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
-           "TorchGroupedMoe", "TritonMoe"]
+           "TorchGroupedMoe", "TritonMoe", "epilogue_helpers", "gather_rows"]
 
 MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
@@ -62,6 +62,23 @@ class MoeWeights:
     w2: torch.Tensor
     w2_scale: torch.Tensor
     block_size: tuple[int, int]
+
+
+def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of an fp8 (or any 1-byte) tensor, through a uint8 view."""
+    return t.view(torch.uint8).index_select(0, index).view(t.dtype)
+
+
+def epilogue_helpers(device: torch.device) -> tuple[Any, Any]:
+    """What a vendor backend runs around its grouped GEMMs, ``(silu_mul_quant, weighted_sum)``: fp8select's
+    Triton kernels on a GPU, torch elsewhere (CPU tests against the fakes)."""
+    if device.type == "cuda":
+        from fp8select.kernels.moe_triton import silu_mul_quant, weighted_sum
+
+        return silu_mul_quant, weighted_sum
+    from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
+
+    return silu_mul_quant_torch, weighted_sum_torch
 
 
 class MoeBackend:
