@@ -180,3 +180,40 @@ def test_the_fake_routing_leaves_unrouted_entries_and_wants_int32(monkeypatch) -
     assert sorted(rows[1:3].tolist()) == [0, 1] and rows[0] == 1 and where[2] == 0
     with pytest.raises(RuntimeError, match=r"topk_ids\.dtype"):
         fake.module.prepare_moe_input(ids.long(), offsets, ps1, ps2, rows, where, 3, 128, 256)
+
+
+def _package(root, files: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_flashinfer_moe_gate_reads_whether_its_module_can_build(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The trimmed FlashInfer (the dense GEMM's sources only) exposes ``cutlass_fused_moe`` but lacks the
+    binding source its JIT build compiles: rejected, saying so. With the source: only "not implemented"."""
+    import importlib
+    import sys
+
+    from fp8select.backends.moe import FlashInferMoe
+    from fp8select.detect import FLASHINFER_MOE_SOURCE, _package_symbols
+
+    trimmed = {"flashinfer/__init__.py": "raise RuntimeError('imported')\n",
+               "flashinfer/gemm/__init__.py": "from .gemm_base import fp8_blockscale_gemm_sm90\n",
+               "flashinfer/fused_moe/__init__.py": "from .core import (\n    cutlass_fused_moe,\n)\n"}
+    _package(tmp_path, trimmed)
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    packages = {**H200.packages, "flashinfer": "0.7.2.post1"}
+
+    def caps():  # type: ignore[no-untyped-def]
+        return dataclasses.replace(H200, packages=packages, package_symbols=_package_symbols(packages))
+
+    verdict = FlashInferMoe().check(caps())
+    assert not verdict.ok and "FusedMoeRunner" in verdict.reason and "fused_moe_90" in verdict.reason
+    _package(tmp_path, {f"flashinfer/{FLASHINFER_MOE_SOURCE}": "class FusedMoeRunner : public tvm::ffi::ModuleObj {};\n"})
+    verdict = FlashInferMoe().check(caps())
+    assert not verdict.ok and verdict.reason == "not implemented in this version"
+    assert not FlashInferMoe().check(dataclasses.replace(caps(), cuda_version="12.6")).ok
+    assert "flashinfer" not in sys.modules
