@@ -72,7 +72,8 @@ LAYOUT_INTS = 5
 @dataclass(frozen=True)
 class CutlassScratch:
     """One layer's device tensors, made once at prepare: the weights' column-major views, the stride arrays,
-    and the scratch the two calls fill (pointer arrays, scale layouts, problem sizes, offsets, workspace)."""
+    and the scratch the two calls fill (pointer arrays, scale layouts, problem sizes, offsets, workspace).
+    The scratch is shared by every call of the layer, as SGLang shares it: calls on one stream."""
 
     weights: MoeWeights
     b13: tuple[torch.Tensor, torch.Tensor]
