@@ -18,8 +18,8 @@ from typing import Any
 
 from fp8select.capabilities import Capabilities, FrozenMap
 
-__all__ = ["ENV_NAMES", "ENV_PREFIX", "KNOWN_PACKAGES", "PACKAGE_SYMBOLS", "detect_capabilities", "forget_detected",
-           "read_env"]
+__all__ = ["ENV_NAMES", "ENV_PREFIX", "FLASHINFER_MOE_SOURCE", "KNOWN_PACKAGES", "PACKAGE_SYMBOLS", "detect_capabilities",
+           "forget_detected", "read_env"]
 
 # Import names fp8select cares about, and the distribution names each may be installed under.
 KNOWN_PACKAGES: Mapping[str, tuple[str, ...]] = {
@@ -31,14 +31,19 @@ KNOWN_PACKAGES: Mapping[str, tuple[str, ...]] = {
     "torch_npu": ("torch-npu", "torch_npu"),
 }
 
+FLASHINFER_MOE_SOURCE = "data/csrc/fused_moe/cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu"
+"""FlashInfer's CUTLASS MoE host-module source (defines ``FusedMoeRunner``): ``cutlass_fused_moe`` compiles
+it at first use, so a package without it cannot run that entry point (backends/moe.py, ``FlashInferMoe``)."""
+
 # Entry points the vendor adapters call, by import name: (files relative to the package directory
 # whose source text names them, the names looked for). Read as text at detection, never imported,
 # so a snapshot can say "deep_gemm 1.x is installed but has no fp8_gemm_nt" without importing it.
 PACKAGE_SYMBOLS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "deep_gemm": (("__init__.py",), ("fp8_gemm_nt", "gemm_fp8_fp8_bf16_nt", "m_grouped_fp8_gemm_nt_contiguous",
                                      "m_grouped_fp8_gemm_nt_masked")),
-    "flashinfer": (("gemm/__init__.py", "gemm.py"), ("gemm_fp8_nt_groupwise", "fp8_blockscale_gemm_sm90")),
-    "sgl_kernel": (("__init__.py",), ("fp8_blockwise_scaled_mm",)),
+    "flashinfer": (("gemm/__init__.py", "gemm.py", "fused_moe/__init__.py", FLASHINFER_MOE_SOURCE),
+                   ("gemm_fp8_nt_groupwise", "fp8_blockscale_gemm_sm90", "cutlass_fused_moe", "FusedMoeRunner")),
+    "sgl_kernel": (("__init__.py",), ("fp8_blockwise_scaled_mm", "fp8_blockwise_scaled_grouped_mm", "prepare_moe_input")),
     "aiter": (("ops/gemm_op_a8w8.py",), ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle")),
 }
 

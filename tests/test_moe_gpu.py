@@ -6,18 +6,21 @@ Run in a process of its own (the CPU Triton tests set TRITON_INTERPRET=1 for the
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 
 import fp8select
 from fp8select.backends.moe import MoeProblem, MoeWeights
-from fp8select.moe_select import moe_chain
+from fp8select.moe_select import moe_chain, moe_verdicts
 from fp8select.nn import BlockFp8MoE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 E, H, INTER, K = 16, 1024, 384, 8
 TOL = 1e-2
+BF16_GEMMS = ("deepgemm", "cutlass")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def test_every_backend_and_layout_within_1e2(selection, problem, m: int, skew: b
                 continue
             run = backend.bind(prepared, layout, backend.default_config(moe_problem, layout, m), caps)
             y = run(x.cuda(), w.cuda(), ids.cuda()).cpu()
-            gemm_out = torch.bfloat16 if backend.name == "deepgemm" else None  # DeepGEMM writes gate/up in bf16
+            gemm_out = torch.bfloat16 if backend.name in BF16_GEMMS else None  # the vendors write gate/up in bf16
             ref = want if gemm_out is None else expected_moe(x, *problem.weights(), w, ids, gemm_out=gemm_out)
             assert rel_err(y, ref) < TOL, (backend.name, layout)
 
@@ -92,3 +95,31 @@ def test_bad_ids_are_typed_errors_on_eager_calls(selection, problem) -> None:  #
     x, w, ids = (t.cuda() for t in _inputs(4))
     with pytest.raises(fp8select.InvalidInputError, match="topk_ids"):
         moe(x, w, ids.masked_fill(ids == ids[0, 0], E))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sgl_kernel") is None, reason="needs sgl_kernel (sglang-kernel 0.4.4)")
+@pytest.mark.parametrize("m", [1, 64, 300])  # 8 / 512 / 2400 rows: the kernel swaps A and B up to 2048 rows
+def test_sgl_kernel_cutlass_within_1e2_and_replays_in_a_cuda_graph(selection, problem, m: int) -> None:  # type: ignore[no-untyped-def]
+    verdicts = {b.name: (b, c) for b, c in moe_verdicts(selection)}
+    backend, verdict = verdicts["cutlass"]
+    assert verdict.accepted, verdict.reason
+    caps = selection.capabilities
+    prepared = backend.prepare(MoeWeights(*_cuda(problem), (128, 128)), caps)
+    run = backend.bind(prepared, "offsets", None, caps)
+    x, w, ids = _inputs(m, seed=m, skew=m == 64)
+    ids[0, -1] = -1
+    want = expected_moe(x, *problem.weights(), w, ids, gemm_out=torch.bfloat16)
+    x, w, ids = x.cuda(), w.cuda(), ids.cuda()
+    eager = run(x, w, ids)
+    assert rel_err(eager.cpu(), want) < TOL
+    row = min(1, m - 1)
+    poisoned = x.clone()
+    poisoned[row, 5] = float("nan")
+    nan = run(poisoned, w, ids).cpu()
+    assert torch.isnan(nan[row]).all() and (m == 1 or torch.isfinite(nan[0]).all())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(x, w, ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(captured.cpu(), want) < TOL  # row order within an expert may differ (atomics): not bitwise

@@ -19,12 +19,23 @@ import torch
 from fp8select.backends.base import NOT_IMPLEMENTED
 from fp8select.backends.triton import TRITON_DEVICES
 from fp8select.capabilities import Capabilities
-from fp8select.probes import DeviceKind, Float8Dtype, Functional, HasScaledMM, Package, Probe
+from fp8select.detect import FLASHINFER_MOE_SOURCE
+from fp8select.probes import (
+    ComputeCapability,
+    DeviceKind,
+    Float8Dtype,
+    Functional,
+    HasScaledMM,
+    Package,
+    PackageSymbols,
+    Probe,
+    ToolkitVersion,
+)
 from fp8select.problem import dtype_name
 from fp8select.verdict import Verdict
 
-__all__ = ["MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
-           "TorchGroupedMoe", "TritonMoe"]
+__all__ = ["FlashInferMoe", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
+           "TorchGroupedMoe", "TritonMoe", "epilogue_helpers", "gather_rows"]
 
 MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
@@ -62,6 +73,23 @@ class MoeWeights:
     w2: torch.Tensor
     w2_scale: torch.Tensor
     block_size: tuple[int, int]
+
+
+def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of an fp8 (or any 1-byte) tensor, through a uint8 view."""
+    return t.view(torch.uint8).index_select(0, index).view(t.dtype)
+
+
+def epilogue_helpers(device: torch.device) -> tuple[Any, Any]:
+    """What a vendor backend runs around its grouped GEMMs, ``(silu_mul_quant, weighted_sum)``: fp8select's
+    Triton kernels on a GPU, torch elsewhere (CPU tests against the fakes)."""
+    if device.type == "cuda":
+        from fp8select.kernels.moe_triton import silu_mul_quant, weighted_sum
+
+        return silu_mul_quant, weighted_sum
+    from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
+
+    return silu_mul_quant_torch, weighted_sum_torch
 
 
 class MoeBackend:
@@ -189,5 +217,33 @@ class TorchGroupedMoe(MoeBackend):
         Functional("cuda_blockwise_scaled_grouped_mm",
                    "block-wise F.scaled_grouped_mm tried on a small problem; torch 2.11 on sm90 raises "
                    "'No gemm implementation was found'"),
+    )
+    implemented = False
+
+
+class FlashInferMoe(MoeBackend):
+    """FlashInfer's ``cutlass_fused_moe(..., use_deepseek_fp8_block_scale=True)`` (the whole experts op, TRT-LLM's
+    CUTLASS MoE). Declared so that ``explain`` says why it does not run; no adapter is written.
+
+    From FlashInfer 0.7.2.post1's sources (``fused_moe/core.py``): block-scale FP8 raises ``NotImplementedError``
+    unless the device is sm90 ("not yet implemented for Blackwell") and CUDA >= 12.8; the sm90 module is built by
+    NVCC at first use from ``csrc/fused_moe/cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu``,
+    ``cutlass_fused_moe_instantiation.cu`` and generated CUTLASS instantiations. The trimmed package this project
+    runs on the H200 ships neither of those two files (the full wheel's RECORD lists them) and no prebuilt
+    ``fused_moe_90`` module, so there it cannot build: the last probe reads the binding source's
+    ``FusedMoeRunner`` through detection. A package from the JIT-cache distribution (prebuilt modules) would
+    be rejected too, conservatively."""
+
+    name = "flashinfer"
+    summary = "FlashInfer cutlass_fused_moe with DeepSeek FP8 block scales (JIT-built TRT-LLM CUTLASS MoE), sm90"
+    requires: ClassVar[tuple[Probe, ...]] = (
+        DeviceKind(("cuda",)),
+        ComputeCapability(allowed=((9, 0),)),
+        ToolkitVersion("cuda", ">=12.8", "FlashInfer FP8 block-scale MoE"),
+        Package("flashinfer", why="cutlass_fused_moe"),
+        PackageSymbols("flashinfer", ("cutlass_fused_moe",), "FlashInfer's fused MoE entry point"),
+        PackageSymbols("flashinfer", ("FusedMoeRunner",),
+                       f"{FLASHINFER_MOE_SOURCE}, which cutlass_fused_moe compiles at first use; the trimmed "
+                       "0.7.2.post1 package lacks it and ships no prebuilt fused_moe_90 module"),
     )
     implemented = False

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
-from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights
+from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights, epilogue_helpers, gather_rows
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
 from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout, empty_scale
@@ -59,11 +59,6 @@ class DeepGemmExperts:
     alignment: int
 
 
-def _gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``index`` of an fp8 (or any 1-byte) tensor, through a uint8 view."""
-    return t.view(torch.uint8).index_select(0, index).view(t.dtype)
-
-
 def _mn_major(scale: torch.Tensor) -> torch.Tensor:
     out = empty_scale(scale.shape[0], scale.shape[1], TMA, scale.device)
     out.copy_(scale)
@@ -77,17 +72,6 @@ def _masked_scale(rows: torch.Tensor, experts: int, max_m: int) -> torch.Tensor:
     out = torch.empty((experts, groups, max_m), dtype=torch.float32, device=rows.device).transpose(1, 2)
     out.copy_(rows.view(experts, max_m, groups))
     return out
-
-
-def _helpers(device: torch.device) -> tuple[Any, Any]:
-    """(silu-mul-quant, weighted sum): the Triton kernels on a GPU, torch elsewhere (CPU tests)."""
-    if device.type == "cuda":
-        from fp8select.kernels.moe_triton import silu_mul_quant, weighted_sum
-
-        return silu_mul_quant, weighted_sum
-    from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
-
-    return silu_mul_quant_torch, weighted_sum_torch
 
 
 class DeepGemmMoe(MoeBackend):
@@ -129,7 +113,7 @@ class DeepGemmMoe(MoeBackend):
         e, two_i, hidden = w.w13.shape
         device = w.w13.device
         quantize = bind_quantizer(hidden, w.w13.dtype, ROW_MAJOR, device)
-        silu_mul_quant, weighted_sum = _helpers(device)
+        silu_mul_quant, weighted_sum = epilogue_helpers(device)
         b13, b2 = (w.w13, w.w13_scale), (w.w2, w.w2_scale)
 
         def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -137,7 +121,7 @@ class DeepGemmMoe(MoeBackend):
             routing = route(topk_ids, e, experts.alignment)
             token = (routing.slot_ids.to(torch.int64) // k).clamp(max=m - 1)  # padding rows read token m-1
             x_q, x_s = quantize(x)
-            a = (_gather_rows(x_q, token), _mn_major(x_s.index_select(0, token)))
+            a = (gather_rows(x_q, token), _mn_major(x_s.index_select(0, token)))
             layout_rows = routing.block_expert.repeat_interleave(experts.alignment)
             d1 = torch.empty((routing.rows, two_i), dtype=torch.bfloat16, device=device)
             experts.contiguous.fn(a, b13, d1, layout_rows)

@@ -1,7 +1,9 @@
 """Fake ``sgl_kernel`` (sgl-project/sglang ``sgl-kernel``) for CPU tests.
 
 Emulates ``sgl_kernel.fp8_blockwise_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype)``,
-the CUTLASS block-wise FP8 GEMM (``torch.ops.sgl_kernel.fp8_blockwise_scaled_mm``): the
+the CUTLASS block-wise FP8 GEMM (``torch.ops.sgl_kernel.fp8_blockwise_scaled_mm``), and the MoE
+entry points ``fp8_blockwise_scaled_grouped_mm`` and ``prepare_moe_input`` (tests/fakes/sgl_kernel_moe.py,
+the API and sources each follows are named there). For the dense GEMM the
 ``TORCH_CHECK``s of ``sgl-kernel/csrc/gemm/fp8_blockwise_gemm_kernel.cu`` are reproduced
 with their messages, then the product is computed in float64 and returned as a new tensor.
 
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 
 from . import Call, dequantize_blockwise, make_vendor_module, recorded
+from .sgl_kernel_moe import FakeSglKernelMoe
 
 
 def _torch_check(ok: bool, message: str) -> None:
@@ -118,11 +121,14 @@ class FakeSglKernel:
 def build(log: list[Call], **options: Any) -> tuple[FakeSglKernel, dict[str, Any]]:
     """Build the fake ``sgl_kernel`` package; ``options`` are ``FakeSglKernel`` keyword knobs."""
     impl = FakeSglKernel(**options)
+    moe = FakeSglKernelMoe(impl)  # the MoE entry points (tests/fakes/sgl_kernel_moe.py)
     module = make_vendor_module(
         "sgl_kernel",
         {
             "__version__": impl.version,
             "fp8_blockwise_scaled_mm": recorded(log, "sgl_kernel", "fp8_blockwise_scaled_mm", impl.fp8_blockwise_scaled_mm),
+            **{name: recorded(log, "sgl_kernel", name, getattr(moe, name))
+               for name in ("fp8_blockwise_scaled_grouped_mm", "prepare_moe_input")},
             "set_sm_version": impl.set_sm_version,
             "reset": impl.reset,
             "FAKE": impl,
