@@ -91,8 +91,9 @@ def test_all_minus_one_gives_zeros_and_nan_stays_in_its_row(monkeypatch, problem
 def test_the_layer_plans_cutlass_and_m0_launches_nothing(monkeypatch, problem) -> None:  # type: ignore[no-untyped-def]
     fake = install(monkeypatch, "sgl_kernel")
     sel = resolve(H200_MOE, plugins=False, verify=False)
-    assert [b.name for b in moe_chain(sel)][:2] == ["cutlass", "triton"]
-    moe = sel.prepare_moe(*problem.weights(), top_k=2)
+    assert [b.name for b in moe_chain(sel)][:2] == ["triton", "cutlass"]  # not run on a GPU yet: after Triton
+    assert sel.prepare_moe(*problem.weights(), top_k=2).main_plan.summary() == "any M: triton/sorted"
+    moe = resolve(H200_MOE, plugins=False, verify=False, backend="cutlass").prepare_moe(*problem.weights(), top_k=2)
     assert moe.main_plan.summary() == "any M: cutlass/offsets"
     w, ids = random_routing(3, 2, E, seed=3)
     x = torch.randn(3, H).to(torch.bfloat16)
@@ -106,7 +107,7 @@ def test_deepgemm_stays_first_and_explicit_picks_cutlass() -> None:
     both = dataclasses.replace(H200_MOE, packages={**H200_MOE.packages, "deep_gemm": "2.6.1"}, package_symbols={
         "sgl_kernel": SYMBOLS, "deep_gemm": ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
     sel = resolve(both, plugins=False, verify=False)
-    assert [b.name for b in moe_chain(sel)][:3] == ["deepgemm", "cutlass", "triton"]
+    assert [b.name for b in moe_chain(sel)][:3] == ["deepgemm", "triton", "cutlass"]
     assert sel.moe_plan_for(32, 7168, 2048, 8).backends == ("deepgemm",)
     explicit = resolve(both, plugins=False, verify=False, backend="sgl_kernel")
     assert explicit.moe_plan_for(32, 7168, 2048, 8).summary() == "any M: cutlass/offsets"

@@ -1,6 +1,9 @@
-"""The built-in MoE experts backends, in default priority order (data, not branches): the vendors'
-grouped GEMMs first (DeepGEMM, run on the H200, before sgl-kernel's CUTLASS one, not run there yet),
-torch's next, fp8select's Triton kernels, then the pure-torch reference."""
+"""The built-in MoE experts backends, in default priority order (data, not branches): DeepGEMM's grouped
+GEMMs first (run on the H200), torch's next (gated on what runs), fp8select's Triton kernels (run on the
+H200), then the vendors' adapters that have run only against their fakes (sgl-kernel's CUTLASS grouped
+GEMM; FlashInfer's fused MoE, declared), then the pure-torch reference. The MoE chain is not verified on
+the device at ``resolve()`` as the dense one is, so a backend that has not run on real hardware comes
+after those that have: the rule never picks it over them, a measured table or an explicit choice can."""
 
 from __future__ import annotations
 
@@ -10,5 +13,5 @@ from fp8select.backends.moe_deepgemm import DeepGemmMoe
 
 __all__ = ["MOE_BACKENDS"]
 
-MOE_BACKENDS: tuple[type[MoeBackend], ...] = (DeepGemmMoe, CutlassMoe, FlashInferMoe, TorchGroupedMoe, TritonMoe,
+MOE_BACKENDS: tuple[type[MoeBackend], ...] = (DeepGemmMoe, TorchGroupedMoe, TritonMoe, CutlassMoe, FlashInferMoe,
                                                ReferenceMoe)
