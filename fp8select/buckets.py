@@ -7,7 +7,8 @@ bucket. Pure Python: no torch, no triton.
 
 from __future__ import annotations
 
-__all__ = ["BUCKET_INDEX", "M_BUCKETS", "M_BUCKET_MAX", "bucket_index", "bucket_range", "m_bucket"]
+__all__ = ["BUCKET_INDEX", "M_BUCKETS", "M_BUCKET_MAX", "bucket_ends", "bucket_index", "bucket_range", "m_bucket",
+           "span"]
 
 M_BUCKET_MAX = 8192
 """Largest bucket; larger M shares it."""
@@ -38,3 +39,15 @@ def bucket_range(bucket: int) -> tuple[int, int | None]:
     lo = bucket // 2 + 1 if bucket > 1 else 1
     return lo, None if bucket == M_BUCKET_MAX else bucket
 
+
+def bucket_ends(bucket: int) -> tuple[int, ...]:
+    """The M at both ends of ``bucket`` (one where it holds one M, or has no upper end): where a gate is asked."""
+    lo, hi = bucket_range(bucket)
+    return (lo,) if hi is None or hi == lo else (lo, hi)
+
+
+def span(lo: int, hi: int | None) -> str:
+    """An M range as plans print it: ``M 3-4``, ``M 1``, ``M >= 4097``, ``any M``."""
+    if hi is None:
+        return "any M" if lo == 1 else f"M >= {lo}"
+    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"

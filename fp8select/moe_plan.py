@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fp8select.backends.moe import MoeBackend, MoeProblem
-from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range
+from fp8select.buckets import M_BUCKETS, bucket_ends, bucket_index, bucket_range, span
 from fp8select.capabilities import Capabilities
 from fp8select.errors import UnsupportedProblemError
 from fp8select.guard import safe_verdict
@@ -105,7 +105,7 @@ class MoePlan:
                 spans[-1] = (spans[-1][0], hi, name)
             else:
                 spans.append((lo, hi, name))
-        return ", ".join(f"{_span(lo, hi)}: {name}" for lo, hi, name in spans)
+        return ", ".join(f"{span(lo, hi)}: {name}" for lo, hi, name in spans)
 
     def describe(self) -> str:
         """Several lines: per M range the backend and layout, why, its launch configuration, then the
@@ -116,7 +116,7 @@ class MoePlan:
         for lo, hi, route in self.ranges():
             name = route_name(route.backend, route.layout) if route.backend else "-"
             kernel = f"[{route.config.describe()}] " if hasattr(route.config, "describe") else ""
-            lines.append(f"  {_span(lo, hi):<14} {name:<26} {route.why:<9} {kernel}{route.detail}")
+            lines.append(f"  {span(lo, hi):<14} {name:<26} {route.why:<9} {kernel}{route.detail}")
         lines.extend(f"  not for this layer: {c.name}: {c.reason}" for c in self.candidates if not c.accepted)
         return "\n".join(lines)
 
@@ -125,17 +125,6 @@ class MoePlan:
         return {"experts": p.experts, "hidden": p.hidden, "intermediate": p.intermediate, "top_k": p.top_k,
                 "explicit": self.explicit, "routes": [r.to_dict() for r in self.routes],
                 "candidates": [c.to_dict() for c in self.candidates]}
-
-
-def _span(lo: int, hi: int | None) -> str:
-    if hi is None:
-        return "any M" if lo == 1 else f"M >= {lo}"
-    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
-
-
-def _probe_ms(bucket: int) -> tuple[int, ...]:
-    lo, hi = bucket_range(bucket)
-    return (lo,) if hi is None or hi == lo else (lo, hi)
 
 
 def _gate(backend: MoeBackend, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
@@ -173,7 +162,7 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
         runnable: dict[str, list[str]] = {}
         rejected: dict[str, str] = {}
         for b in accepted:
-            verdicts = {lay: [_gate(b, replace(problem, m=m), caps, lay) for m in _probe_ms(bucket)]
+            verdicts = {lay: [_gate(b, replace(problem, m=m), caps, lay) for m in bucket_ends(bucket)]
                         for lay in layouts[b.name]}
             ok = [lay for lay, vs in verdicts.items() if all(v.ok for v in vs)]
             if ok:

@@ -43,14 +43,14 @@ from dataclasses import replace
 from typing import Any
 
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend
-from fp8select.buckets import M_BUCKETS, bucket_range
+from fp8select.buckets import M_BUCKETS, bucket_ends, bucket_range, span
 from fp8select.capabilities import Capabilities
 from fp8select.errors import BatchInvariantError, UnsupportedProblemError
 from fp8select.guard import safe_verdict
 from fp8select.measured.invariance import Invariance, Option
 from fp8select.measured.model import Estimate, Measurements
 from fp8select.problem import Problem
-from fp8select.routes import Plan, Route, WeightUse, span
+from fp8select.routes import Plan, Route, WeightUse
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "HAIR", "INVARIANT", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route",
@@ -84,11 +84,6 @@ def gate(backend: Backend, problem: Problem, caps: Capabilities) -> Verdict:
     return safe_verdict(backend.supports, problem, caps, what="gate")
 
 
-def _probe_ms(bucket: int) -> tuple[int, ...]:
-    lo, hi = bucket_range(bucket)
-    return (lo,) if hi is None or hi == lo else (lo, hi)
-
-
 def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, estimate: EstimateFn, *,
                explicit: str | None = None, max_weight_copies: int | None = 1,
                invariance: Invariance | None = None) -> Plan:
@@ -109,7 +104,7 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     rejects: dict[tuple[str, int], str] = {}
     for b in accepted:
         for bucket in M_BUCKETS:
-            for m in _probe_ms(bucket):
+            for m in bucket_ends(bucket):
                 verdict = gate(b, replace(problem, m=m), caps)
                 if not verdict.ok:
                     rejects[(b.name, bucket)] = verdict.reason

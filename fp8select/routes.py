@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fp8select.backends.base import CHECKPOINT_LAYOUT
-from fp8select.buckets import bucket_index, bucket_range
+from fp8select.buckets import bucket_index, bucket_range, span
 from fp8select.problem import Problem
 from fp8select.verdict import Candidate
 
@@ -126,7 +126,3 @@ def _same(a: Route, b: Route, by_backend_only: bool) -> bool:
     return a.backend == b.backend and (by_backend_only or (a.why, a.config) == (b.why, b.config))
 
 
-def span(lo: int, hi: int | None) -> str:
-    if hi is None:
-        return "any M" if lo == 1 else f"M >= {lo}"
-    return f"M {lo}" if lo == hi else f"M {lo}-{hi}"

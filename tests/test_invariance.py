@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from batch_rows import assert_rows_batch_invariant
 from fp64_reference import random_problem
 from matrix import MATRIX
 from test_plan import CPU, K, N, _problem, fake, measurements
@@ -251,14 +252,7 @@ def test_reference_rows_are_bitwise_the_same_for_any_batch(out_dtype: torch.dtyp
     w, s = random_problem(N, K, seed=3)[:2]
     layer = resolve(CPU, plugins=False, batch_invariant=True).prepare(w, s, out_dtype=out_dtype)
     assert layer.main_plan.invariant is not None and "batch-invariant" in repr(layer)
-    rows = torch.randn(max(MS), K, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    probe = torch.randn(K, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
-    alone = layer(probe[None])[0]
-    for m in MS:
-        for position in dict.fromkeys((0, m // 2, m - 1)):
-            batch = rows[:m].clone()
-            batch[position] = probe
-            assert torch.equal(layer(batch)[position], alone), (m, position)
+    assert_rows_batch_invariant(layer, K, MS, seed=4)
 
 
 def test_explain_says_what_backs_the_plans(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

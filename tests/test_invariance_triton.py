@@ -13,7 +13,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in this process
 
 import pytest
-import torch
+from batch_rows import assert_rows_batch_invariant
 from fp64_reference import random_problem
 
 pytest.importorskip("triton")
@@ -45,11 +45,4 @@ def test_triton_rows_are_bitwise_the_same_for_any_batch(config: dict[str, object
     layer = Fp8Linear([triton], CPU_TRITON, w, s, invariance=Invariance(CPU_TRITON, [triton], [("test", data)]))
     assert layer.main_plan.backends == ("triton",)
     assert {r.config.to_dict()["path"] for r in layer.main_plan.routes} == {config["path"]}
-    rows = torch.randn(max(MS), K, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
-    probe = torch.randn(K, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
-    alone = layer(probe[None])[0]
-    for m in MS:
-        for position in dict.fromkeys((0, m // 2, m - 1)):
-            batch = rows[:m].clone()
-            batch[position] = probe
-            assert torch.equal(layer(batch)[position], alone), (m, position)
+    assert_rows_batch_invariant(layer, K, MS, seed=6)

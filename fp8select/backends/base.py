@@ -90,18 +90,11 @@ class Backend:
 
     def check(self, caps: Capabilities) -> Verdict:
         """Device-level gate: every probe in ``requires``, then whether compute exists."""
-        for probe in self.requires:
-            verdict = probe(caps)
-            if not verdict.ok:
-                return verdict
-        if not self.implemented:
-            return Verdict.reject(NOT_IMPLEMENTED)
-        return Verdict.accept(self.accept_reason(caps))
+        rejected = device_gate(self.requires, self.implemented, caps)
+        return Verdict.accept(self.accept_reason(caps)) if rejected is None else rejected
 
     def accept_reason(self, caps: Capabilities) -> str:
-        if not self.requires:
-            return "no requirements"
-        return "meets " + "; ".join(p(caps).reason for p in self.requires)
+        return requirements_met(self.requires, caps)
 
     @property
     def input_scale_layout(self) -> ScaleLayout:
@@ -194,3 +187,18 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
+
+
+def device_gate(requires: Sequence[Probe], implemented: bool, caps: Capabilities) -> Verdict | None:
+    """The first of ``requires`` that rejects ``caps``, else a rejection when the backend is not
+    implemented, else None: a backend's device-level gate (dense and MoE alike)."""
+    for probe in requires:
+        verdict = probe(caps)
+        if not verdict.ok:
+            return verdict
+    return None if implemented else Verdict.reject(NOT_IMPLEMENTED)
+
+
+def requirements_met(requires: Sequence[Probe], caps: Capabilities) -> str:
+    """The reason a device-level gate accepts: what each probe found."""
+    return "meets " + "; ".join(p(caps).reason for p in requires) if requires else "no requirements"

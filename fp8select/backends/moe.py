@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fp8select.backends.base import NOT_IMPLEMENTED
+from fp8select.backends.base import NOT_IMPLEMENTED, device_gate, requirements_met
 from fp8select.backends.triton import TRITON_DEVICES
 from fp8select.capabilities import Capabilities
 from fp8select.detect import FLASHINFER_MOE_SOURCE
@@ -106,14 +106,8 @@ class MoeBackend:
 
     def check(self, caps: Capabilities) -> Verdict:
         """Device-level gate: every probe of ``requires``, then whether it is implemented."""
-        for probe in self.requires:
-            verdict = probe(caps)
-            if not verdict.ok:
-                return verdict
-        if not self.implemented:
-            return Verdict.reject(NOT_IMPLEMENTED)
-        return Verdict.accept("meets " + "; ".join(p(caps).reason for p in self.requires) if self.requires
-                              else "no requirements")
+        rejected = device_gate(self.requires, self.implemented, caps)
+        return Verdict.accept(requirements_met(self.requires, caps)) if rejected is None else rejected
 
     def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
         """Problem-level gate of one layout: block size, dtypes; subclasses add shapes and M."""
@@ -247,3 +241,12 @@ class FlashInferMoe(MoeBackend):
                        "0.7.2.post1 package lacks it and ships no prebuilt fused_moe_90 module"),
     )
     implemented = False
+
+
+def reject_unaligned(problem: MoeProblem, why: str) -> Verdict | None:
+    """A rejection unless H and I (the K of the two grouped GEMMs) are multiples of 128 (``why`` says
+    which kernel needs it), else None."""
+    for what, value in (("H", problem.hidden), ("I", problem.intermediate)):
+        if value % 128:
+            return Verdict.reject(f"requires {what} % 128 == 0 ({why}), found {what}={value}")
+    return None

@@ -49,7 +49,15 @@ from typing import Any, ClassVar
 import torch
 
 from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
-from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights, epilogue_helpers, gather_rows
+from fp8select.backends.moe import (
+    MoeBackend,
+    MoeLaunch,
+    MoeProblem,
+    MoeWeights,
+    epilogue_helpers,
+    gather_rows,
+    reject_unaligned,
+)
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import ROW_MAJOR
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
@@ -108,10 +116,9 @@ class CutlassMoe(MoeBackend):
         verdict = super().supports(problem, caps, layout)
         if not verdict.ok:
             return verdict
-        for what, value in (("H", problem.hidden), ("I", problem.intermediate)):
-            if value % 128:
-                return Verdict.reject(f"requires {what} % 128 == 0 (the kernel offsets scale pointers by K/128 and "
-                                      f"N/128), found {what}={value}")
+        unaligned = reject_unaligned(problem, "the kernel offsets scale pointers by K/128 and N/128")
+        if unaligned is not None:
+            return unaligned
         if problem.experts > MAX_EXPERTS:
             return Verdict.reject(f"requires E <= {MAX_EXPERTS} (one thread block of E threads sets the pointers "
                                   f"up), found E={problem.experts}")

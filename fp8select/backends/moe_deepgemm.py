@@ -28,7 +28,15 @@ from typing import Any, ClassVar
 import torch
 
 from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
-from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights, epilogue_helpers, gather_rows
+from fp8select.backends.moe import (
+    MoeBackend,
+    MoeLaunch,
+    MoeProblem,
+    MoeWeights,
+    epilogue_helpers,
+    gather_rows,
+    reject_unaligned,
+)
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
 from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout, empty_scale
@@ -94,10 +102,8 @@ class DeepGemmMoe(MoeBackend):
         verdict = super().supports(problem, caps, layout)
         if not verdict.ok:
             return verdict
-        for what, value in (("H", problem.hidden), ("I", problem.intermediate)):
-            if value % 128:
-                return Verdict.reject(f"requires {what} % 128 == 0 (the K of a grouped GEMM), found {what}={value}")
-        return verdict
+        unaligned = reject_unaligned(problem, "the K of a grouped GEMM")
+        return verdict if unaligned is None else unaligned
 
     def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
         contiguous = require(MODULE, CONTIGUOUS)
