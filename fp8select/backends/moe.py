@@ -74,6 +74,11 @@ class MoeWeights:
     w2_scale: torch.Tensor
     block_size: tuple[int, int]
 
+    def contiguous(self) -> MoeWeights:
+        """The same tensors, each contiguous (a view where it already is: no copy)."""
+        return MoeWeights(self.w13.contiguous(), self.w13_scale.contiguous(), self.w2.contiguous(),
+                          self.w2_scale.contiguous(), self.block_size)
+
 
 def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows ``index`` of an fp8 (or any 1-byte) tensor, through a uint8 view."""

@@ -128,8 +128,7 @@ class CutlassMoe(MoeBackend):
         """Entry points, the weights' ``transpose(1, 2)`` views (column-major B, no copy) and the scratch."""
         grouped_mm = require(MODULE, GROUPED_MM)
         prepare_input = require(MODULE, PREPARE)
-        w = MoeWeights(weights.w13.contiguous(), weights.w13_scale.contiguous(), weights.w2.contiguous(),
-                       weights.w2_scale.contiguous(), weights.block_size)
+        w = weights.contiguous()
         e, two_i, hidden = w.w13.shape
         device = w.w13.device
 

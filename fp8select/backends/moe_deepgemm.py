@@ -109,9 +109,7 @@ class DeepGemmMoe(MoeBackend):
         contiguous = require(MODULE, CONTIGUOUS)
         masked = require(MODULE, MASKED)
         alignment = int(require(MODULE, ALIGNMENT).fn())
-        tensors = MoeWeights(weights.w13.contiguous(), weights.w13_scale.contiguous(), weights.w2.contiguous(),
-                             weights.w2_scale.contiguous(), weights.block_size)
-        return DeepGemmExperts(tensors, contiguous, masked, alignment)
+        return DeepGemmExperts(weights.contiguous(), contiguous, masked, alignment)
 
     def bind(self, prepared: Any, layout: str, config: Any, caps: Capabilities) -> MoeLaunch:
         experts: DeepGemmExperts = prepared
