@@ -319,7 +319,8 @@ def test_fixup_equals_two_pass_reduction_and_resets_counters(path: str, split_k:
     two_pass = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, bias=bias, config=replace(cfg, FIXUP=0))
     # Both sum the partials in split order: bitwise equal (and run-to-run reproducible).
     assert torch.equal(one_launch, two_pass)
-    assert tg._COUNTERS and all(int(buf.abs().sum()) == 0 for buf in tg._COUNTERS.values())
+    counters = importlib.import_module("fp8select.kernels.triton_device")._COUNTERS
+    assert counters and all(int(buf.abs().sum()) == 0 for buf in counters.values())
 
 
 @pytest.mark.parametrize("layout", [M_MAJOR, ScaleLayout(mn_major=True, m_align=4)])
@@ -622,7 +623,7 @@ def test_the_pdl_weight_limit_applies_only_behind_the_quantizer(monkeypatch: pyt
         asked.append(weight_elements)
         return False
 
-    monkeypatch.setattr(tg, "pdl_possible", record)
+    monkeypatch.setattr(importlib.import_module("fp8select.kernels.triton_bound"), "pdl_possible", record)
     n, k = 64, 256
     w, s = _weight(n, k, 128)
     tg.linear(torch.randn(3, k), w, s, (128, 128), out_dtype=torch.float32, config=_cfg(path))
@@ -645,7 +646,7 @@ def test_persistent_launch_equals_the_tile_kernel(block: tuple[int, int], block_
     persistent = replace(tile, PERSISTENT=programs_per_sm)
     grids: list[tuple[int, ...]] = []
     kernel = tg._w8a8_persistent_kernel
-    monkeypatch.setattr(tg, "_w8a8_persistent_kernel", type("Spy", (), {
+    monkeypatch.setattr(importlib.import_module("fp8select.kernels.triton_bound"), "_w8a8_persistent_kernel", type("Spy", (), {
         "__getitem__": lambda self, grid: grids.append(grid) or kernel[grid]})())
     out = tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=persistent)
     assert grids == [(programs_per_sm, 1, 1)]
@@ -687,7 +688,7 @@ def test_wgmma_path_off_hopper_runs_the_gemm_path_with_its_tiles() -> None:
 def test_wgmma_kernel_only_on_sm90_with_the_triton_releases_it_is_written_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gluon's API changes between Triton releases: outside :data:`WGMMA_TRITON` (and off sm90) the wgmma path runs
     the gemm path's kernel instead of failing to compile in a forward pass."""
-    decide = tg._wgmma_device.__wrapped__
+    decide = importlib.import_module("fp8select.kernels.triton_device")._wgmma_device.__wrapped__
     try:
         from fp8select.kernels import gluon_gemm  # noqa: F401
         importable = True

@@ -96,8 +96,8 @@ class TritonBackend(Backend):
     def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: TritonConfig | None,
              out_dtype: torch.dtype) -> Launch:
         """The quantizer and GEMM of ``config`` bound to their kernels once (:class:`~fp8select.kernels.
-        triton_gemm.BoundLinear`); off a GPU (the interpreter) the same, launched through Triton."""
-        from fp8select.kernels.triton_gemm import BoundLinear
+        triton_bound.BoundLinear`); off a GPU (the interpreter) the same, launched through Triton."""
+        from fp8select.kernels.triton_bound import BoundLinear
 
         return BoundLinear(prepared.weight, prepared.scale, prepared.block_size, config, out_dtype=out_dtype,
                            counters=prepared.extra.get("fixup_counters"))
