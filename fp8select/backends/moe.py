@@ -108,6 +108,9 @@ class MoeBackend:
     activation_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
     implemented: ClassVar[bool] = True
     packages: ClassVar[tuple[str, ...]] = ()
+    aligned_k_why: ClassVar[str | None] = None
+    """Why H and I (the K of the two grouped GEMMs) must be multiples of 128, for a backend whose kernels
+    need it (None: any H and I)."""
 
     def check(self, caps: Capabilities) -> Verdict:
         """Device-level gate: every probe of ``requires``, then whether it is implemented."""
@@ -126,6 +129,10 @@ class MoeBackend:
             return Verdict.reject(f"requires activations {allowed}, found {dtype_name(problem.act_dtype)}")
         if problem.weight_dtype != torch.float8_e4m3fn:
             return Verdict.reject(f"requires weight float8_e4m3fn, found {dtype_name(problem.weight_dtype)}")
+        if self.aligned_k_why is not None:
+            unaligned = reject_unaligned(problem, self.aligned_k_why)
+            if unaligned is not None:
+                return unaligned
         return Verdict.accept(f"supports {problem.describe()} ({layout})")
 
     def default_config(self, problem: MoeProblem, layout: str, bucket: int) -> Any:

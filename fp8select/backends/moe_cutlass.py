@@ -56,7 +56,6 @@ from fp8select.backends.moe import (
     MoeWeights,
     epilogue_helpers,
     gather_rows,
-    reject_unaligned,
 )
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import ROW_MAJOR
@@ -110,15 +109,13 @@ class CutlassMoe(MoeBackend):
     )
     layouts = ("offsets",)
     packages = (MODULE,)
+    aligned_k_why = "the kernel offsets scale pointers by K/128 and N/128"
 
     def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
         """The shared gate, H and I multiples of 128 and at most :data:`MAX_EXPERTS` experts."""
         verdict = super().supports(problem, caps, layout)
         if not verdict.ok:
             return verdict
-        unaligned = reject_unaligned(problem, "the kernel offsets scale pointers by K/128 and N/128")
-        if unaligned is not None:
-            return unaligned
         if problem.experts > MAX_EXPERTS:
             return Verdict.reject(f"requires E <= {MAX_EXPERTS} (one thread block of E threads sets the pointers "
                                   f"up), found E={problem.experts}")

@@ -31,17 +31,14 @@ from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
 from fp8select.backends.moe import (
     MoeBackend,
     MoeLaunch,
-    MoeProblem,
     MoeWeights,
     epilogue_helpers,
     gather_rows,
-    reject_unaligned,
 )
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
 from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout, empty_scale
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
-from fp8select.verdict import Verdict
 
 __all__ = ["CONTIGUOUS", "MASKED", "DeepGemmMoe"]
 
@@ -96,14 +93,7 @@ class DeepGemmMoe(MoeBackend):
     layouts = ("contiguous", "masked")
     activation_dtypes = (torch.bfloat16,)
     packages = (MODULE,)
-
-    def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
-        """The shared gate and DeepGEMM's K % 128 on both GEMMs (H and I), bf16 (its only output)."""
-        verdict = super().supports(problem, caps, layout)
-        if not verdict.ok:
-            return verdict
-        unaligned = reject_unaligned(problem, "the K of a grouped GEMM")
-        return verdict if unaligned is None else unaligned
+    aligned_k_why = "the K of a grouped GEMM"
 
     def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
         contiguous = require(MODULE, CONTIGUOUS)
