@@ -94,6 +94,21 @@ def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:
         assert torch.allclose(got, weighted_sum_torch(out, mapping, ids, weights, 3, torch.float32), atol=1e-6)
 
 
+def test_silu_mul_quant_of_a_masked_layout_computes_each_groups_used_rows() -> None:
+    """With counts (a masked [G, group_rows] layout), each group's used rows are the same bits as without;
+    the rows past a count are skipped (unset), and a group size the programs cannot tile is refused."""
+    groups, group_rows = 3, 32
+    h = (torch.randn(groups * group_rows, 2 * 128) * 3).to(torch.bfloat16)
+    full_q, full_s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn)
+    counts = torch.tensor([0, 17, 32], dtype=torch.int32)
+    q, s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, counts, group_rows)
+    for g, count in enumerate(counts.tolist()):
+        used = slice(g * group_rows, g * group_rows + count)
+        assert torch.equal(q[used].view(torch.uint8), full_q[used].view(torch.uint8)) and torch.equal(s[used], full_s[used])
+    with pytest.raises(ValueError, match="group_rows"):
+        moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, counts, 24)
+
+
 def _rows(e: int, n: int, k: int, rows: int, seed: int = 5):  # type: ignore[no-untyped-def]
     p = random_moe(e, k, n // 2, seed=seed)  # w13 [E, n, k]
     a_q, a_s = quantize_groups(torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)))

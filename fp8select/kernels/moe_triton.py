@@ -121,9 +121,17 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     return y
 
 
-def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+SILU_BLOCK_R = 16
+"""Rows per program of the silu*up quantization."""
+
+
+def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
+                   group_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of a ``[R, 2I]`` GEMM output, quantized per 1x128 group:
-    ``(q [R, I] in dtype, row-major fp32 scales [R, ceil(I/128)])``."""
+    ``(q [R, I] in dtype, row-major fp32 scales [R, ceil(I/128)])``. With ``counts`` (int32 ``[G]``) the
+    rows are G groups of ``group_rows`` (a multiple of :data:`SILU_BLOCK_R`: a masked layout) and only
+    each group's first ``counts[g]`` rows (rounded up to the program's rows) are computed; the others
+    are left unset."""
     from . import moe_triton_kernels as kernels
 
     rows, inter = h.shape[0], h.shape[1] // 2
@@ -132,8 +140,10 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, t
     scale = torch.empty((rows, groups), dtype=torch.float32, device=h.device)
     if rows == 0:
         return q, scale
-    block_r = 16
-    kernels._silu_mul_quant_kernel[(_ceil_div(rows, block_r), groups)](
-        h, q, scale, rows, inter, h.stride(0), q.stride(0), scale.stride(0), DEFAULT_EPS, BLOCK_R=block_r,
+    if counts is not None and (group_rows <= 0 or group_rows % SILU_BLOCK_R or rows % group_rows):
+        raise ValueError(f"group_rows must be a positive multiple of {SILU_BLOCK_R} dividing {rows}, got {group_rows}")
+    kernels._silu_mul_quant_kernel[(_ceil_div(rows, SILU_BLOCK_R), groups)](
+        h, q, scale, scale if counts is None else counts, rows, inter, h.stride(0), q.stride(0), scale.stride(0),
+        max(group_rows, 1), DEFAULT_EPS, BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None,
         HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=4)
     return q, scale
