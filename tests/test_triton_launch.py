@@ -99,3 +99,26 @@ def test_a_call_that_cannot_be_replayed_has_no_replay(case: str) -> None:
         "nothing recorded": [],
     }[case]
     assert triton_launch.Replay.of(recorded, device=0, per_call=(x, out), scratch=(), static=()) is None
+
+
+def test_replays_are_kept_on_cuda_only_for_inputs_they_can_take_and_within_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store of a bound call's replays: nothing on a CPU; on CUDA contiguous 16-byte-aligned inputs, the
+    replay of the current device, None kept for a call that cannot be replayed, and no recording past the bound."""
+    assert not triton_launch.Replays(torch.device("cpu")).takes(torch.zeros(4))
+    device = [0]
+    monkeypatch.setattr(triton_launch, "device_and_stream", lambda: (lambda: device[0], lambda index: 100 + index))
+    replays = triton_launch.Replays(torch.device("cuda"))
+    flat = torch.zeros(64, dtype=torch.bfloat16)
+    assert replays.takes(flat[:32].view(4, 8)) and not replays.takes(flat[1:33].view(4, 8))
+    assert not replays.takes(flat[:32].view(4, 8).t())
+    x, out = torch.zeros(2, 2), torch.zeros(2, 2)
+    record = replays.recording()
+    assert record == []
+    replays.keep("a", [(_Kernel(), (1, 1, 1), (x, out))], per_call=(x, out), scratch=(), static=())
+    replays.keep("b", [(None, None, ())], per_call=(x, out), scratch=(), static=())
+    assert replays.get("a") is replays["a"] is not None and replays["b"] is None and replays.get("b") is None
+    assert replays.stream(replays["a"].device) == 100
+    device[0] = 1  # another current device: the replay recorded on device 0 is not run there
+    assert replays.get("a") is None
+    monkeypatch.setattr(triton_launch, "REPLAYS_MAX", 2)
+    assert replays.recording() is None

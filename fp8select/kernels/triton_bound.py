@@ -16,7 +16,7 @@ from .quant import DEFAULT_EPS, M_MAJOR, ROW_MAJOR, fp8_format
 from .triton_config import SCALE_GROUP_K, TritonConfig
 from .triton_device import TensorDescriptor, _fixup_counters, _persistent_programs, _tma_ok, wgmma_runs
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
-from .triton_launch import REPLAYS_MAX, BoundKernel, Recorded, Replay, device_and_stream, int_class, tensor_class
+from .triton_launch import BoundKernel, Recorded, Replays, int_class, tensor_class
 from .triton_pdl import PDL_MAX_M, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 from .triton_search import heuristic_config
@@ -232,8 +232,8 @@ class BoundLinear:
     compiled kernels launched with addresses. Any other call launches as the first one did.
     """
 
-    __slots__ = ("_b", "_b_scale", "_bound", "_counters", "_current", "_device", "_fixed", "_k", "_n", "_out_dtype",
-                 "_replays", "_scale_bn", "_stream")
+    __slots__ = ("_b", "_b_scale", "_bound", "_counters", "_device", "_fixed", "_k", "_n", "_out_dtype", "_replays",
+                 "_scale_bn")
 
     def __init__(self, b: torch.Tensor, b_scale: torch.Tensor, block_size: tuple[int, int], config: TritonConfig | None,
                  *, out_dtype: torch.dtype, counters: torch.Tensor | None = None) -> None:
@@ -245,11 +245,7 @@ class BoundLinear:
         self._b, self._b_scale, self._out_dtype, self._counters, self._device = b, b_scale, out_dtype, counters, b.device
         self._bound: dict[TritonConfig, tuple[BoundGemm, TritonQuantizer | None]] = {}
         self._fixed = self._bind(config) if config is not None else None
-        self._replays: dict[tuple[int, torch.dtype], Replay | None] = {}
-        self._current: Any = None  # the current device's index and stream, where replays run (CUDA)
-        self._stream: Any = None
-        if b.is_cuda:
-            self._current, self._stream = device_and_stream()
+        self._replays = Replays(b.device)
 
     def _bind(self, cfg: TritonConfig) -> tuple[BoundGemm, TritonQuantizer | None]:
         bound = self._bound.get(cfg)
@@ -268,19 +264,20 @@ class BoundLinear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         m = x.shape[0]
-        replayable = bias is None and self._current is not None and x.is_contiguous() and not x.data_ptr() % 16
+        replays = self._replays
+        replayable = bias is None and replays.takes(x)
         if replayable:
-            replay = self._replays.get((m, x.dtype))
-            if replay is not None and replay.device == self._current():
+            replay = replays.get((m, x.dtype))
+            if replay is not None:
                 out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
                 work = torch.empty(replay.nbytes, dtype=torch.uint8, device=self._device) if replay.nbytes else out
-                replay((x.data_ptr(), out.data_ptr(), work.data_ptr()), self._stream(replay.device))
+                replay((x.data_ptr(), out.data_ptr(), work.data_ptr()), replays.stream(replay.device))
                 return out
         gemm, quant = self._fixed or self._bind(heuristic_config(self._n, self._k, m, "gemm"))
         out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
         shape = gemm.workspace(m)
         ws = None if shape is None else torch.empty(shape, dtype=torch.float32, device=self._device)
-        record: list[Recorded] | None = [] if replayable and len(self._replays) < REPLAYS_MAX else None
+        record = replays.recording() if replayable else None
         if quant is None:
             scratch: tuple[torch.Tensor, ...] = ()
             gemm(x, None, bias, out, ws, record)
@@ -289,7 +286,6 @@ class BoundLinear:
             scratch = (x_q, x_s)
             gemm(x_q, x_s, bias, out, ws, record)
         if record is not None:
-            self._replays[(m, x.dtype)] = Replay.of(
-                record, device=self._current(), per_call=(x, out), scratch=(*scratch, *(() if ws is None else (ws,))),
-                static=gemm.statics())
+            replays.keep((m, x.dtype), record, per_call=(x, out), scratch=(*scratch, *(() if ws is None else (ws,))),
+                         static=gemm.statics())
         return out

@@ -35,7 +35,8 @@ from typing import Any
 import triton
 from packaging.version import Version
 
-__all__ = ["REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "device_and_stream", "int_class", "tensor_class"]
+__all__ = ["REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "Replays", "device_and_stream", "int_class",
+           "tensor_class"]
 
 Recorded = tuple[Any, Any, tuple[Any, ...]]
 """One launch of a recorded call: ``(kernel, grid, args)``. ``kernel`` is the compiled kernel kept,
@@ -253,6 +254,48 @@ class Replay:
             for pos, base, offset in subs:
                 values[pos] = addresses[base] + offset
             kernel.launch(grid, values, stream)
+
+
+class Replays:
+    """The replays of one bound call (a linear, a quantizer), by the key that fixes its launches (M,
+    dtypes): ``replays.get(key)`` the replay to run on the current device, ``replays.stream(device)``
+    the stream to run it on. Kept on CUDA only, for inputs :meth:`takes`, and at most
+    :data:`REPLAYS_MAX` of them."""
+
+    __slots__ = ("_by_key", "_current", "stream")
+
+    def __init__(self, device: Any) -> None:
+        self._by_key: dict[Hashable, Replay | None] = {}
+        self._current: Any = None  # the current device's index and stream (CUDA); None: nothing replays
+        self.stream: Any = None
+        if device.type == "cuda":
+            self._current, self.stream = device_and_stream()
+
+    def takes(self, x: Any) -> bool:
+        """Whether a call on ``x`` may replay (or record) its launches: on CUDA, contiguous, 16-byte aligned."""
+        return self._current is not None and x.is_contiguous() and not x.data_ptr() % 16
+
+    def get(self, key: Hashable) -> Replay | None:
+        """The replay recorded under ``key``, if it runs on the current device."""
+        replay = self._by_key.get(key)
+        return replay if replay is not None and replay.device == self._current() else None
+
+    def recording(self) -> list[Recorded] | None:
+        """A list to record a call's launches into, or None once :data:`REPLAYS_MAX` keys are kept."""
+        return [] if len(self._by_key) < REPLAYS_MAX else None
+
+    def keep(self, key: Hashable, recorded: Sequence[Recorded], *, per_call: Sequence[Any], scratch: Sequence[Any],
+             static: Sequence[Any]) -> None:
+        """Keep the replay of ``recorded`` under ``key`` (None where it cannot be replayed: :meth:`Replay.of`)."""
+        self._by_key[key] = Replay.of(recorded, device=self._current(), per_call=per_call, scratch=scratch,
+                                      static=static)
+
+    def __getitem__(self, key: Hashable) -> Replay | None:
+        """What was kept under ``key``: its replay, or None for a call that cannot be replayed."""
+        return self._by_key[key]
+
+    def __len__(self) -> int:
+        return len(self._by_key)
 
 
 def _launcher_calls(steps: Sequence[tuple[Any, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]]]

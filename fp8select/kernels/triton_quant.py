@@ -27,8 +27,6 @@ without NaN/inf are bit for bit what they were.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +40,7 @@ from .quant import (
     empty_scale,
     fp8_format,
 )
-from .triton_launch import REPLAYS_MAX, BoundKernel, Recorded, Replay, device_and_stream, int_class
+from .triton_launch import BoundKernel, Recorded, Replays, int_class
 from .triton_pdl import PDL_MAX_M, pdl_enter, pdl_possible
 
 __all__ = [
@@ -217,7 +215,6 @@ class TritonQuantizer:
 
     __slots__ = (
         "_constexprs",
-        "_current",
         "_device",
         "_dtype",
         "_eps",
@@ -229,7 +226,6 @@ class TritonQuantizer:
         "_layout",
         "_pdl",
         "_replays",
-        "_stream",
     )
 
     def __init__(self, k: int, *, dtype: torch.dtype, layout: ScaleLayout, device: torch.device,
@@ -243,11 +239,7 @@ class TritonQuantizer:
         self._constexprs = {"GROUP": group_size, "GROUP_P2": group_p2, "UE8M0": layout.ue8m0,
                             "HW_RNE": hw_rne(_quant_kernel, device, dtype), **fp8_constexprs(dtype)}
         self._kernels: dict[tuple[int, bool], BoundKernel] = {}
-        self._replays: dict[tuple[int, int, torch.dtype], Replay | None] = {}
-        self._current: Any = None  # the current device's index and stream, where replays run (CUDA)
-        self._stream: Any = None
-        if device.type == "cuda":
-            self._current, self._stream = device_and_stream()
+        self._replays = Replays(device)
 
     def __call__(self, x: torch.Tensor, rows: int | None = None,
                  record: list[Recorded] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,14 +253,14 @@ class TritonQuantizer:
         scale = empty_scale(rows, groups, layout, self._device)
         if m == 0 or groups == 0:
             return x_q, scale
-        replayable = record is None and self._current is not None and x.is_contiguous() and not x.data_ptr() % 16
+        replays = self._replays
+        replayable = record is None and replays.takes(x)
         if replayable:
-            replay = self._replays.get((m, rows, x.dtype))
-            if replay is not None and replay.device == self._current():
-                replay((x.data_ptr(), x_q.data_ptr(), scale.data_ptr()), self._stream(replay.device))
+            replay = replays.get((m, rows, x.dtype))
+            if replay is not None:
+                replay((x.data_ptr(), x_q.data_ptr(), scale.data_ptr()), replays.stream(replay.device))
                 return x_q, scale
-            if len(self._replays) < REPLAYS_MAX:
-                record = []
+            record = replays.recording()
         block_m, num_warps = _program_shape(m, self._group_p2)
         pdl = self._pdl and m <= PDL_MAX_M
         kernel = self._kernels.get((block_m, pdl))
@@ -281,8 +273,7 @@ class TritonQuantizer:
         kernel((-(-m // block_m), groups, 1), (x, x_q, scale, m, k, stride_xm, stride_xk, k, stride_sm, stride_sg, self._eps),
                (x.dtype, x.data_ptr() % 16 == 0, int_class(stride_xm), int_class(stride_xk)), record)  # as tensor_class(x)
         if replayable and record is not None:
-            self._replays[(m, rows, x.dtype)] = Replay.of(record, device=self._current(), per_call=(x, x_q, scale),
-                                                         scratch=(), static=())
+            replays.keep((m, rows, x.dtype), record, per_call=(x, x_q, scale), scratch=(), static=())
         return x_q, scale
 
 
