@@ -25,6 +25,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in thi
 
 import pytest
 import torch
+from interpreted import rebuild
 
 pytest.importorskip("triton")
 
@@ -42,11 +43,7 @@ if type(triton.language.max).__name__ != "InterpretedFunction":
         "triton was imported before TRITON_INTERPRET=1 was set; rerun with TRITON_INTERPRET=1",
         allow_module_level=True,
     )
-if type(tg._w8a8_block_kernel).__name__ != "InterpretedFunction":
-    # Decorated before the variable was set (triton itself already interpreted): rebuild.
-    importlib.reload(triton_quant)
-    importlib.reload(tgk)
-    importlib.reload(tg)
+rebuild()  # decorated before the variable was set (triton itself already interpreted)
 
 E4M3 = torch.float8_e4m3fn
 # e4m3 keeps 3 mantissa bits: rounding each activation costs ~2.5% RMS of its value, and the

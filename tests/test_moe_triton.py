@@ -9,13 +9,13 @@ well inside 1e-2. Shapes are small: the interpreter runs each program in Python.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in this process
 
 import pytest
 import torch
+from interpreted import rebuild
 
 pytest.importorskip("triton")
 
@@ -25,14 +25,12 @@ from matrix import MATRIX
 
 from fp8select import InvalidDtypeError, InvalidInputError, resolve
 from fp8select.grouped import grouped_gemm_contiguous, grouped_gemm_masked
-from fp8select.kernels import moe_triton, moe_triton_kernels, triton_quant
+from fp8select.kernels import moe_triton, moe_triton_kernels
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config
 from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
 
 if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
-    importlib.reload(triton_quant)
-    importlib.reload(moe_triton_kernels)
-    importlib.reload(moe_triton)
+    rebuild("moe_triton_kernels", "moe_triton", force=True)
 
 TOL = 1e-2
 CPU_TRITON = dataclasses.replace(MATRIX["cpu-only"][0], packages={"triton": "3.9.0"}, env={"TRITON_INTERPRET": "1"})

@@ -18,6 +18,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in thi
 import pytest
 import torch
 from fp64_reference import expected, random_problem
+from interpreted import rebuild
 
 from fp8select.backends.reference import dequantize_activation
 from fp8select.kernels.nonfinite import propagate_nonfinite_rows
@@ -38,12 +39,7 @@ def _triton() -> tuple[object, object, object]:
     triton = pytest.importorskip("triton")
     if type(triton.language.max).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; rerun with TRITON_INTERPRET=1")
-    tq = importlib.import_module("fp8select.kernels.triton_quant")
-    tgk = importlib.import_module("fp8select.kernels.triton_gemm_kernels")
-    tg = importlib.import_module("fp8select.kernels.triton_gemm")
-    tn = importlib.import_module("fp8select.kernels.triton_nonfinite")
-    if type(tg._w8a8_block_kernel).__name__ != "InterpretedFunction":  # decorated before the variable was set
-        tq, tgk, tg, tn = (importlib.reload(mod) for mod in (tq, tgk, tg, tn))
+    tq, tg, tn = rebuild("triton_quant", "triton_gemm", "triton_nonfinite")  # the same modules, rebuilt or not
     return tq, tg, tn
 
 

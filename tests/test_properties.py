@@ -21,6 +21,7 @@ import torch
 from fp64_reference import expected, quantize_groups
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from interpreted import rebuild
 
 from fp8select import Capabilities, Selection, resolve
 from fp8select.kernels.triton_config import TritonConfig
@@ -187,9 +188,7 @@ def _triton() -> tuple[Any, Any]:
 
         if type(tl.max).__name__ != "InterpretedFunction":
             pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; run this file on its own")
-        quant = importlib.reload(quant)
-        importlib.reload(importlib.import_module("fp8select.kernels.triton_gemm_kernels"))
-        gemm = importlib.reload(gemm)
+        quant, gemm = rebuild("triton_quant", "triton_gemm")
     return quant, gemm
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported, for the Triton case
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from interpreted import rebuild
 from matrix import MATRIX
 from structlog.testing import capture_logs
 
@@ -286,12 +286,7 @@ def _interpreted_triton() -> None:
     pytest.importorskip("triton")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("TRITON_INTERPRET was set to something else before this module was imported")
-    quant = importlib.import_module("fp8select.kernels.triton_quant")
-    gemm = importlib.import_module("fp8select.kernels.triton_gemm")
-    if type(gemm._w8a8_block_kernel).__name__ != "InterpretedFunction":
-        importlib.reload(quant)
-        importlib.reload(importlib.import_module("fp8select.kernels.triton_gemm_kernels"))
-        importlib.reload(gemm)
+    rebuild()
 
 
 def test_triton_under_the_interpreter_verifies() -> None:
