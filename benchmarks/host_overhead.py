@@ -205,13 +205,8 @@ def _prebuilt_launches(linear: Any, x: Any) -> tuple[list[tuple[Any, Any, Any]],
         return [], ()
     out = torch.empty((x.shape[0], linear._n), dtype=torch.bfloat16, device=x.device)
     work = torch.empty(max(replay.nbytes, 1), dtype=torch.uint8, device=x.device)
-    addresses = (x.data_ptr(), out.data_ptr(), work.data_ptr())
-    launches = []
-    for kernel, grid, template, subs in replay.steps:
-        args = list(template)
-        for pos, base, offset in subs:
-            args[pos] = addresses[base] + offset
-        launches.append((kernel, grid, tuple(args)))
+    launches = [(kernel, grid, tuple(values))
+                for kernel, grid, values in replay.launches((x.data_ptr(), out.data_ptr(), work.data_ptr()))]
     return launches, (out, work)
 
 

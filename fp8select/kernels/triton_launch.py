@@ -245,15 +245,21 @@ class Replay:
     def __call__(self, addresses: Sequence[int], stream: int) -> None:
         """Launch every step with ``addresses`` filled in: the compiled kernels' launchers called
         directly, unless launch hooks (a profiler's) are set, which each launch then calls."""
-        steps = self.steps
-        if steps[0][0].hooks() is None:
+        if self.steps[0][0].hooks() is None:
             self._launch_all(addresses, stream)
             return
-        for kernel, grid, template, subs in steps:
+        for kernel, grid, values in self.launches(addresses):
+            kernel.launch(grid, values, stream)
+
+    def launches(self, addresses: Sequence[int]) -> list[tuple[_Direct, tuple[int, int, int], list[Any]]]:
+        """Each step's ``(kernel, grid, values)`` with ``addresses`` filled in: every value its launcher takes."""
+        out = []
+        for kernel, grid, template, subs in self.steps:
             values = list(template)
             for pos, base, offset in subs:
                 values[pos] = addresses[base] + offset
-            kernel.launch(grid, values, stream)
+            out.append((kernel, grid, values))
+        return out
 
 
 class Replays:
