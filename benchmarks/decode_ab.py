@@ -28,7 +28,7 @@ import torch
 import fp8select
 from benchmarks import limits
 from benchmarks._cuda import require_cuda
-from fp8select.kernels import triton_gemm
+from fp8select.kernels import triton_bound, triton_gemm
 from fp8select.kernels.triton_config import TritonConfig
 from fp8select.measure import bench, timing
 
@@ -59,19 +59,20 @@ def load_kernels(path: str | None):
 
 
 def with_kernels(module, call):
-    """``call`` with the launcher's kernels swapped for ``module``'s (None: this tree's)."""
+    """``call`` with the kernels the bound GEMM launches (:mod:`fp8select.kernels.triton_bound`'s) swapped for
+    ``module``'s (None: this tree's)."""
     if module is None:
         return call
 
     def run():
-        saved = {name: getattr(triton_gemm, name) for name in KERNELS}
+        saved = {name: getattr(triton_bound, name) for name in KERNELS}
         for name in KERNELS:
-            setattr(triton_gemm, name, getattr(module, name))
+            setattr(triton_bound, name, getattr(module, name))
         try:
             return call()
         finally:
             for name, kernel in saved.items():
-                setattr(triton_gemm, name, kernel)
+                setattr(triton_bound, name, kernel)
     return run
 
 

@@ -68,9 +68,9 @@ def test_three_d_and_strided_inputs(selection: fp8select.Selection) -> None:
 def _compiled_triton_kernels() -> tuple[object, object]:
     """The Triton kernel modules, compiled for the GPU (skips under the interpreter)."""
     pytest.importorskip("triton")
-    from fp8select.kernels import triton_gemm, triton_quant
+    from fp8select.kernels import triton_gemm, triton_gemm_kernels, triton_quant
 
-    if type(triton_gemm._w8a8_swap_kernel).__name__ == "InterpretedFunction":
+    if type(triton_gemm_kernels._w8a8_swap_kernel).__name__ == "InterpretedFunction":
         pytest.skip("TRITON_INTERPRET=1 in this process: run tests/test_gpu.py on its own")
     return triton_gemm, triton_quant
 

@@ -33,9 +33,9 @@ NONFINITE = (math.nan, math.inf, -math.inf)
 def kernels() -> tuple[object, object]:
     """(triton_quant, triton_gemm), compiled for the GPU."""
     pytest.importorskip("triton")
-    from fp8select.kernels import triton_gemm, triton_quant
+    from fp8select.kernels import triton_gemm, triton_gemm_kernels, triton_quant
 
-    if type(triton_gemm._w8a8_swap_kernel).__name__ == "InterpretedFunction":
+    if type(triton_gemm_kernels._w8a8_swap_kernel).__name__ == "InterpretedFunction":
         pytest.skip("TRITON_INTERPRET=1 in this process: run tests/test_kernels_gpu.py on its own")
     return triton_quant, triton_gemm
 
@@ -277,10 +277,11 @@ def test_programmatic_dependent_launch_changes_no_bit(kernels: tuple, path: str,
     without PDL, TMA-fed or not: the same bits. A kernel that touched memory before waiting
     would read stale input or race the split-K counters."""
     from fp8select.kernels import triton_pdl
+    from fp8select.kernels.triton_gemm_kernels import _w8a8_block_kernel
     from fp8select.kernels.triton_search import heuristic_config
 
     _, tg = kernels
-    if not triton_pdl.use_pdl(tg._w8a8_block_kernel, torch.device("cuda"), 1):
+    if not triton_pdl.use_pdl(_w8a8_block_kernel, torch.device("cuda"), 1):
         pytest.skip("no programmatic dependent launch here (before sm90, Triton < 3.4, or FP8SELECT_TRITON_PDL=0)")
     n = k = 2048
     w, s = random_problem(n, k, device="cuda")

@@ -516,7 +516,7 @@ def test_hardware_rounding_only_for_compiled_nvidia_kernels(monkeypatch: pytest.
     assert not triton_quant.hw_rne(JITFunction(), torch.device("cpu"), E4M3)
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert not triton_quant.hw_rne(JITFunction(), cuda, E4M3)
-    assert not triton_quant.hw_rne(tg._w8a8_swap_kernel, torch.device("cpu"), E4M3)
+    assert not triton_quant.hw_rne(tgk._w8a8_swap_kernel, torch.device("cpu"), E4M3)
 
 
 @pytest.mark.parametrize(
@@ -594,13 +594,13 @@ def test_sweep_driver_cpu_smoke(tmp_path: Path) -> None:
 
 
 def test_programmatic_dependent_launch_is_off_on_the_cpu_and_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fp8select.kernels import triton_gemm, triton_pdl
+    from fp8select.kernels import triton_pdl
 
-    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cpu"), 1)
-    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), triton_pdl.PDL_MAX_M + 1)
-    assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), 1, triton_pdl.PDL_MAX_WEIGHT + 1)
-    if type(triton_gemm._w8a8_block_kernel).__name__ == "InterpretedFunction":
-        assert not triton_pdl.use_pdl(triton_gemm._w8a8_block_kernel, torch.device("cuda", 0), 1)
+    assert not triton_pdl.use_pdl(tgk._w8a8_block_kernel, torch.device("cpu"), 1)
+    assert not triton_pdl.use_pdl(tgk._w8a8_block_kernel, torch.device("cuda", 0), triton_pdl.PDL_MAX_M + 1)
+    assert not triton_pdl.use_pdl(tgk._w8a8_block_kernel, torch.device("cuda", 0), 1, triton_pdl.PDL_MAX_WEIGHT + 1)
+    if type(tgk._w8a8_block_kernel).__name__ == "InterpretedFunction":
+        assert not triton_pdl.use_pdl(tgk._w8a8_block_kernel, torch.device("cuda", 0), 1)
     triton_pdl._device_has_pdl.cache_clear()
     monkeypatch.setenv(triton_pdl.ENV_PDL, "0")
     try:
@@ -642,7 +642,7 @@ def test_persistent_launch_equals_the_tile_kernel(block: tuple[int, int], block_
     tile = _cfg("gemm", 16, block_n, TMA=1)
     persistent = replace(tile, PERSISTENT=programs_per_sm)
     grids: list[tuple[int, ...]] = []
-    kernel = tg._w8a8_persistent_kernel
+    kernel = tgk._w8a8_persistent_kernel
     monkeypatch.setattr(importlib.import_module("fp8select.kernels.triton_bound"), "_w8a8_persistent_kernel", type("Spy", (), {
         "__getitem__": lambda self, grid: grids.append(grid) or kernel[grid]})())
     out = tg.linear(x, w, ws, block, out_dtype=torch.float32, bias=bias, config=persistent)

@@ -183,7 +183,7 @@ def _triton() -> tuple[Any, Any]:
         gemm = importlib.import_module("fp8select.kernels.triton_gemm")
     except ImportError as exc:
         pytest.skip(f"fp8select.kernels.triton_gemm is not importable yet: {exc}")
-    if type(gemm._w8a8_block_kernel).__name__ != "InterpretedFunction":
+    if type(importlib.import_module("fp8select.kernels.triton_gemm_kernels")._w8a8_block_kernel).__name__ != "InterpretedFunction":
         import triton.language as tl
 
         if type(tl.max).__name__ != "InterpretedFunction":

@@ -38,9 +38,9 @@ PATHS = (
 def checked_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every bound launch also goes through Triton's dispatcher, which must run the kernel the key kept."""
     pytest.importorskip("triton")
-    from fp8select.kernels import triton_gemm, triton_launch
+    from fp8select.kernels import triton_gemm_kernels, triton_launch
 
-    if type(triton_gemm._w8a8_swap_kernel).__name__ == "InterpretedFunction":
+    if type(triton_gemm_kernels._w8a8_swap_kernel).__name__ == "InterpretedFunction":
         pytest.skip("TRITON_INTERPRET=1 in this process: run this file on its own")
     direct = []
     call = triton_launch.BoundKernel.__call__

@@ -176,10 +176,10 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
 def test_the_triton_search_tries_the_wgmma_path_only_where_it_runs(monkeypatch: pytest.MonkeyPatch, runs: bool) -> None:
     """Where the wgmma path would fall back to the gemm path's kernel, tuning does not time it again."""
     pytest.importorskip("triton")
-    from fp8select.kernels import triton_gemm
+    from fp8select.kernels import triton_device
     from fp8select.measure.tune import _search_triton
 
-    monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: runs)
+    monkeypatch.setattr(triton_device, "wgmma_runs", lambda device: runs)
     timed: list[Any] = []
     best = _search_triton(None, lambda cfg: timed.append(cfg) or 10.0 - len(timed), 7168, 16384, 4096, sms=132,
                           max_configs=6, deadline=float("inf"), rows=[], seeds=None, device=torch.device("cpu"))
@@ -193,12 +193,12 @@ def test_the_triton_search_starts_from_the_nearest_shapes_configuration_fitted(m
     fitted to this weight's column tiles, as the plan would run it."""
     pytest.importorskip("triton")
     from fp8select.backends.triton import TritonBackend
-    from fp8select.kernels import triton_gemm
+    from fp8select.kernels import triton_device
     from fp8select.kernels.triton_config import TritonConfig
     from fp8select.measure.tune import _search_triton
     from fp8select.measured.model import Measurements
 
-    monkeypatch.setattr(triton_gemm, "wgmma_runs", lambda device: False)
+    monkeypatch.setattr(triton_device, "wgmma_runs", lambda device: False)
     measured = TritonConfig.from_dict({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 4,
                                        "num_warps": 2, "num_stages": 3, "path": "gemm"})
     table = new_table("cpu")

@@ -15,7 +15,7 @@ the scaling of block k-1 runs under the MMA of block k. Operands come by TMA int
 its MMA is known complete. The output tile leaves through shared memory by a TMA store.
 
 Hopper only (``wgmma``), CUDA only, no interpreter: the ``wgmma`` path of :mod:`.triton_gemm` launches
-it where :func:`.triton_gemm.wgmma_runs`, and the tile kernel with the same tiles elsewhere.
+it where :func:`.triton_device.wgmma_runs`, and the tile kernel with the same tiles elsewhere.
 """
 
 from __future__ import annotations

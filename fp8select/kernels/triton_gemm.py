@@ -25,7 +25,6 @@ from .quant import check_activation
 from .triton_bound import _OUT_DTYPES, SUPPORTED_BLOCK_SIZES, BoundGemm, BoundLinear, _check_config, _check_weight
 from .triton_config import PATHS, QUANT_FUSED_PATHS, SCALE_GROUP_K, TritonConfig
 from .triton_device import WGMMA_TRITON, fixup_counters, wgmma_runs
-from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
 from .triton_search import heuristic_config
 
 __all__ = [
@@ -41,8 +40,6 @@ __all__ = [
     "w8a8_block_linear_fused",
     "wgmma_runs",
 ]
-# The kernels are re-exported for the tests that check how they were built (interpreted or compiled).
-_KERNELS = (_splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel)
 
 
 def _check_common(a: torch.Tensor, b: torch.Tensor, tensors: dict[str, torch.Tensor | None],

@@ -184,7 +184,7 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
     path's again)."""
     from fp8select.kernels import triton_search
     from fp8select.kernels.triton_config import PATHS, TritonConfig
-    from fp8select.kernels.triton_gemm import wgmma_runs
+    from fp8select.kernels.triton_device import wgmma_runs
 
     paths = None if wgmma_runs(device) else tuple(p for p in PATHS if p != "wgmma")
 
