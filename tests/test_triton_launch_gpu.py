@@ -107,3 +107,33 @@ def test_the_fast_path_gives_the_checked_paths_bits() -> None:
         strided = x.t().contiguous().t()  # the same values, column-major: declined by the fast path
         assert torch.equal(layer(x, bias), layer(strided, bias))
         assert torch.equal(layer(x.view(1, m, K)), layer(x).view(1, m, N))
+
+
+def test_layers_sharing_a_streams_scratch_give_their_own_bits() -> None:
+    """Replayed calls of two layers, alternating on one stream and then on a second stream, share the
+    stream's scratch buffer (:mod:`fp8select.kernels.stream_scratch`) and each gives its own first
+    call's bits; inside a CUDA-graph capture the store is left alone and the graph gives the same bits."""
+    from fp8select.kernels.stream_scratch import SCRATCH
+
+    layers = [_layer(config)[2] for config in PATHS[1:3]]  # split-K: workspaces of partials, not just x_q
+    xs = [torch.randn(m, K, device="cuda", dtype=torch.bfloat16) for m in (3, 17)]
+    first = {(i, j): layer(x) for i, layer in enumerate(layers) for j, x in enumerate(xs)}
+    SCRATCH.clear()
+    for _ in range(3):
+        for (i, j), want in first.items():
+            assert torch.equal(layers[i](xs[j]), want), (i, j)
+    assert len(SCRATCH._free) == 1  # one stream, one buffer
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        outs = {key: layers[key[0]](xs[key[1]]) for key in first}
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(torch.equal(outs[key], want) for key, want in first.items())
+    assert len(SCRATCH._free) == 2
+    held = dict(SCRATCH._free)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layers[0](xs[1])
+    assert SCRATCH._free == held
+    graph.replay()
+    assert torch.equal(captured, first[(0, 1)])

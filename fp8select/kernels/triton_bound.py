@@ -13,6 +13,7 @@ import torch
 import triton
 
 from .quant import DEFAULT_EPS, M_MAJOR, ROW_MAJOR, fp8_format
+from .stream_scratch import SCRATCH
 from .triton_config import SCALE_GROUP_K, TritonConfig
 from .triton_device import TensorDescriptor, _fixup_counters, _persistent_programs, _tma_ok, wgmma_runs
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
@@ -227,9 +228,10 @@ class BoundLinear:
 
     The first call at an M (per activation dtype) launches through the bound kernels and records
     its launches; later calls at that M, without bias, on a contiguous 16-byte-aligned ``x``,
-    replay them (:class:`~fp8select.kernels.triton_launch.Replay`): two allocations (the output
-    and one workspace for the quantized activation, its scales and any split-K partials) and the
-    compiled kernels launched with addresses. Any other call launches as the first one did.
+    replay them (:class:`~fp8select.kernels.triton_launch.Replay`): one allocation (the output),
+    the stream's scratch buffer (:mod:`.stream_scratch`) for the quantized activation, its scales
+    and any split-K partials, and the compiled kernels launched with addresses. Any other call
+    launches as the first one did.
     """
 
     __slots__ = ("_b", "_b_scale", "_bound", "_counters", "_device", "_fixed", "_k", "_n", "_out_dtype", "_replays",
@@ -270,8 +272,18 @@ class BoundLinear:
             replay = replays.get((m, x.dtype))
             if replay is not None:
                 out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
-                work = torch.empty(replay.nbytes, dtype=torch.uint8, device=self._device) if replay.nbytes else out
-                replay((x.data_ptr(), out.data_ptr(), work.data_ptr()), replays.stream(replay.device))
+                nbytes, device = replay.nbytes, self._device
+                stream = replays.stream(replay.device)
+                if not nbytes:
+                    replay((x.data_ptr(), out.data_ptr(), 0), stream)
+                    return out
+                work = SCRATCH.take(nbytes, device, stream)
+                if work is None:
+                    work = torch.empty(nbytes, dtype=torch.uint8, device=device)
+                    replay((x.data_ptr(), out.data_ptr(), work.data_ptr()), stream)
+                else:
+                    replay((x.data_ptr(), out.data_ptr(), work.data_ptr()), stream)
+                    SCRATCH.give(work, device, stream)
                 return out
         gemm, quant = self._fixed or self._bind(heuristic_config(self._n, self._k, m, "gemm"))
         out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
