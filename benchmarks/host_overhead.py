@@ -57,9 +57,11 @@ def _round_us(fn: Callable[[], object], calls: int = 300) -> float:
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Callable[[], object]], float],
-                 rounds: int = 9) -> dict[str, Any]:
+                 rounds: int = 9, mins: dict[str, float] | None = None) -> dict[str, Any]:
     """The median over ``rounds`` of ``round_of(fn)`` for each of ``fns``, the rounds taken in turn (fn 1, fn 2,
-    ..., fn 1, ...) so that a shared host's drift touches every one alike. A fn that raises is reported so."""
+    ..., fn 1, ...) so that a shared host's drift touches every one alike. A fn that raises is reported so.
+    ``mins``: filled with each fn's fastest round (a busy host only adds time, so the fastest round is the
+    steadiest estimate of what a call costs; the median, of what it costs on this host as it was)."""
     import torch
 
     out: dict[str, Any] = {}
@@ -75,6 +77,8 @@ def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Calla
     for _ in range(rounds):
         for name in times:
             times[name].append(round_of(fns[name]))
+    if mins is not None:
+        mins |= {name: round(min(t), 2 if t[0] < 100 else 1) for name, t in times.items()}
     return {name: round(statistics.median(t), 2 if t[0] < 100 else 1) for name, t in times.items()} | out
 
 
@@ -258,12 +262,13 @@ def _host_row(auto: Any, n: int, k: int) -> dict[str, Any]:
     module.load_state_dict({"weight": w, "weight_scale_inv": s})
     paths["module auto (grad mode)"] = lambda: module(x)
     paths["drop-in sel.linear auto"] = lambda: auto.linear(x, w, [128, 128], s)
-    row["us"] = _interleaved(paths, _round_us)
+    row["min_us"] = {}
+    row["us"] = _interleaved(paths, _round_us, mins=row["min_us"])
     with torch.no_grad():
         row["us"] |= _interleaved({"module auto (no_grad)": lambda: module(x), "layer auto, no_grad": lambda: auto_layer(x)},
-                                  _round_us)
+                                  _round_us, mins=row["min_us"])
     with torch.inference_mode():
-        row["us"]["layer auto, inference_mode"] = _host_us(auto_layer, x)
+        row["us"] |= _interleaved({"layer auto, inference_mode": lambda: auto_layer(x)}, _round_us, mins=row["min_us"])
     return row
 
 
@@ -364,9 +369,12 @@ def phase_stack(report: dict[str, Any]) -> None:
         if hand is not None:
             calls = hand(m)
             passes["hand_written_eager_ms"] = lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)]
-        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1))
+        fastest: dict[str, float] = {}
+        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1), mins=fastest)
+        row["fastest_round_ms"] = fastest
         row["fp8select_graphed_ms"] = _graph_ms(fp8select_pass)
         row["ratio_vs_raw_routes"] = round(row["fp8select_eager_ms"] / row["raw_routes_eager_ms"], 3)
+        row["fastest_ratio_vs_raw_routes"] = round(fastest["fp8select_eager_ms"] / fastest["raw_routes_eager_ms"], 3)
         if hand is not None:
             row["ratio_vs_hand_written"] = round(row["fp8select_eager_ms"] / row["hand_written_eager_ms"], 3)
         rows.append(row)
@@ -433,14 +441,17 @@ t4 = time.perf_counter()
 text = io.StringIO()
 if profile is not None:
     pstats.Stats(profile, stream=text).sort_stats("cumtime").print_stats(25)
+calls = []
 for layer, (n, k) in zip(layers, shapes):
     for m in ms:
+        start = time.perf_counter()
         layer(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        calls.append([n, k, m, layer.backend_for(m).name, round(time.perf_counter() - start, 3)])
 t5 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "prepare_s": t4 - t3, "first_calls_s": t5 - t4,
                   "to_first_outputs_s": (t5 - t0) - (t3 - t2), "plans": [l.main_plan.summary() for l in layers],
-                  "prepare_profile": text.getvalue().splitlines()[4:]}))
+                  "first_calls": calls, "prepare_profile": text.getvalue().splitlines()[4:]}))
 """
 
 
