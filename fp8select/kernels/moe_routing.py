@@ -16,7 +16,8 @@ read back to the host, so the routing can be captured in a CUDA graph.
 On a GPU, :func:`route` is one Triton launch (:mod:`.moe_routing_kernel`) where the problem fits one
 program's registers (:func:`kernel_fits`); elsewhere, beyond those sizes or without triton, about 25
 small torch ops that write the same bits. At decode (a few hundred slots) those launches, not their
-work, are the routing's time; at prefill the kernel's single program would be the slower one.
+work, are the routing's time; at prefill they matter less and a single program would sort slower
+(neither is timed on a GPU yet).
 """
 
 from __future__ import annotations
