@@ -14,6 +14,7 @@ from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 
 import fp8select
 from fp8select.backends.moe import MoeProblem, MoeWeights
+from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
 from fp8select.moe_select import moe_chain, moe_verdicts
 from fp8select.nn import BlockFp8MoE
 
@@ -123,3 +124,26 @@ def test_sgl_kernel_cutlass_within_1e2_and_replays_in_a_cuda_graph(selection, pr
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(captured.cpu(), want) < TOL  # row order within an expert may differ (atomics): not bitwise
+
+
+@pytest.mark.parametrize(("m", "k", "e", "block_m"), [(1, 8, 256, 128), (64, 8, 256, 1), (300, 6, 1023, 16),
+                                                     (512, 8, 256, 64)])
+def test_routing_kernel_writes_the_torch_paths_bits_and_replays(m: int, k: int, e: int, block_m: int) -> None:
+    def ids_of(seed: int) -> torch.Tensor:
+        return torch.randint(-2, e + 2, (m, k), generator=torch.Generator().manual_seed(seed), dtype=torch.int32).cuda()
+
+    ids = ids_of(m)
+    routing = route(ids, e, block_m, max_m=m)
+    assert routing.slot_row is not None  # the kernel ran
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = route(ids, e, block_m, max_m=m)
+    for seed in (m, m + 1):
+        ids.copy_(ids_of(seed))
+        graph.replay()
+        want = route(ids, e, block_m, kernel=False)
+        for got in (route(ids, e, block_m, max_m=m), captured):
+            for name in ("slot_ids", "block_expert", "counts", "slot_rank"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), (name, seed)
+            assert torch.equal(row_of_slot(got), row_of_slot(want))
+            assert torch.equal(masked_rows(got, e, m), masked_rows(want, e, m))

@@ -127,7 +127,7 @@ class DeepGemmMoe(MoeBackend):
         def masked(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             max_m = -(-m // MASKED_BLOCK_M) * MASKED_BLOCK_M
-            routing = route(topk_ids, e, 1)
+            routing = route(topk_ids, e, 1, max_m=max_m)  # on a GPU, the masked rows in the same launch
             rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere
             token = torch.arange(m * k, device=device) // k
             x_q, x_s = quantize(x)

@@ -12,6 +12,12 @@ A MoE call routes each token to ``k`` experts (``topk_ids`` ``[M, k]``); each (t
 An id of -1 (an expert on another rank) or any other id outside ``[0, E)`` routes its slot nowhere.
 Every size here depends only on M, k, E and ``block_m``, never on the ids' values, and nothing is
 read back to the host, so the routing can be captured in a CUDA graph.
+
+On a GPU, :func:`route` is one Triton launch (:mod:`.moe_routing_kernel`) where the problem fits one
+program's registers (:func:`kernel_fits`); elsewhere, beyond those sizes or without triton, about 25
+small torch ops that write the same bits. At decode (a few hundred slots) those launches, not their
+work, are the routing's time; at prefill they matter less and a single program would sort slower
+(neither is timed on a GPU yet).
 """
 
 from __future__ import annotations
@@ -20,7 +26,22 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Routing", "block_capacity", "masked_rows", "route", "row_of_slot", "uniform_routing"]
+__all__ = ["KERNEL_MAX_EXPERTS", "KERNEL_MAX_SLOTS", "Routing", "block_capacity", "kernel_fits", "masked_rows", "route",
+           "row_of_slot", "uniform_routing"]
+
+KERNEL_MAX_SLOTS = 4096
+"""Most slots (``M * k``) the routing kernel takes: its one program sorts them all in registers
+(``tl.sort`` on a power-of-two block, 8 keys a thread at 16 warps). 4096 slots is M = 512 at k = 8,
+every decode batch; beyond it (prefill) the torch ops' launches no longer dominate, and one program
+would be the slower way to sort (a choice, not yet timed on a GPU)."""
+
+KERNEL_MAX_EXPERTS = 1023
+"""Most experts the routing kernel takes: it counts slots in ``next_power_of_2(E + 1)`` bins (one
+for the slots routed nowhere), at most 1024, a few a thread; the largest MoE models have a few
+hundred experts."""
+
+_KERNEL_IDS = (torch.int32, torch.int64)
+"""Id dtypes the kernel reads; others (rare) take the torch path."""
 
 
 def block_capacity(slots: int, experts: int, block_m: int) -> int:
@@ -42,6 +63,9 @@ class Routing:
         slot_rank: int64 ``[slots]``: each slot's position among its expert's slots (-1 when routed nowhere).
         block_m: rows per block.
         slots: ``M * k``.
+        slot_row: :func:`row_of_slot`, when the route computed it (the kernel does, in the same launch).
+        max_m: the ``max_m`` of ``masked_row``, when given.
+        masked_row: :func:`masked_rows` at ``max_m``, when the route computed it.
     """
 
     slot_ids: torch.Tensor
@@ -50,18 +74,56 @@ class Routing:
     slot_rank: torch.Tensor
     block_m: int
     slots: int
+    slot_row: torch.Tensor | None = None
+    max_m: int | None = None
+    masked_row: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
         return int(self.slot_ids.shape[0])
 
 
-def route(topk_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
-    """Sort the slots of ``topk_ids`` ``[M, k]`` by expert into blocks of ``block_m`` rows."""
+def kernel_fits(slots: int, experts: int, dtype: torch.dtype) -> bool:
+    """Whether the routing kernel takes ``slots`` slots over ``experts`` experts with ids of ``dtype``
+    (see :data:`KERNEL_MAX_SLOTS`, :data:`KERNEL_MAX_EXPERTS`)."""
+    return slots <= KERNEL_MAX_SLOTS and 0 < experts <= KERNEL_MAX_EXPERTS and dtype in _KERNEL_IDS
+
+
+def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | None = None,
+          kernel: bool | None = None) -> Routing:
+    """Sort the slots of ``topk_ids`` ``[M, k]`` by expert into blocks of ``block_m`` rows.
+
+    ``max_m``: the masked layout's rows per expert, for :func:`masked_rows` (the kernel computes it in
+    the same launch). ``kernel``: None runs the Triton kernel for CUDA ids that :func:`kernel_fits`
+    when triton imports, the torch ops otherwise; True runs the kernel (on any device triton runs on,
+    the interpreter included; ValueError where it does not fit, ImportError without triton); False
+    runs the torch ops. No slots (M = 0) need no kernel: the torch ops route them.
+    """
+    m, k = topk_ids.shape
+    slots = m * k
+    blocks = block_capacity(slots, experts, block_m)
+    fits = kernel_fits(slots, experts, topk_ids.dtype)
+    if kernel is False or slots == 0 or (kernel is None and not (fits and topk_ids.is_cuda)):
+        return _route_torch(topk_ids, experts, block_m, blocks)
+    if not fits:
+        raise ValueError(f"the routing kernel takes 1..{KERNEL_MAX_SLOTS} slots over 1..{KERNEL_MAX_EXPERTS} experts "
+                         f"with int32 or int64 ids, got {slots} slots over {experts} experts, {topk_ids.dtype}")
+    try:
+        from .moe_routing_kernel import route_kernel
+    except ImportError:
+        if kernel:
+            raise
+        return _route_torch(topk_ids, experts, block_m, blocks)
+    slot_ids, block_expert, counts, slot_rank, slot_row, masked_row = route_kernel(topk_ids, experts, block_m, blocks,
+                                                                                   max_m)
+    return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, slot_row, max_m, masked_row)
+
+
+def _route_torch(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int) -> Routing:
+    """:func:`route` in torch ops (``blocks``: :func:`block_capacity`)."""
     m, k = topk_ids.shape
     slots = m * k
     device = topk_ids.device
-    blocks = block_capacity(slots, experts, block_m)
     ids = topk_ids.reshape(-1).to(torch.int64)
     valid = (ids >= 0) & (ids < experts)
     key = torch.where(valid, ids, experts)  # slots routed nowhere sort last, under a sentinel expert
@@ -89,6 +151,8 @@ def route(topk_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
 
 def row_of_slot(routing: Routing) -> torch.Tensor:
     """int64 ``[slots]``: the padded row each slot sits at (0 for a slot routed nowhere: never read)."""
+    if routing.slot_row is not None:
+        return routing.slot_row
     rows = torch.zeros(routing.slots + 1, dtype=torch.int64, device=routing.slot_ids.device)
     rows.scatter_(0, routing.slot_ids.to(torch.int64),
                   torch.arange(routing.rows, dtype=torch.int64, device=rows.device))
@@ -98,6 +162,8 @@ def row_of_slot(routing: Routing) -> torch.Tensor:
 def masked_rows(routing: Routing, experts: int, max_m: int) -> torch.Tensor:
     """int64 ``[slots]``: each slot's row ``e * max_m + rank`` in a masked ``[E, max_m]`` layout, or
     ``E * max_m`` (one past the end) for a slot routed nowhere or beyond ``max_m``."""
+    if routing.masked_row is not None and routing.max_m == max_m and routing.counts.shape[0] == experts:
+        return routing.masked_row
     ids = routing.slot_rank  # rank within its expert
     expert = _slot_expert(routing)
     ok = (ids >= 0) & (ids < max_m)
