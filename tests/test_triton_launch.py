@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -38,14 +40,26 @@ def test_only_a_compiled_kernel_launches_directly() -> None:
     assert launched == [((2, 1, 1), ("x",), ("BLOCK", "num_warps"))] * 2
 
 
+class _Chain:
+    """Triton 3.6's hook chain: calls nothing while ``calls`` is empty."""
+
+    def __init__(self, calls: list[object]) -> None:
+        self.calls = calls
+
+
 class _Kernel:
-    """A compiled kernel's stand-in (``_Direct``'s attributes): keeps what each launch passed."""
+    """A compiled kernel's stand-in (``_Direct``'s attributes): keeps what each launch passed. ``runtime``
+    holds Triton's launch hooks: ``hooked`` sets them, as chains (Triton 3.6 on) or plain (``chain=None``,
+    earlier Triton, where no hook is None)."""
 
     function, metadata, tail = "function", "metadata", ("constexpr",)
 
-    def __init__(self, hooked: bool = False) -> None:
+    def __init__(self, hooked: bool = False, chain: type | None = _Chain) -> None:
         self.calls: list[tuple[object, list[object], int]] = []
         self.hooked = hooked
+        self.chain = chain
+        hook = (chain(["profiler"]) if chain else "profiler") if hooked else (chain([]) if chain else None)
+        self.runtime = types.SimpleNamespace(launch_enter_hook=hook, launch_exit_hook=hook)
 
     def hooks(self) -> tuple[object, object] | None:
         return ("enter", "leave") if self.hooked else None
@@ -79,15 +93,23 @@ def test_a_replay_fills_in_each_calls_addresses_and_keeps_the_rest() -> None:
                                        None, 7, "constexpr"], 42)]
 
 
-def test_a_replay_calls_launch_hooks_where_they_are_set() -> None:
-    """A profiler's launch hooks: each launch goes through the kernel's own launch, which calls them."""
+@pytest.mark.parametrize("chain", [_Chain, None], ids=["hook chains", "plain hooks"])
+def test_a_replay_calls_launch_hooks_where_they_are_set(chain: type | None) -> None:
+    """A profiler's launch hooks: each launch goes through the kernel's own launch, which calls them;
+    set after the replay was made, they are seen at the next replay, and so is their removal."""
     x, out = torch.zeros(2, 2), torch.zeros(2, 2)
-    kernel = _Kernel(hooked=True)
+    kernel = _Kernel(hooked=True, chain=chain)
     replay = triton_launch.Replay.of([(kernel, (1, 1, 1), (x, out, 3))], device=0, per_call=(x, out), scratch=(),
                                      static=())
     assert replay is not None
     replay((10, 20, 0), stream=5)
     assert kernel.calls == [((1, 1, 1), [10, 20, 3, "constexpr", "hooked"], 5)]
+    kernel.runtime.launch_enter_hook = kernel.runtime.launch_exit_hook = chain([]) if chain else None
+    replay.run((11, 21, 0), 6)
+    assert kernel.calls[-1] == ((1, 1, 1), [11, 21, 3, "constexpr"], 6)
+    kernel.runtime.launch_exit_hook = chain(["profiler"]) if chain else "profiler"
+    replay.run((12, 22, 0), 7)
+    assert kernel.calls[-1] == ((1, 1, 1), [12, 22, 3, "constexpr", "hooked"], 7)
 
 
 @pytest.mark.parametrize("case", ["unknown tensor", "not replayable", "nothing recorded"])

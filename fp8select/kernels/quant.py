@@ -151,7 +151,7 @@ def ceil_pow2(scale: torch.Tensor) -> torch.Tensor:
 def empty_scale(m: int, groups: int, layout: ScaleLayout, device: torch.device | str) -> torch.Tensor:
     """Allocate an uninitialised fp32 scale tensor ``[m, groups]`` in ``layout``."""
     if not layout.mn_major:
-        return torch.empty((m, groups), dtype=torch.float32, device=device)
+        return torch.empty(m, groups, dtype=torch.float32, device=device)
     rows = layout.padded_rows(m)
     if rows == m:  # the [groups, m] storage seen as [m, groups]: one allocation, no view
         return torch.empty_strided((m, groups), (1, m), dtype=torch.float32, device=device)

@@ -194,12 +194,13 @@ class Replay:
     same M, dtypes, strides and alignment), and run on ``device``: its caller keys replays so.
     """
 
-    __slots__ = ("_launch_all", "device", "nbytes", "steps")
+    __slots__ = ("device", "nbytes", "run", "steps")
 
     def __init__(self, device: int, nbytes: int,
                  steps: tuple[tuple[_Direct, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]], ...]) -> None:
         self.device, self.nbytes, self.steps = device, nbytes, steps
-        self._launch_all = _launcher_calls(steps)
+        self.run: Callable[[Sequence[int], int], None] = _launcher_calls(steps, self._hooked)
+        """``run(addresses, stream)``: what calling the replay does, one Python frame less (for hot paths)."""
 
     @classmethod
     def of(cls, recorded: Sequence[Recorded], *, device: int, per_call: Sequence[Any], scratch: Sequence[Any],
@@ -245,9 +246,10 @@ class Replay:
     def __call__(self, addresses: Sequence[int], stream: int) -> None:
         """Launch every step with ``addresses`` filled in: the compiled kernels' launchers called
         directly, unless launch hooks (a profiler's) are set, which each launch then calls."""
-        if self.steps[0][0].hooks() is None:
-            self._launch_all(addresses, stream)
-            return
+        self.run(addresses, stream)
+
+    def _hooked(self, addresses: Sequence[int], stream: int) -> None:
+        """:meth:`__call__` while launch hooks are set: each launch through :meth:`_Direct.launch`, which calls them."""
         for kernel, grid, values in self.launches(addresses):
             kernel.launch(grid, values, stream)
 
@@ -304,14 +306,21 @@ class Replays:
         return len(self._by_key)
 
 
-def _launcher_calls(steps: Sequence[tuple[Any, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]]]
-                    ) -> Callable[[Sequence[int], int], None]:
+def _launcher_calls(steps: Sequence[tuple[Any, tuple[int, int, int], tuple[Any, ...], tuple[tuple[int, int, int], ...]]],
+                    hooked: Callable[[Sequence[int], int], None]) -> Callable[[Sequence[int], int], None]:
     """One function ``(addresses, stream)`` that calls every step's compiled launcher in turn, each
     value written into its call: the recorded ones by name, the call's addresses as
     ``addresses[i] + offset``. Generated once per replay (as Triton generates its own launchers): a
-    replay then costs one Python frame and the launcher calls, not a list filled per step."""
-    namespace: dict[str, Any] = {}
-    lines = ["def launch_all(addresses, stream):"]
+    replay then costs one Python frame and the launcher calls, not a list filled per step. While
+    Triton's launch hooks are set (a profiler's: what :meth:`_Direct.hooks` reads, here inline) it
+    calls ``hooked`` instead."""
+    first = steps[0][0]
+    namespace: dict[str, Any] = {"runtime": first.runtime, "chain": first.chain, "hooked": hooked}
+    lines = ["def launch_all(addresses, stream):",
+             "    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook",
+             "    if (enter is not None or leave is not None) and not (type(enter) is chain and type(leave) is chain",
+             "                                                          and not enter.calls and not leave.calls):",
+             "        return hooked(addresses, stream)"]
     for i, (kernel, grid, template, subs) in enumerate(steps):
         at = {pos: (base, offset) for pos, base, offset in subs}
         values = []

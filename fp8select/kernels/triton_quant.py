@@ -249,7 +249,7 @@ class TritonQuantizer:
         m = x.shape[0]
         rows = m if rows is None else rows
         k, groups, layout = self._k, self._groups, self._layout
-        x_q = torch.empty((rows, k), dtype=self._dtype, device=self._device)
+        x_q = torch.empty(rows, k, dtype=self._dtype, device=self._device)  # (sizes as arguments: parsed faster)
         scale = empty_scale(rows, groups, layout, self._device)
         if m == 0 or groups == 0:
             return x_q, scale
@@ -258,7 +258,7 @@ class TritonQuantizer:
         if replayable:
             replay = replays.get((m, rows, x.dtype))
             if replay is not None:
-                replay((x.data_ptr(), x_q.data_ptr(), scale.data_ptr()), replays.stream(replay.device))
+                replay.run((x.data_ptr(), x_q.data_ptr(), scale.data_ptr()), replays.stream(replay.device))
                 return x_q, scale
             record = replays.recording()
         block_m, num_warps = _program_shape(m, self._group_p2)
