@@ -10,7 +10,7 @@ import pytest
 from matrix import MATRIX
 
 from fp8select.cli import main
-from fp8select.measured.table import new_table
+from fp8select.measured.table import backend_versions, new_table
 
 DG_MOE = dataclasses.replace(MATRIX["h200-deepgemm"][0], package_symbols={
     "deep_gemm": ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
@@ -39,20 +39,22 @@ def test_explain_lists_every_moe_backend_with_its_verdict(capsys: pytest.Capture
     assert " ok " in rows["deepgemm"] and "contiguous/masked" in rows["deepgemm"]
     assert "rejected" in rows["cuda-scaled-grouped-mm"] and "functional" in rows["cuda-scaled-grouped-mm"].lower()
     assert "MoE chain: deepgemm -> triton -> reference" in section
-    assert "MoE measurements: none for this device" in section
+    # the shipped H200 table's MoE rows, at versions this snapshot does not have: listed, not used
+    assert "MoE measurements: " in section and "deepgemm/masked: 5 MoE shapes measured, other versions" in section
     code, out, _ = run(capsys)  # this machine (a CPU): DeepGEMM rejected, saying why
     assert code == 0 and "requires device cuda, found cpu" in out[out.index("MoE experts backends"):]
 
 
 def test_explain_moe_prints_a_plan_per_m_range_with_the_reason(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
-    code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "deepseek-v3-e32", "--moe", "8,7168,200,8")
+    # E=16: a shape the shipped table does not hold, so its plan follows the rule
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "16,7168,2048,8", "--moe", "8,7168,200,8")
     assert code == 0
-    assert "MoE plan for E=32, H=7168, I=2048, k=8" in out
+    assert "MoE plan for E=16, H=7168, I=2048, k=8" in out
     assert "M 1-64         deepgemm/masked            rule" in out
     assert "M >= 65        deepgemm/contiguous        rule" in out
     odd = out[out.index("MoE plan for E=8, H=7168, I=200"):]
     assert "triton/sorted" in odd and "not for this layer: deepgemm: requires I % 128 == 0" in odd
-    code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "32,7168,2048,8", "--json")
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "16,7168,2048,8", "--json")
     data = json.loads(out)["moe"]
     assert data["chain"] == ["deepgemm", "triton", "reference"]
     routes = data["plans"][0]["routes"]
@@ -63,22 +65,23 @@ def test_explain_moe_prints_a_plan_per_m_range_with_the_reason(capsys: pytest.Ca
 def test_explain_moe_reads_the_tables_moe_rows(capsys: pytest.CaptureFixture[str], h200: Path, tmp_path: Path) -> None:
     table = new_table(DG_MOE.device_name or "")
     triton = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
-    versions = {"torch": DG_MOE.torch_version, "cuda": DG_MOE.cuda_version or ""}
+    # at this snapshot's versions, so these rows win over the shipped table's (measured at other versions)
+    versions = backend_versions(DG_MOE)
     table["moe"] = [{"backend": "triton", "layout": "sorted", "versions": versions,
                      "shapes": {"32,7168,2048,8": {"1": {"us": 50.0, "config": triton}, "2": {"us": 90.0, "config": triton}}}},
-                    {"backend": "deepgemm", "layout": "masked", "versions": {**versions, "deep_gemm": "2.6.1"},
+                    {"backend": "deepgemm", "layout": "masked", "versions": backend_versions(DG_MOE, ["deep_gemm"]),
                      "shapes": {"32,7168,2048,8": {"1": {"us": 60.0}, "2": {"us": 61.0}}}}]
     path = tmp_path / "table.json"
     path.write_text(json.dumps(table))
     code, out, _ = run(capsys, "--capabilities", str(h200), "--set", f"env.FP8SELECT_TUNING_TABLE={path}",
                        "--moe", "deepseek-v3-e32")
     assert code == 0
-    assert "triton/sorted: 1 MoE shapes measured" in out
+    assert "triton/sorted: 1 MoE shapes measured, installed versions" in out
     plan = out[out.index("MoE plan for"):]
-    assert ("M 1            triton/sorted              measured  [moe 16x128 w4 s4 qk] measured 50.0 us "
-            "(others: deepgemm/masked 60.0 us)") in plan
+    assert "M 1            triton/sorted              measured  [moe 16x128 w4 s4 qk] measured 50.0 us" in plan
     assert "M 2            deepgemm/masked            measured" in plan
-    assert "M 3-64         deepgemm/masked            rule" in plan
+    # M 3 on: only the shipped table's rows (other versions) of a route this table does not hold
+    assert "M >= 3         deepgemm/contiguous        measured" in plan
 
 
 def test_an_explicit_choice_runs_every_bucket(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
