@@ -1,6 +1,7 @@
 """The MoE experts op on a CUDA GPU: every backend's numerics, then its time per backend and layout, pinned and auto.
 
 Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--budget-s S]``; writes ``DIR/moe.json``.
+``--anatomy``: only where decode calls' GPU time goes, per column and kernel (``DIR/moe_anatomy.json``).
 
 * **numerics**: each accepted MoE backend and layout (the reference included) on small M, uniform and
   skewed routing, all tokens on the same k experts, a third of the ids -1, and M 0 through the layer,
@@ -219,6 +220,56 @@ def timing(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tupl
     return rows, ""
 
 
+ANATOMY_SHAPE = "deepseek-v3-e32"
+ANATOMY_M = (1, 16, 64)
+
+
+def anatomy(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Where a decode call's GPU time goes: each column's kernels (torch profiler, eager calls after a
+    warm-up), GPU microseconds per call summed by kernel name, the largest first, next to the HBM floor."""
+    import dataclasses
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fp8select.backends.moe import MoeProblem
+
+    e, h, i, k = shape
+    caps = selection.capabilities
+    weights = _weights(e, h, i, seed=3)
+    problem = MoeProblem(e, h, i, k)
+    columns = _columns(selection, problem, weights, caps, with_reference=False)
+    layer = selection.prepare_moe(*weights, top_k=k)
+    rows: list[dict[str, Any]] = []
+    calls = 5
+    for m in ms:
+        w, ids = _routing(m, k, e, "uniform", seed=m)
+        x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+        floor_us = int(torch.unique(ids).numel()) * 3 * h * i / HBM_BYTES_PER_S * 1e6
+        for col, column in {"auto": None, **columns}.items():
+            run = layer if column is None else _launch(column, dataclasses.replace(problem, m=m), m, caps)
+            for _ in range(3):
+                run(x, w, ids)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    run(x, w, ids)
+                torch.cuda.synchronize()
+            kernels: dict[str, list[float]] = {}
+            for ev in prof.events():
+                if ev.device_type == torch.autograd.DeviceType.CUDA:
+                    entry = kernels.setdefault(ev.name[:90], [0.0, 0])
+                    entry[0] += ev.device_time / calls
+                    entry[1] += 1
+            ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+            rows.append({"shape": name, "m": m, "column": col, "hbm_floor_us": round(floor_us, 1),
+                         "gpu_us": round(sum(v[0] for v in kernels.values()), 1),
+                         "launches": sum(v[1] for v in kernels.values()) // calls,
+                         "kernels": [[n, round(v[0], 1), v[1] // calls] for n, v in ranked[:10]]})
+            print(json.dumps(rows[-1])[:600], flush=True)
+    return rows
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per point the fastest pinned column and auto's ratio to it; geomean and worst of the ratios."""
     points: dict[tuple[str, int, str], dict[str, float]] = {}
@@ -243,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="directory for moe.json")
     parser.add_argument("--quick", action="store_true", help=f"shapes {QUICK_SHAPES}, M {QUICK_M}")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing after this many seconds")
+    parser.add_argument("--anatomy", action="store_true",
+                        help=f"only each column's kernels at {ANATOMY_SHAPE}, M {ANATOMY_M} (moe_anatomy.json)")
     args = parser.parse_args(argv)
     require_cuda("moe")
     import torch
@@ -257,6 +310,11 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "triton": triton.__version__, "packages": dict(selection.capabilities.packages),
                               "moe_plans": {}, "numerics": [], "timing": [], "notes": []}
+    if args.anatomy:
+        report["anatomy"] = anatomy(selection, ANATOMY_SHAPE, SHAPES[ANATOMY_SHAPE], ANATOMY_M)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "moe_anatomy.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+        return
     for name, shape in shapes.items():
         report["moe_plans"][name] = selection.moe_plan_for(*shape).describe()
     for name in ("deepseek-v3-e8", "qwen3-30b-a3b"):
