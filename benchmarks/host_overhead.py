@@ -77,9 +77,10 @@ def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Calla
     for _ in range(rounds):
         for name in times:
             times[name].append(round_of(fns[name]))
+    digits = 2 if round_of is _round_us else 4  # microseconds, or milliseconds per pass
     if mins is not None:
-        mins |= {name: round(min(t), 2 if t[0] < 100 else 1) for name, t in times.items()}
-    return {name: round(statistics.median(t), 2 if t[0] < 100 else 1) for name, t in times.items()} | out
+        mins |= {name: round(min(t), digits) for name, t in times.items()}
+    return {name: round(statistics.median(t), digits) for name, t in times.items()} | out
 
 
 def _host_us(fn: Callable[..., object], *args: Any) -> float:
