@@ -20,3 +20,23 @@ def assert_rows_batch_invariant(layer: Callable[[torch.Tensor], torch.Tensor], k
             batch = rows[:m].clone()
             batch[position] = probe
             assert torch.equal(layer(batch)[position], alone), (m, position)
+
+
+def assert_moe_rows_batch_invariant(moe: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                                    hidden: int, experts: int, top_k: int, ms: Sequence[int], seed: int) -> None:
+    """The same for a MoE experts op ``moe(x, topk_weights, topk_ids)``: a probe token with its own experts
+    and weights (one id -1) gives the same bits alone and at any position among tokens routed at random."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(max(ms), hidden, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(max(ms))]).to(torch.int32)
+    weights = torch.softmax(torch.randn(max(ms), top_k, generator=g), dim=-1)
+    probe = torch.randn(hidden, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    probe_ids = torch.randperm(experts, generator=torch.Generator().manual_seed(9))[:top_k].to(torch.int32)
+    probe_ids[-1] = -1  # an expert on another rank
+    probe_weights = torch.softmax(torch.randn(top_k, generator=torch.Generator().manual_seed(10)), dim=-1)
+    alone = moe(probe[None], probe_weights[None], probe_ids[None])[0]
+    for m in ms:
+        for position in dict.fromkeys((0, m // 2, m - 1)):
+            x, w, i = rows[:m].clone(), weights[:m].clone(), ids[:m].clone()
+            x[position], w[position], i[position] = probe, probe_weights, probe_ids
+            assert torch.equal(moe(x, w, i)[position], alone), (m, position)

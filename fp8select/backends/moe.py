@@ -160,7 +160,9 @@ class MoeBackend:
 
 class ReferenceMoe(MoeBackend):
     name = "reference"
-    summary = "pure torch (dequantize to fp32, a loop over the experts used); any device, slow, no CUDA graphs"
+    summary = "pure torch (exact fp8 block products in fp64, a loop over the experts used); any device, slow, no CUDA graphs"
+    invariant: ClassVar[str | None] = ("each token alone: exact fp8 block products in float64, its k experts' outputs "
+                                       "added in a fixed order (fp8select/kernels/moe_reference.py)")
     requires: ClassVar[tuple[Probe, ...]] = (Float8Dtype("float8_e4m3fn"),)
     block_sizes = ((128, 128), (1, 128))
     activation_dtypes = (torch.bfloat16, torch.float16, torch.float32)

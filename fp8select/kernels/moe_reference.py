@@ -8,15 +8,19 @@ The experts op, for every token ``t`` and each of its ``k`` experts ``e = topk_i
 4. ``o = dequant(a_q) @ dequant(w2[e]).T`` in fp32 (``[H]``);
 5. ``y[t] += topk_weights[t, j] * o``, summed in fp32 and cast to ``x``'s dtype at the end.
 
-An id of -1 (expert parallelism: the expert lives on another rank) contributes nothing. Weights
-are dequantized in fp32 once per expert used. Slow (a Python loop over the experts used, with a
-host synchronisation to find them): the yardstick, not a path for CUDA graphs.
+An id of -1 (expert parallelism: the expert lives on another rank) contributes nothing.
+:func:`experts_reference` computes each token's rows independently of the others (batch-invariant by
+construction): both products exact per fp8 block in float64 (:func:`.exact.block_scaled_product`, then
+rounded to fp32 as step 2 and 4 say), the activation and its quantization per row, and the ``k``
+weighted outputs summed in the order ``j = 0..k-1`` by element-wise operations. Slow (a Python loop over
+the experts used, with a host synchronisation to find them): the yardstick, not a path for CUDA graphs.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .exact import block_scaled_product
 from .quant import quantize_per_token_group
 
 __all__ = ["dequantize_blocks", "experts_reference", "grouped_gemm_reference", "silu_mul_quant_torch", "weighted_sum_torch"]
@@ -43,20 +47,23 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
     experts, two_i, _ = w13.shape
     inter = two_i // 2
     group = block[1]
-    y = torch.zeros((m, hidden), dtype=torch.float32, device=x.device)
+    k = topk_ids.shape[1]
     if m == 0:
-        return y.to(x.dtype)
+        return torch.zeros((m, hidden), dtype=x.dtype, device=x.device)
     x_q, x_s = quantize_per_token_group(x, group, dtype=w13.dtype)
-    a = _dequantize_rows(x_q, x_s, group)
     ids = topk_ids.to(torch.int64)
-    weights = topk_weights.to(torch.float32)
-    for e in torch.unique(ids[(ids >= 0) & (ids < experts)]).tolist():
+    routed = (ids >= 0) & (ids < experts)
+    out = torch.zeros((m, k, hidden), dtype=torch.float32, device=x.device)  # each slot's expert output
+    for e in torch.unique(ids[routed]).tolist():
         token, slot = torch.nonzero(ids == e, as_tuple=True)
-        h = a[token] @ dequantize_blocks(w13[e], w13_scale[e], block).t()
+        h = block_scaled_product(x_q[token], x_s[token], w13[e], w13_scale[e], block).to(torch.float32)
         act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
         act_q, act_s = quantize_per_token_group(act, group, dtype=w2.dtype)
-        out = _dequantize_rows(act_q, act_s, group) @ dequantize_blocks(w2[e], w2_scale[e], block).t()
-        y.index_add_(0, token, out * weights[token, slot].unsqueeze(1))
+        out[token, slot] = block_scaled_product(act_q, act_s, w2[e], w2_scale[e], block).to(torch.float32)
+    weights = topk_weights.to(torch.float32)
+    y = torch.zeros((m, hidden), dtype=torch.float32, device=x.device)
+    for j in range(k):  # in slot order, element-wise: no reduction whose order depends on M
+        y = y + torch.where(routed[:, j:j + 1], out[:, j] * weights[:, j:j + 1], 0.0)
     return y.to(x.dtype)
 
 
