@@ -300,3 +300,38 @@ def test_the_tool_merges_its_records_into_a_records_file(tmp_path: Path) -> None
     assert [(r["backend"], r["invariant"]) for r in data["records"]] == [("a", True), ("b", True)]
     with pytest.raises(SystemExit, match="not a records file of NVIDIA H200"):
         write_record(path, "NVIDIA H200", [record("a")], [(N, K)], MS)
+
+
+# -- MoE records ---------------------------------------------------------------------------------
+
+def test_a_moe_record_names_its_layout_and_is_kept_apart_from_the_dense_backends() -> None:
+    """A record of the experts op: layout, ``E,H,I,k`` shapes, a MoE configuration; only a MoE
+    backend asking for that layout finds it, and a dense backend of the same name never does."""
+    moe_config = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 0}
+    moe = Record("triton", dict(VERSIONS), ((1, moe_config),), ((32, 7168, 2048, 8),), (1, M_BUCKET_MAX), POSITIONS,
+                 True, (), "", "sorted")
+    assert Record.from_dict(moe.to_dict()) == moe and moe.name == "triton/sorted"
+    dense = record("triton")
+    idx = index(moe, dense, backends=[plain("triton")])
+    assert len(idx.records) == 2  # kept apart: different keys
+    options, _ = idx.options(plain("triton"), layout="sorted")
+    assert [o.backend for o in options] == ["triton/sorted"] and options[0].config_at(64) == moe_config
+    assert options[0].backs(32, 7168, 2048, 8) == options[0].why
+    assert "not measured at 8x7168x2048x8" in options[0].backs(8, 7168, 2048, 8)
+    assert [o.backend for o in idx.options(plain("triton"))[0]] == ["triton"]
+    none, why = idx.options(plain("triton"), layout="other")
+    assert none == () and "no batch-invariance record" in why
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"layout": ""}, "layout"),
+    ({"shapes": ["7168,2048"]}, "'E,H,I,k'"),
+    ({"schedule": [{"from_m": 1, "config": {"BLOCK_M": 16, "SPLIT_K": 2}}]}, "configuration"),
+])
+def test_a_moe_record_is_validated_as_one(change: dict[str, Any], problem: str) -> None:
+    raw = {"backend": "triton", "layout": "sorted", "versions": VERSIONS, "schedule": [{"from_m": 1, "config": None}],
+           "shapes": ["32,7168,2048,8"], "m": [1, M_BUCKET_MAX], "positions": list(POSITIONS), "invariant": True,
+           "differs": []}
+    assert validate_records({"schema": 1, "device_name": "cpu", "records": [raw]}) is None
+    found = validate_records({"schema": 1, "device_name": "cpu", "records": [{**raw, **change}]})
+    assert found is not None and problem in found

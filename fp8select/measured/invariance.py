@@ -17,7 +17,9 @@ versions its speed is kept at (:func:`.table.backend_versions`), one file per de
 without one). ``shapes``, ``m`` (the inclusive range of M measured) and ``positions`` (of the
 compared row in its batch) say what was measured; ``invariant`` that every compared row was
 bitwise the row computed alone; ``differs`` where it was not (shape, M, position, largest
-relative difference).
+relative difference). A record of the MoE experts op names its ``layout`` too (a MoE backend's,
+e.g. ``"masked"``), its shapes are ``"E,H,I,k"`` and its configurations MoE ones; there a row is a
+token (its experts and weights its own) among tokens routed at random.
 
 A record **qualifies** its backend for invariant plans when it says invariant over M 1 to
 :data:`~fp8select.buckets.M_BUCKET_MAX` (larger M run the same kernels on more tiles) at every
@@ -54,12 +56,11 @@ _FLAG_VALUES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "f
 POSITIONS = ("first", "middle", "last")
 """Where in its batch a compared row sits; a qualifying record measured each."""
 
-_RECORD_KEYS = {"backend", "versions", "schedule", "shapes", "m", "positions", "invariant", "differs"}
+_RECORD_KEYS = {"backend", "versions", "schedule", "shapes", "m", "positions", "invariant", "differs", "layout"}
 
 
-def _shape(text: str) -> tuple[int, int]:
-    n, k = text.split(",")
-    return int(n), int(k)
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(","))
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,13 @@ class Record:
     backend: str
     versions: Mapping[str, str]
     schedule: tuple[tuple[int, Mapping[str, Any] | None], ...]
-    shapes: tuple[tuple[int, int], ...]
+    shapes: tuple[tuple[int, ...], ...]
     m: tuple[int, int]
     positions: tuple[str, ...]
     invariant: bool
     differs: tuple[Mapping[str, Any], ...] = ()
     source: str = ""
+    layout: str | None = None  # a MoE backend's layout (a record of the experts op); None: a dense layer's
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "") -> Record:
@@ -82,18 +84,25 @@ class Record:
         return cls(data["backend"], dict(data["versions"]),
                    tuple((int(s["from_m"]), s["config"]) for s in data["schedule"]),
                    tuple(_shape(s) for s in data["shapes"]), (int(data["m"][0]), int(data["m"][1])),
-                   tuple(data["positions"]), bool(data["invariant"]), tuple(data.get("differs", ())), source)
+                   tuple(data["positions"]), bool(data["invariant"]), tuple(data.get("differs", ())), source,
+                   data.get("layout"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, "versions": dict(self.versions),
+        return {"backend": self.backend, **({"layout": self.layout} if self.layout is not None else {}),
+                "versions": dict(self.versions),
                 "schedule": [{"from_m": m, "config": config} for m, config in self.schedule],
-                "shapes": [f"{n},{k}" for n, k in self.shapes], "m": list(self.m), "positions": list(self.positions),
-                "invariant": self.invariant, "differs": [dict(d) for d in self.differs]}
+                "shapes": [",".join(map(str, shape)) for shape in self.shapes], "m": list(self.m),
+                "positions": list(self.positions), "invariant": self.invariant, "differs": [dict(d) for d in self.differs]}
+
+    @property
+    def name(self) -> str:
+        """The backend, and for the experts op its layout: ``triton``, ``deepgemm/masked``."""
+        return self.backend if self.layout is None else f"{self.backend}/{self.layout}"
 
     @property
     def key(self) -> str:
-        """What a later record replaces this one by: backend, versions and schedule."""
-        return json.dumps([self.backend, dict(self.versions), [list(s) for s in self.schedule]], sort_keys=True)
+        """What a later record replaces this one by: backend (and layout), versions and schedule."""
+        return json.dumps([self.name, dict(self.versions), [list(s) for s in self.schedule]], sort_keys=True)
 
     def config_at(self, m: int) -> Mapping[str, Any] | None:
         """The schedule's configuration for calls of ``m`` rows."""
@@ -112,12 +121,12 @@ class Record:
         return None
 
     def measured(self) -> str:
-        shapes = ", ".join(f"{n}x{k}" for n, k in self.shapes)
+        shapes = ", ".join("x".join(map(str, shape)) for shape in self.shapes)
         return f"M {self.m[0]}-{self.m[1]}, positions {'/'.join(self.positions)}, shapes {shapes}"
 
     def describe(self) -> str:
         configs = "; ".join(f"from M {m}: {_config_text(c)}" for m, c in self.schedule if c is not None)
-        return (f"{self.backend} measured batch-invariant at {self.measured()}"
+        return (f"{self.name} measured batch-invariant at {self.measured()}"
                 + (f" with {configs}" if configs else "") + (f" ({self.source})" if self.source else ""))
 
 
@@ -134,16 +143,17 @@ class Option:
     backend: str
     schedule: tuple[tuple[int, Mapping[str, Any] | None], ...]
     why: str
-    shapes: tuple[tuple[int, int], ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
 
     def config_at(self, m: int) -> Mapping[str, Any] | None:
         return [config for start, config in self.schedule if start <= m][-1]
 
-    def backs(self, n: int, k: int) -> str:
-        """``why`` for a layer of (N, K), saying when the record was measured at other shapes only."""
-        if not self.shapes or (n, k) in self.shapes:
+    def backs(self, *shape: int) -> str:
+        """``why`` for a layer of this shape ((N, K), or (E, H, I, k) for the experts op), saying when the
+        record was measured at other shapes only."""
+        if not self.shapes or shape in self.shapes:
             return self.why
-        return f"{self.why}; not measured at {n}x{k}"
+        return f"{self.why}; not measured at {'x'.join(map(str, shape))}"
 
 
 class Invariance:
@@ -153,6 +163,7 @@ class Invariance:
         """``files``: ``(source, data)`` of valid record files of this device, lowest precedence first."""
         self.device = caps.device_name or caps.device_kind
         self.on_cpu = caps.device_kind == "cpu"
+        self.caps = caps
         self.installed = {b.name: backend_versions(caps, getattr(b, "packages", ())) for b in backends}
         latest: dict[str, Record] = {}
         for source, data in files:
@@ -161,18 +172,21 @@ class Invariance:
                 latest[record.key] = record
         self.records = tuple(latest.values())
 
-    def options(self, backend: Any, *, explicit: bool = False) -> tuple[tuple[Option, ...], str]:
-        """The ways ``backend`` runs invariant here, and when there are none, why not."""
+    def options(self, backend: Any, *, explicit: bool = False, layout: str | None = None
+                ) -> tuple[tuple[Option, ...], str]:
+        """The ways ``backend`` runs invariant here, and when there are none, why not. ``layout``: a MoE
+        backend's (the experts op's records; its installed versions read from the backend itself)."""
         proof = _proof(backend)
         if proof:
             if self.on_cpu or explicit:
                 return (Option(backend.name, ((1, None),), f"invariant by construction: {proof}"),), ""
             return (), (f"invariant by construction, but the pure-torch path on {self.device}; chosen only explicitly "
                         f"(backend={backend.name!r})")
-        versions = self.installed.get(backend.name, {})
-        mine = [r for r in self.records if r.backend == backend.name]
+        versions = self.installed.get(backend.name, {}) if layout is None else \
+            backend_versions(self.caps, getattr(backend, "packages", ()))
+        mine = [r for r in self.records if r.backend == backend.name and r.layout == layout]
         here = [r for r in mine if dict(r.versions) == versions]
-        options = tuple(Option(r.backend, r.schedule, r.describe(), r.shapes) for r in here if r.shortfall() is None)
+        options = tuple(Option(r.name, r.schedule, r.describe(), r.shapes) for r in here if r.shortfall() is None)
         if options:
             return options, ""
         if here:
@@ -208,6 +222,9 @@ def _check_record(where: str, r: object) -> str | None:
         return f"{where}: expected an object with keys {sorted(_RECORD_KEYS)} ('differs' optional), found {r!r:.120}"
     if not isinstance(r["backend"], str) or not r["backend"]:
         return f"{where}.backend: expected a backend name, found {r['backend']!r}"
+    moe = "layout" in r
+    if moe and (not isinstance(r["layout"], str) or not r["layout"]):
+        return f"{where}.layout: expected a MoE backend's layout name, found {r['layout']!r}"
     versions = r["versions"]
     if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
         return f"{where}.versions: expected an object of version strings, found {versions!r}"
@@ -219,13 +236,13 @@ def _check_record(where: str, r: object) -> str | None:
     if not all(isinstance(m, int) and not isinstance(m, bool) for m in starts) or starts[0] != 1 or starts != sorted(set(starts)):
         return f"{where}.schedule: expected from_m increasing from 1, found {starts!r}"
     for s in schedule:
-        if s["config"] is not None and (not isinstance(s["config"], dict) or config_problem(r["backend"], s["config"])):
-            problem = config_problem(r["backend"], s["config"]) if isinstance(s["config"], dict) else "not an object"
+        if s["config"] is not None and (not isinstance(s["config"], dict) or config_problem(r["backend"], s["config"], moe)):
+            problem = config_problem(r["backend"], s["config"], moe) if isinstance(s["config"], dict) else "not an object"
             return f"{where}.schedule: configuration {s['config']!r:.80}: {problem}"
-    shapes = r["shapes"]
-    if not isinstance(shapes, list) or not all(isinstance(s, str) and len(s.split(",")) == 2
+    shapes, parts = r["shapes"], 4 if moe else 2
+    if not isinstance(shapes, list) or not all(isinstance(s, str) and len(s.split(",")) == parts
                                                and all(p.isdigit() and int(p) > 0 for p in s.split(",")) for s in shapes):
-        return f"{where}.shapes: expected a list of 'N,K' strings, found {shapes!r:.120}"
+        return f"{where}.shapes: expected a list of {'E,H,I,k' if moe else 'N,K'!r} strings, found {shapes!r:.120}"
     m = r["m"]
     if (not isinstance(m, list) or len(m) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in m)
             or not 1 <= m[0] <= m[1]):
