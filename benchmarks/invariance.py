@@ -10,6 +10,9 @@ Phases, one JSON report (``DIR/invariance.json``):
   (backend, configuration) becomes a record (:mod:`fp8select.measured.invariance`) at this
   device and the installed versions; ``--write-record FILE`` merges them into that records file
   (the shipped one is ``fp8select/data/invariance-nvidia-h200.json``).
+* ``moe-rows``: the same for the MoE experts op (``--moe-shapes``, named shapes): each MoE backend and
+  layout but the reference, one configuration for every M, a probe token (its own experts and weights,
+  one id -1) among tokens routed at random; records with a ``layout``.
 * ``cost``: per shape and M bucket 1..8192, the layer of ``resolve()`` against the layer of
   ``resolve(batch_invariant=True)`` planned from the records just measured, each timed as the
   whole op under CUDA graphs (:func:`fp8select.measure.timing.time_graphs`, replays interleaved,
@@ -17,7 +20,7 @@ Phases, one JSON report (``DIR/invariance.json``):
   points where the invariant plan costs more than 10%.
 
 Usage: ``python -m benchmarks.invariance --out DIR [--write-record FILE] [--shapes 7168,2048,...]
-[--m 1,2,...] [--phases rows,cost]``.
+[--m 1,2,...] [--phases rows,moe-rows,cost] [--moe-shapes deepseek-v3-e8,...]``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 from benchmarks._cuda import require_cuda
 
 SHAPES = ((7168, 2048), (2112, 7168), (24576, 1536))
+MOE_SHAPES = ("deepseek-v3-e8", "qwen3-30b-a3b")
 MS = (1, 2, 3, 7, 16, 17, 64, 300, 2048, 8192)
 CANDIDATE_BUCKETS = (1, 64, 8192)
 BUDGET = 1.10
@@ -143,6 +147,92 @@ def measure_rows(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence
     return records, raw
 
 
+def check_moe_rows(launch: Callable[[Any, Any, Any], Any], shape: tuple[int, int, int, int], ms: Sequence[int],
+                   device: Any, seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`check_rows` for the experts op: a probe token with its own experts and weights (one id -1)
+    among tokens routed at random, against the probe alone."""
+    import torch
+
+    e, h, _, k = shape
+    g = torch.Generator(device=device).manual_seed(seed)
+    top = max(ms)
+    rows = torch.randn(top, h, device=device, generator=g).to(torch.bfloat16)
+    ids = torch.rand(top, e, device=device, generator=g).topk(k, dim=1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(top, k, device=device, generator=g), dim=-1)
+    probe = torch.randn(h, device=device, generator=g).to(torch.bfloat16)
+    probe_ids = torch.randperm(e, device=device, generator=g)[:k].to(torch.int32)
+    probe_ids[-1] = -1
+    probe_weights = torch.softmax(torch.randn(k, device=device, generator=g), dim=-1)
+    alone = launch(probe[None], probe_weights[None], probe_ids[None])[0].clone()
+    differs = []
+    for m in ms:
+        for name, at in (positions(m).items() if m > 1 else [("first", 0)]):
+            x, w, i = rows[:m].clone(), weights[:m].clone(), ids[:m].clone()
+            x[at], w[at], i[at] = probe, probe_weights, probe_ids
+            row = launch(x, w, i)[at]
+            if not torch.equal(row, alone):
+                diff = (row.double() - alone.double()).abs().max() / alone.double().abs().max().clamp_min(1e-30)
+                differs.append({"m": m, "position": name, "max_rel": float(diff)})
+    return differs
+
+
+def measure_moe_rows(selection: Any, names: Sequence[str], ms: Sequence[int]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Every MoE backend and layout of the MoE chain but the reference (invariant by construction), each with
+    one configuration for every M (Triton: its default at buckets :data:`CANDIDATE_BUCKETS`, each a
+    candidate), on the named MoE shapes: its records (with ``layout``) and the raw results."""
+    import torch
+
+    from fp8select.backends.moe import MoeProblem, MoeWeights
+    from fp8select.measure.tune_moe import MAX_MASKED_BYTES, random_experts
+    from fp8select.measured.invariance import POSITIONS, Record
+    from fp8select.measured.moe import MOE_SHAPES as NAMED
+    from fp8select.measured.table import backend_versions
+    from fp8select.moe_select import moe_chain
+
+    caps, device = selection.capabilities, torch.device("cuda")
+    shapes = [NAMED[name] for name in names]
+    weights = {shape: random_experts(shape[0], shape[1], shape[2], device,
+                                     torch.Generator(device=device).manual_seed(sum(shape))) for shape in shapes}
+    records, raw = [], []
+    for backend in moe_chain(selection):
+        if backend.name == "reference":
+            continue
+        for layout in backend.layouts:
+            configs = [backend.default_config(MoeProblem(*shapes[0]), layout, bucket) for bucket in CANDIDATE_BUCKETS]
+            schedules = list(dict.fromkeys(json.dumps(None if c is None else c.to_dict(), sort_keys=True) for c in configs))
+            for text in schedules:
+                config = json.loads(text)
+                differs: list[dict[str, Any]] = []
+                measured, runs = [], set(ms)
+                for shape in shapes:
+                    e, h, i, k = shape
+                    here = [m for m in ms if backend.supports(MoeProblem(e, h, i, k, m=m), caps, layout).ok
+                            and not (layout == "masked" and e * m * (3 * h + 5 * i) > MAX_MASKED_BYTES)]
+                    if not here:
+                        raw.append({"backend": f"{backend.name}/{layout}", "shape": list(shape), "skipped": "no M"})
+                        continue
+                    start = time.perf_counter()
+                    launch = backend.bind(backend.prepare(MoeWeights(*weights[shape], (128, 128)), caps), layout,
+                                          None if config is None else backend.launch_config(config), caps)
+                    try:
+                        found = check_moe_rows(launch, shape, here, device)
+                    except Exception as exc:  # noqa: BLE001 - a backend that fails a call is a finding
+                        raw.append({"backend": f"{backend.name}/{layout}", "shape": list(shape), "error": repr(exc)[:300]})
+                        found = [{"m": 0, "position": "error", "max_rel": math.inf}]
+                    measured.append(shape)
+                    runs &= set(here)
+                    differs += [{"shape": ",".join(map(str, shape)), **d} for d in found]
+                    raw.append({"backend": f"{backend.name}/{layout}", "config": config, "shape": list(shape), "m": here,
+                                "differs": found, "s": round(time.perf_counter() - start, 2)})
+                    print(f"moe rows {backend.name}/{layout} {'x'.join(map(str, shape))}: "
+                          f"{'invariant' if not found else f'{len(found)} differ'}", flush=True)
+                if measured and runs:
+                    records.append(Record(backend.name, backend_versions(caps, backend.packages), ((1, config),),
+                                          tuple(measured), (min(runs), max(runs)), POSITIONS, not differs,
+                                          tuple(differs[:10]), layout=layout))
+    return records, raw
+
+
 def measure_cost(selection: Any, records: Sequence[Any], shapes: Sequence[tuple[int, int]]) -> dict[str, Any]:
     """The invariant plans' time against the normal plans', per shape and M bucket (the module docstring)."""
     import torch
@@ -198,7 +288,8 @@ def write_record(path: Path, device_name: str, records: Sequence[Any], shapes: S
     note = (f"Measured by benchmarks/invariance.py on {device_name} ({datetime.date.today().isoformat()}): each "
             f"accepted backend pinned (Triton with each candidate configuration for every M), shapes "
             f"{', '.join(f'{n}x{k}' for n, k in shapes)}, a probe row first, in the middle and last of batches of "
-            f"M {', '.join(map(str, ms))}, compared bitwise with the row alone.")
+            f"M {', '.join(map(str, ms))}, compared bitwise with the row alone; the MoE experts op's backends and "
+            f"layouts (records with a layout) the same way, a probe token among tokens routed at random.")
     data = merge_records(base, records, device_name, note)
     assert validate_records(data) is None
     write_json(path, data)
@@ -211,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=";".join(f"{n},{k}" for n, k in SHAPES), help="N,K pairs (; between)")
     parser.add_argument("--m", default=",".join(map(str, MS)), help="comma list of M (include 1 and 8192 for a record "
                                                                      "that qualifies)")
-    parser.add_argument("--phases", default="rows,cost", help="rows, cost or both")
+    parser.add_argument("--phases", default="rows,moe-rows,cost", help="rows, moe-rows, cost (comma-separated)")
+    parser.add_argument("--moe-shapes", default=",".join(MOE_SHAPES), help="named MoE shapes for moe-rows")
     args = parser.parse_args(argv)
     require_cuda("invariance")
     from fp8select import resolve
@@ -229,6 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         records, report["rows"] = measure_rows(selection, shapes, ms)
         report["records"] = [r.to_dict() for r in records]
         report["rows_s"] = round(time.perf_counter() - start, 1)
+    if "moe-rows" in phases:
+        moe_records, report["moe_rows"] = measure_moe_rows(selection, args.moe_shapes.split(","), ms)
+        report["moe_records"] = [r.to_dict() for r in moe_records]
+        report["moe_rows_s"] = round(time.perf_counter() - start, 1)
+    else:
+        moe_records = []
     if "cost" in phases:
         if not records:
             from fp8select.measured.invariance import find_records, invariance_for
@@ -241,8 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "invariance.json").write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
-    if args.write_record and records:
-        write_record(Path(args.write_record), selection.capabilities.device_name or "cuda", records, shapes, ms)
+    if args.write_record and (records or moe_records):
+        write_record(Path(args.write_record), selection.capabilities.device_name or "cuda", [*records, *moe_records],
+                     shapes, ms)
     return 0
 
 

@@ -33,3 +33,24 @@ def test_the_reference_still_computes_the_semantics() -> None:
     x[7, 5] = float("nan")
     y = experts_reference(x, *p.weights(), weights, ids, (128, 128))
     assert y[7].isnan().all() and not y[8].isnan().any()
+
+
+def test_the_gpu_tools_moe_check_finds_what_differs() -> None:
+    """benchmarks/invariance.py's MoE row check (run here on CPU): nothing for the reference, every M
+    above 1 for an op whose rows see the batch."""
+    import torch
+
+    from benchmarks.invariance import check_moe_rows
+
+    p = random_moe(E, H, INTER, seed=7)
+
+    def moe(x, weights, ids):  # type: ignore[no-untyped-def]
+        return experts_reference(x, *p.weights(), weights, ids, (128, 128))
+
+    def leaky(x, weights, ids):  # type: ignore[no-untyped-def]
+        return moe(x, weights, ids) + x.float().mean(0).to(x.dtype)
+
+    cpu, ms = torch.device("cpu"), (1, 2, 7)
+    assert check_moe_rows(moe, (E, H, INTER, TOP_K), ms, cpu) == []
+    found = check_moe_rows(leaky, (E, H, INTER, TOP_K), ms, cpu)
+    assert {(d["m"], d["position"]) for d in found} == {(m, at) for m in (2, 7) for at in ("first", "middle", "last")}
