@@ -127,6 +127,18 @@ def _columns(selection: Any, problem: Any, weights: Any, caps: Any, *, with_refe
     return out
 
 
+def _layer_and_columns(selection: Any, shape: tuple[int, int, int, int], *, seed: int,
+                       with_reference: bool) -> tuple[Any, Any, dict[str, Any], Any]:
+    """Random experts of ``shape``: ``(weights, problem, pinned columns, the layer prepare_moe plans)``."""
+    from fp8select.backends.moe import MoeProblem
+
+    e, h, i, k = shape
+    weights = _weights(e, h, i, seed=seed)
+    problem = MoeProblem(e, h, i, k)
+    columns = _columns(selection, problem, weights, selection.capabilities, with_reference=with_reference)
+    return weights, problem, columns, selection.prepare_moe(*weights, top_k=k)
+
+
 def _launch(column: Any, problem: Any, m: int, caps: Any) -> Any:
     backend, prepared, layout = column
     return backend.bind(prepared, layout, backend.default_config(problem, layout, m), caps)
@@ -137,14 +149,9 @@ def numerics(selection: Any, name: str, shape: tuple[int, int, int, int]) -> lis
 
     import torch
 
-    from fp8select.backends.moe import MoeProblem
-
-    e, h, i, k = shape
+    e, h, _, k = shape
     caps = selection.capabilities
-    weights = _weights(e, h, i, seed=1)
-    problem = MoeProblem(e, h, i, k)
-    columns = _columns(selection, problem, weights, caps, with_reference=True)
-    layer = selection.prepare_moe(*weights, top_k=k)
+    weights, problem, columns, layer = _layer_and_columns(selection, shape, seed=1, with_reference=True)
     rows: list[dict[str, Any]] = []
     cases = [(m, kind) for m in (1, 16, 256) for kind in ("uniform", "skewed")] + [(64, "one-expert"), (64, "minus-one")]
     for m, kind in cases:
@@ -232,14 +239,9 @@ def anatomy(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tup
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from fp8select.backends.moe import MoeProblem
-
     e, h, i, k = shape
     caps = selection.capabilities
-    weights = _weights(e, h, i, seed=3)
-    problem = MoeProblem(e, h, i, k)
-    columns = _columns(selection, problem, weights, caps, with_reference=False)
-    layer = selection.prepare_moe(*weights, top_k=k)
+    _, problem, columns, layer = _layer_and_columns(selection, shape, seed=3, with_reference=False)
     rows: list[dict[str, Any]] = []
     calls = 5
     for m in ms:
