@@ -108,7 +108,9 @@ def test_deepgemm_stays_first_and_explicit_picks_cutlass() -> None:
         "sgl_kernel": SYMBOLS, "deep_gemm": ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
     sel = resolve(both, plugins=False, verify=False)
     assert [b.name for b in moe_chain(sel)][:3] == ["deepgemm", "triton", "cutlass"]
-    assert sel.moe_plan_for(32, 7168, 2048, 8).backends == ("deepgemm",)
+    assert sel.moe_plan_for(32, 7168, 2048, 8, measured={}).backends == ("deepgemm",)  # no rows: the rule
+    # the shipped H200 table's rows of this shape: CUTLASS where it measured fastest, DeepGEMM elsewhere
+    assert set(sel.moe_plan_for(32, 7168, 2048, 8).backends) == {"cutlass", "deepgemm"}
     explicit = resolve(both, plugins=False, verify=False, backend="sgl_kernel")
     assert explicit.moe_plan_for(32, 7168, 2048, 8).summary() == "any M: cutlass/offsets"
 
