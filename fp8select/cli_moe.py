@@ -2,7 +2,7 @@
 
 ``explain`` lists every built-in MoE experts backend with its verdict on the (detected or replayed)
 snapshot, the MoE chain and the MoE rows of the tuning tables; each ``--moe`` shape adds its plan:
-per M range the backend and layout, its configuration and why (``measured``, ``rule``, ``gate`` or
+per M range the backend and layout, its configuration and why (``measured``, ``model``, ``rule``, ``gate`` or
 ``explicit``: :mod:`fp8select.moe_plan`).
 """
 

@@ -32,7 +32,7 @@ from fp8select.guard import call_foreign
 from fp8select.kernels.quant import ACTIVATION_DTYPES
 from fp8select.layer import check_block_size
 from fp8select.measured.moe import MoeMeasurements
-from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
+from fp8select.moe_plan import MoeEstimates, MoePlan, MoeTimes, build_moe_plan
 from fp8select.problem import dtype_name
 from fp8select.verdict import Candidate
 
@@ -139,7 +139,8 @@ class Fp8MoE:
         while True:
             chain = [b for b in self.backends_chain if b.name not in self._failed]
             try:
-                plan = build_moe_plan(problem, chain, self.caps, measured=self._measured_rows(top_k), explicit=self.explicit)
+                plan = build_moe_plan(problem, chain, self.caps, measured=self._measured_rows(top_k),
+                                      estimated=self._estimates(top_k), explicit=self.explicit)
             except UnsupportedProblemError as exc:
                 failed = [Candidate(len(exc.candidates) + i, n, False, f"prepare() raised {why}")
                           for i, (n, why) in enumerate(self._failed.items(), 1)]
@@ -155,6 +156,12 @@ class Fp8MoE:
         if self._measured is not None or self._table is None:
             return self._measured
         return self._table.times(self.experts, self.hidden, self.intermediate, top_k)
+
+    def _estimates(self, top_k: int) -> MoeEstimates | None:
+        """The tables' estimates for this shape and ``top_k`` (none where rows were given to ``prepare_moe``)."""
+        if self._measured is not None or self._table is None:
+            return None
+        return self._table.estimates(self.experts, self.hidden, self.intermediate, top_k)
 
     def _prepare(self, plan: MoePlan) -> bool:
         for name in plan.backends:

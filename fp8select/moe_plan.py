@@ -7,7 +7,12 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
 * **explicit**: the selection's explicit backend, where one of its layouts' gates accepts the bucket;
 * **measured**: otherwise the (backend, layout) with the least measured time of the whole experts op
   (routing, both GEMMs, activation and its quantization, weighted sum) among those whose gate accepts;
-* **rule** (where nothing is measured): the first backend in priority order, in its first layout,
+* **model** (where no route is measured at this bucket, for a shape no table holds or a bucket its
+  rows lack): the route with the least estimate among those whose gate accepts, each estimate
+  modelled from the measured shapes (:mod:`fp8select.measured.moe_model`; the detail names them), in
+  its default launch configuration (a measured one belongs to another shape). A route measured at no
+  shape on this device has no estimate and is not chosen here;
+* **rule** (where nothing is measured or estimated): the first backend in priority order, in its first layout,
   except that DeepGEMM runs ``masked`` up to :data:`MASKED_MAX_M` tokens (decode, CUDA graphs: FACTS.md
   measured its masked kernel at 0.83-0.94 of the HBM floor there) and ``contiguous`` above (its masked
   layout holds ``E x M`` rows, which stops paying, and fitting, as M grows);
@@ -17,7 +22,8 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
 A gate is asked at both ends of each bucket. Measured rows come in as a mapping
 ``{"backend/layout": {bucket: {"us": float, "config": {...} | None}}}`` for this layer's shape: the
 tuning tables' MoE rows (:mod:`fp8select.measured.moe`, written by ``fp8select tune --moe``) or rows
-given to ``prepare_moe(measured=...)``.
+given to ``prepare_moe(measured=...)``; estimates as ``{"backend/layout": {bucket: MoeEstimate}}``
+(:meth:`fp8select.measured.moe.MoeMeasurements.estimates`).
 """
 
 from __future__ import annotations
@@ -31,17 +37,21 @@ from fp8select.buckets import M_BUCKETS, bucket_ends, bucket_index, bucket_range
 from fp8select.capabilities import Capabilities
 from fp8select.errors import UnsupportedProblemError
 from fp8select.guard import safe_verdict
+from fp8select.measured.moe_model import MoeEstimate
 from fp8select.verdict import Candidate, Verdict
 
-__all__ = ["EXPLICIT", "GATE", "MASKED_MAX_M", "MEASURED", "RULE", "MoePlan", "MoeRoute", "MoeTimes", "build_moe_plan",
-           "route_name"]
+__all__ = ["EXPLICIT", "GATE", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute", "MoeTimes",
+           "build_moe_plan", "route_name"]
 
-EXPLICIT, MEASURED, RULE, GATE = "explicit", "measured", "rule", "gate"
+EXPLICIT, MEASURED, MODEL, RULE, GATE = "explicit", "measured", "model", "rule", "gate"
 MASKED_MAX_M = 64
 """Largest M the rule runs DeepGEMM's masked layout at (decode batch sizes)."""
 
 MoeTimes = Mapping[str, Mapping[Any, Mapping[str, Any]]]
 """Measured rows of one layer shape: ``"backend/layout"`` -> M bucket -> ``{"us": ..., "config": ...}``."""
+
+MoeEstimates = Mapping[str, Mapping[int, MoeEstimate]]
+"""Modelled times of one layer shape: ``"backend/layout"`` -> M bucket -> estimate."""
 
 
 def route_name(backend: str, layout: str) -> str:
@@ -138,7 +148,8 @@ def _rule_layout(backend: MoeBackend, runnable: Sequence[str], bucket: int) -> s
 
 
 def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Capabilities, *,
-                   measured: MoeTimes | None = None, explicit: str | None = None) -> MoePlan:
+                   measured: MoeTimes | None = None, estimated: MoeEstimates | None = None,
+                   explicit: str | None = None) -> MoePlan:
     """The plan for ``problem`` (``m`` None) over ``backends`` (device-accepted, priority order).
 
     Raises :class:`UnsupportedProblemError` when no backend accepts the layer in any layout.
@@ -156,7 +167,7 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
     accepted = [b for b in backends if b.name in layouts]
     if not accepted:
         raise UnsupportedProblemError(problem.describe(), candidates)
-    measured = measured or {}
+    measured, estimated = measured or {}, estimated or {}
     routes = []
     for bucket in M_BUCKETS:
         runnable: dict[str, list[str]] = {}
@@ -169,7 +180,7 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
                 runnable[b.name] = ok
             else:
                 rejected[b.name] = next(v.reason for vs in verdicts.values() for v in vs if not v.ok)
-        routes.append(_route(bucket, accepted, runnable, rejected, problem, measured, explicit))
+        routes.append(_route(bucket, accepted, runnable, rejected, problem, measured, estimated, explicit))
     return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates),
                    explicit if explicit in layouts else None)
 
@@ -183,7 +194,8 @@ def _measured_row(measured: MoeTimes, name: str, bucket: int) -> Mapping[str, An
 
 
 def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]],
-           rejected: Mapping[str, str], problem: MoeProblem, measured: MoeTimes, explicit: str | None) -> MoeRoute:
+           rejected: Mapping[str, str], problem: MoeProblem, measured: MoeTimes, estimated: MoeEstimates,
+           explicit: str | None) -> MoeRoute:
     by_name = {b.name: b for b in accepted}
     if not runnable:
         return MoeRoute(bucket, None, "", GATE, "no backend accepts this M: " +
@@ -208,6 +220,14 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in timed[1:4])
         return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us" + (f" (others: {others} us)" if others else ""),
                         config, us)
+    modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
+                if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
+    if modelled:
+        modelled.sort(key=lambda t: (t[0], t[1]))
+        us, _, name, layout, estimate = modelled[0]
+        others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in modelled[1:4])
+        return MoeRoute(bucket, name, layout, MODEL, estimate.detail + (f" (others: {others} us)" if others else ""),
+                        by_name[name].default_config(replace(problem, m=bucket), layout, bucket), us)
     name = next(iter(runnable))
     b = by_name[name]
     layout = _rule_layout(b, runnable[name], bucket)

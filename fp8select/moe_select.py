@@ -71,7 +71,9 @@ def moe_plan_for(decision: Decision, chain: Sequence[MoeBackend], experts: int, 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name}: expected a positive int, found {value!r}")
     problem = MoeProblem(experts, hidden, intermediate, top_k, block, None, torch.float8_e4m3fn, torch.bfloat16)
+    estimated = None
     if measured is None and table is not None:
         measured = table.times(experts, hidden, intermediate, top_k)
-    return build_moe_plan(problem, chain, decision.capabilities, measured=measured,
+        estimated = table.estimates(experts, hidden, intermediate, top_k)
+    return build_moe_plan(problem, chain, decision.capabilities, measured=measured, estimated=estimated,
                           explicit=moe_explicit(decision, chain))

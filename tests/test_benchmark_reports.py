@@ -124,3 +124,43 @@ def test_the_kept_results_are_distilled() -> None:
     assert lines < 2000, f"benchmarks/results/ holds {lines} lines: distil them"
     for f in files:
         json.loads(f.read_text())
+
+
+def test_moe_model_check_scores_the_model_the_rule_and_one_route_by_measured_times() -> None:
+    """Three shapes of one expert size: CUTLASS is twice as fast as DeepGEMM at E 8 and 16, DeepGEMM masked
+    twice as fast as CUTLASS at E 64; left out in turn, E 8 and 16 are modelled from each other (right), and
+    E 64 from them (wrong by 2x); leaving the model out leaves nothing to model from."""
+    from benchmarks import moe_model_check
+
+    times = {8: {"deepgemm/masked": 20.0, "deepgemm/contiguous": 30.0, "cutlass/offsets": 10.0},
+             16: {"deepgemm/masked": 20.0, "deepgemm/contiguous": 30.0, "cutlass/offsets": 10.0},
+             64: {"deepgemm/masked": 10.0, "deepgemm/contiguous": 30.0, "cutlass/offsets": 20.0}}
+    entries = [{"backend": r.split("/")[0], "layout": r.split("/")[1], "versions": {"torch": "2"},
+                "shapes": {f"{e},1024,512,8": {"1": {"us": t[r]}, "128": {"us": t[r]}} for e, t in times.items()}}
+               for r in times[8]]
+    report = moe_model_check.cross_validation({"device_name": "gpu", "moe": entries})
+    by_shape = report["leave_one_shape_out"]["summary"]
+    assert by_shape["points"] == 6 and by_shape["model"]["worst"] == 2.0 and by_shape["model"]["over_8pct"] == 2
+    assert by_shape["model"]["worst_at"] == "64,1024,512,8 M 1"
+    # the rule: masked at M 1 (2x at E 8 and 16), contiguous at M 128 (3x, 3x, 3x)
+    assert by_shape["rule"]["geomean"] == pytest.approx((2 * 2 * 1 * 3 * 3 * 3) ** (1 / 6), abs=1e-4)
+    assert by_shape["always"]["worst"] == 2.0 and by_shape["always"]["over_8pct"] == 2
+    assert report["leave_one_model_out"]["summary"] == {"points": 0}
+
+
+def test_moe_model_check_on_the_shipped_table_beats_the_rule_and_is_the_kept_result(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import moe_model_check
+
+    out = tmp_path / "check.json"
+    assert moe_model_check.main(["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "leave-one-shape-out" in text and "model geo/worst" in text
+    report = json.loads(out.read_text())
+    summary = report["leave_one_shape_out"]["summary"]
+    assert summary["points"] == 70 and len(report["leave_one_shape_out"]["folds"]) == 5
+    # measured properties of the shipped H200 rows, asserted loosely
+    assert summary["model"]["geomean"] < summary["rule"]["geomean"] - 0.1
+    assert summary["model"]["geomean"] <= summary["always"]["geomean"] + 0.01
+    kept = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "moe_model_check.json").read_text())
+    assert kept == report  # the kept result is what the tool computes from the shipped table today

@@ -29,7 +29,7 @@ NEEDS_CUDA = {
     "moe": ["--out", "OUT/moe"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
-ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check")
+ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check", "moe_model_check")
 
 
 def _tools() -> list[str]:

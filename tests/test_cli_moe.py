@@ -46,18 +46,29 @@ def test_explain_lists_every_moe_backend_with_its_verdict(capsys: pytest.Capture
 
 
 def test_explain_moe_prints_a_plan_per_m_range_with_the_reason(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
-    # E=16: a shape the shipped table does not hold, so its plan follows the rule
+    # E=16: a shape the shipped table does not hold, so its plan is modelled from the shapes it holds
     code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "16,7168,2048,8", "--moe", "8,7168,200,8")
     assert code == 0
-    assert "MoE plan for E=16, H=7168, I=2048, k=8" in out
-    assert "M 1-64         deepgemm/masked            rule" in out
-    assert "M >= 65        deepgemm/contiguous        rule" in out
+    plan = out[out.index("MoE plan for E=16, H=7168, I=2048, k=8"):out.index("MoE plan for E=8")]
+    routes = plan.splitlines()[1:-1]
+    assert routes and all(" model " in line for line in routes), plan
+    # the nearest measured shapes (same experts, 8 and 32 of them) carry most of the weight and are named
+    assert "from 5 measured shapes E,H,I,k (8,7168,2048,8 42%, 32,7168,2048,8 42%" in routes[0]
     odd = out[out.index("MoE plan for E=8, H=7168, I=200"):]
     assert "triton/sorted" in odd and "not for this layer: deepgemm: requires I % 128 == 0" in odd
     code, out, _ = run(capsys, "--capabilities", str(h200), "--moe", "16,7168,2048,8", "--json")
     data = json.loads(out)["moe"]
     assert data["chain"] == ["deepgemm", "triton", "reference"]
-    routes = data["plans"][0]["routes"]
+    assert {r["why"] for r in data["plans"][0]["routes"]} == {"model"}
+    # a device no table holds: the rule
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--set", "device_name=NVIDIA H100 80GB HBM3",
+                       "--moe", "16,7168,2048,8")
+    assert code == 0 and "MoE measurements: none for this device" in out
+    assert "M 1-64         deepgemm/masked            rule" in out
+    assert "M >= 65        deepgemm/contiguous        rule" in out
+    code, out, _ = run(capsys, "--capabilities", str(h200), "--set", "device_name=NVIDIA H100 80GB HBM3",
+                       "--moe", "16,7168,2048,8", "--json")
+    routes = json.loads(out)["moe"]["plans"][0]["routes"]
     assert [r["layout"] for r in routes[:7]] == ["masked"] * 7 and routes[7]["layout"] == "contiguous"
     assert {r["why"] for r in routes} == {"rule"}
 

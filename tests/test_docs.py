@@ -114,3 +114,12 @@ def test_the_alias_table_names_every_alias() -> None:
     concepts = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
     for alias in ALIASES:
         assert f"`{alias}`" in concepts, alias
+
+
+def test_moe_md_quotes_the_kept_moe_model_check() -> None:
+    moe = (ROOT / "docs" / "moe.md").read_text(encoding="utf-8")
+    kept = json.loads((RESULTS / "moe_model_check.json").read_text(encoding="utf-8"))
+    for fold in ("leave_one_shape_out", "leave_one_model_out"):
+        summary = kept[fold]["summary"]
+        for name in ("model", "rule", "always"):
+            assert f"{summary[name]['geomean']:.3f}, {summary[name]['worst']:.3f}" in moe, (fold, name)

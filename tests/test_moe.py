@@ -19,7 +19,8 @@ from fp8select import InvalidDtypeError, InvalidInputError, NoBackendError, Unsu
 from fp8select.backends.moe import MoeProblem, ReferenceMoe, TritonMoe
 from fp8select.backends.moe_deepgemm import DeepGemmMoe
 from fp8select.kernels.moe_routing import block_capacity, masked_rows, route, row_of_slot
-from fp8select.moe_plan import MEASURED, RULE, build_moe_plan
+from fp8select.measured.moe import MoeMeasurements
+from fp8select.moe_plan import EXPLICIT, MEASURED, MODEL, RULE, build_moe_plan
 from fp8select.moe_select import moe_chain
 from fp8select.nn import BlockFp8MoE
 
@@ -185,6 +186,58 @@ def test_plan_rule_measured_and_explicit() -> None:
     assert "deepgemm/masked 12.0" in plan.route(1).detail and plan.route(2).backend == "deepgemm"
     assert build_moe_plan(problem, chain, DG_MOE, explicit="triton").backends == ("triton",)
     assert "M 1-64: deepgemm/masked, M >= 65: deepgemm/contiguous" == build_moe_plan(problem, chain, DG_MOE).summary()
+
+
+def _table(times: dict[str, float], buckets: tuple[int, ...] = (1, 2, 64, 4096)) -> MoeMeasurements:
+    """Rows at E 8 and 32 (H 7168, I 2048 and 200, k 8): each route at a fixed time per bucket."""
+    shapes = ("8,7168,2048,8", "32,7168,2048,8", "8,7168,200,8", "32,7168,200,8")
+    entries = [{"backend": route.split("/")[0], "layout": route.split("/")[1], "versions": {"torch": "2.11.0"},
+                "shapes": {s: {str(b): {"us": us} for b in buckets} for s in shapes}} for route, us in times.items()]
+    return MoeMeasurements([{"moe": entries}], {})
+
+
+def test_plan_models_the_buckets_no_row_measures() -> None:
+    problem = MoeProblem(16, 7168, 2048, 8)  # between the measured E 8 and 32: equal shares
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    table = _table({"deepgemm/masked": 200.0, "deepgemm/contiguous": 300.0, "triton/sorted": 100.0})
+    estimated = table.estimates(16, 7168, 2048, 8)
+    assert "reference/sorted" not in estimated  # never measured: no estimate
+    plan = build_moe_plan(problem, chain, DG_MOE, estimated=estimated)
+    first = plan.route(1)
+    assert (first.backend, first.layout, first.why) == ("triton", "sorted", MODEL)
+    assert first.detail.startswith(f"modelled {first.us:.1f} us, 1.00x the fastest route, from 4 measured shapes E,H,I,k (")
+    assert "8,7168,2048,8 " in first.detail and "32,7168,2048,8 " in first.detail
+    assert "(others: deepgemm/masked " in first.detail and first.config is not None  # Triton's default configuration
+    assert plan.route(64).why == MODEL and plan.route(4096).backend == "triton"
+    # buckets no shape was measured at: the rule
+    assert (plan.route(8).why, plan.route(8).layout) == (RULE, "masked") and plan.route(8192).why == RULE
+    assert "model" in plan.describe() and plan.to_dict()["routes"][0]["why"] == MODEL
+    # a measured row wins over every estimate, however slow; the buckets it lacks stay modelled
+    measured = {"deepgemm/contiguous": {1: {"us": 1000.0}}}
+    plan = build_moe_plan(problem, chain, DG_MOE, measured=measured, estimated=estimated)
+    assert (plan.route(1).backend, plan.route(1).layout, plan.route(1).why) == ("deepgemm", "contiguous", MEASURED)
+    assert (plan.route(2).backend, plan.route(2).why) == ("triton", MODEL)
+    # the explicit choice wins over both
+    plan = build_moe_plan(problem, chain, DG_MOE, estimated=estimated, explicit="deepgemm")
+    assert plan.backends == ("deepgemm",) and {r.why for r in plan.routes} == {EXPLICIT}
+
+
+def test_the_model_chooses_among_the_routes_the_gates_accept() -> None:
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    table = _table({"deepgemm/masked": 50.0, "deepgemm/contiguous": 60.0, "triton/sorted": 100.0})
+    plan = build_moe_plan(MoeProblem(16, 7168, 2048, 8), chain, DG_MOE, estimated=table.estimates(16, 7168, 2048, 8))
+    assert plan.summary() == "M 1-64: deepgemm/masked, M 65-2048: deepgemm/contiguous, M 2049-4096: deepgemm/masked, " \
+        "M >= 4097: deepgemm/contiguous"  # modelled at M 1, 2, 64 and 4096, the rule between
+    assert (plan.route(4096).layout, plan.route(4096).why) == ("masked", MODEL)  # the rule would run contiguous
+    # I = 200: DeepGEMM's gate rejects the layer, so its (faster) estimates are not chosen from
+    odd = MoeProblem(16, 7168, 200, 8)
+    plan = build_moe_plan(odd, chain, DG_MOE, estimated=table.estimates(16, 7168, 200, 8))
+    assert plan.route(1).why == MODEL and plan.backends == ("triton",)
+    assert "not for this layer: deepgemm: requires I % 128 == 0" in plan.describe()
+    # only DeepGEMM estimated, and rejected: the rule among the rest
+    only = _table({"deepgemm/masked": 50.0})
+    plan = build_moe_plan(odd, chain, DG_MOE, estimated=only.estimates(16, 7168, 200, 8))
+    assert {r.why for r in plan.routes} == {RULE} and plan.backends == ("triton",)
 
 
 def test_plan_gates_say_why() -> None:

@@ -116,8 +116,9 @@ def test_a_tuned_table_makes_the_moe_plan_pick_the_measured_winner(clocked: Any,
     moe = sel.prepare_moe(*random_moe(E, H, INTER, seed=0).weights(), top_k=K)
     assert moe.main_plan.summary() == "M 1-8: fast/a, M >= 9: fast/b"
     assert {r.why for r in moe.main_plan.routes} == {MEASURED}
-    other_k = moe._plan_for(torch.bfloat16, 1)  # no rows for k=1: the rule
-    assert {r.why for r in other_k.routes} == {"rule"}
+    other_k = moe._plan_for(torch.bfloat16, 1)  # no rows for k=1: modelled from the k=8 rows
+    assert {r.why for r in other_k.routes} == {"model"}
+    assert all(f"measured shapes E,H,I,k ({','.join(map(str, SHAPE))} 100%)" in r.detail for r in other_k.routes)
     assert sel.moe_plan_for(*SHAPE).summary() == moe.main_plan.summary()
 
 

@@ -12,8 +12,8 @@ A shape key is ``"E,H,I,k"`` (experts, hidden, intermediate, top-k); buckets are
 :class:`MoeMeasurements` indexes a device's tables once (later tables winning on equal keys) and
 answers, per layer shape, the rows :func:`fp8select.moe_plan.build_moe_plan` takes. As for the dense
 layers, a backend's rows at the versions installed here are used, else those of the other versions
-with the most rows (and ``describe`` says so). A shape never measured has no rows: its plan follows
-the rule. Pure Python.
+with the most rows (and ``describe`` says so). A shape never measured has no rows; ``estimates`` then
+models its routes' times from the measured shapes (:mod:`fp8select.measured.moe_model`). Pure Python.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fp8select.buckets import M_BUCKETS
 from fp8select.errors import InvalidInputError
+from fp8select.measured.moe_model import MoeEstimate, MoeModel, MoeShape
 
 __all__ = ["MOE_SHAPES", "MoeMeasurements", "moe_shape_key", "parse_moe_shape", "parse_moe_shapes"]
-
-MoeShape = tuple[int, int, int, int]
 
 MOE_SHAPES: dict[str, MoeShape] = {
     "deepseek-v3-e8": (8, 7168, 2048, 8),
@@ -107,6 +107,8 @@ class MoeMeasurements:
             exact = here in by_versions
             key = here if exact else max(by_versions, key=lambda v: sum(len(b) for b in by_versions[v].values()))
             self._rows[route] = _RouteRows(dict(key), exact, by_versions[key])
+        self._model = MoeModel({route: {_shape_of(s): {b: float(r["us"]) for b, r in buckets.items()}
+                                        for s, buckets in rows.shapes.items()} for route, rows in self._rows.items()})
 
     def __bool__(self) -> bool:
         return bool(self._rows)
@@ -120,11 +122,31 @@ class MoeMeasurements:
         key = moe_shape_key(experts, hidden, intermediate, top_k)
         return {route: dict(rows.shapes[key]) for route, rows in self._rows.items() if rows.shapes.get(key)}
 
+    def estimates(self, experts: int, hidden: int, intermediate: int, top_k: int) -> dict[str, dict[int, MoeEstimate]]:
+        """Per route and M bucket, the modelled time of one layer shape from the measured shapes (routes
+        measured at no shape at a bucket have no estimate there). The plan reads them only for buckets
+        with no measured row."""
+        shape = (experts, hidden, intermediate, top_k)
+        out: dict[str, dict[int, MoeEstimate]] = {}
+        for route in self._rows:
+            found = {b: e for b in M_BUCKETS if (e := self._model.estimate(route, shape, b)) is not None}
+            if found:
+                out[route] = found
+        return out
+
     def describe(self) -> str:
         """One line per backend/layout: how many MoE shapes, and at which versions."""
         lines = []
         for route, rows in sorted(self._rows.items()):
-            which = "installed versions" if rows.exact else \
-                "other versions (" + ", ".join(f"{k} {v}" for k, v in sorted(rows.versions.items())) + ")"
+            which = "installed versions" if rows.exact else f"other versions ({_versions_text(rows.versions)})"
             lines.append(f"{route}: {len(rows.shapes)} MoE shapes measured, {which}")
         return "\n".join(lines)
+
+
+def _shape_of(key: str) -> MoeShape:
+    e, h, i, k = (int(v) for v in key.split(","))
+    return e, h, i, k
+
+
+def _versions_text(versions: Mapping[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
