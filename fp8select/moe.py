@@ -31,6 +31,7 @@ from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableE
 from fp8select.guard import call_foreign
 from fp8select.kernels.quant import ACTIVATION_DTYPES
 from fp8select.layer import check_block_size
+from fp8select.measured.invariance import Invariance
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.moe_plan import MoeEstimates, MoePlan, MoeTimes, build_moe_plan
 from fp8select.problem import dtype_name
@@ -104,7 +105,7 @@ class Fp8MoE:
     def __init__(self, backends: Sequence[MoeBackend], caps: Capabilities, w13: torch.Tensor, w13_scale: torch.Tensor,
                  w2: torch.Tensor, w2_scale: torch.Tensor, block_size: Sequence[int] = (128, 128), *,
                  top_k: int | None = None, measured: MoeTimes | None = None, table: MoeMeasurements | None = None,
-                 explicit: str | None = None, check_ids: bool = True) -> None:
+                 explicit: str | None = None, check_ids: bool = True, invariance: Invariance | None = None) -> None:
         start = time.perf_counter()
         block = check_block_size(block_size)
         self.experts, self.hidden, self.intermediate = check_moe_weights(w13, w13_scale, w2, w2_scale, block)
@@ -115,7 +116,7 @@ class Fp8MoE:
         self._by_name = {b.name: b for b in self.backends_chain}
         self.device = w13.device
         self._weights = MoeWeights(w13.detach(), w13_scale.detach(), w2.detach(), w2_scale.detach(), block)
-        self._measured, self._table = measured, table
+        self._measured, self._table, self._invariance = measured, table, invariance
         self.prepared: dict[str, Any] = {}
         self._failed: dict[str, str] = {}
         self.plans: dict[tuple[torch.dtype, int], MoePlan] = {}
@@ -140,7 +141,8 @@ class Fp8MoE:
             chain = [b for b in self.backends_chain if b.name not in self._failed]
             try:
                 plan = build_moe_plan(problem, chain, self.caps, measured=self._measured_rows(top_k),
-                                      estimated=self._estimates(top_k), explicit=self.explicit)
+                                      estimated=self._estimates(top_k), explicit=self.explicit,
+                                      invariance=self._invariance)
             except UnsupportedProblemError as exc:
                 failed = [Candidate(len(exc.candidates) + i, n, False, f"prepare() raised {why}")
                           for i, (n, why) in enumerate(self._failed.items(), 1)]

@@ -19,6 +19,14 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
 * **gate**: as the rule, where the first backend in priority order that accepts the layer rejects this
   bucket (the detail says why), or where no backend accepts it (calls of that size raise).
 
+A **batch-invariant** plan (``invariance`` given: ``resolve(batch_invariant=True)``) instead runs one
+backend, layout and launch configuration for every M, as the dense plans do: among the routes an
+invariance record qualifies (:mod:`fp8select.measured.invariance`, records with a ``layout``), or whose
+backend is invariant by construction (the reference, on a CPU or chosen explicitly), and whose gates
+take every bucket, the one with the least measured time over the buckets (rows of its configuration);
+why ``invariant``. None qualifying is a :class:`~fp8select.errors.BatchInvariantError` naming each
+route's reason.
+
 A gate is asked at both ends of each bucket. Measured rows come in as a mapping
 ``{"backend/layout": {bucket: {"us": float, "config": {...} | None}}}`` for this layer's shape: the
 tuning tables' MoE rows (:mod:`fp8select.measured.moe`, written by ``fp8select tune --moe``) or rows
@@ -28,6 +36,7 @@ given to ``prepare_moe(measured=...)``; estimates as ``{"backend/layout": {bucke
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,15 +44,16 @@ from typing import Any
 from fp8select.backends.moe import MoeBackend, MoeProblem
 from fp8select.buckets import M_BUCKETS, bucket_ends, bucket_index, bucket_range, span
 from fp8select.capabilities import Capabilities
-from fp8select.errors import UnsupportedProblemError
+from fp8select.errors import BatchInvariantError, UnsupportedProblemError
 from fp8select.guard import safe_verdict
+from fp8select.measured.invariance import Invariance, Option
 from fp8select.measured.moe_model import MoeEstimate
 from fp8select.verdict import Candidate, Verdict
 
-__all__ = ["EXPLICIT", "GATE", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute", "MoeTimes",
-           "build_moe_plan", "route_name"]
+__all__ = ["EXPLICIT", "GATE", "INVARIANT", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute",
+           "MoeTimes", "build_moe_plan", "route_name"]
 
-EXPLICIT, MEASURED, MODEL, RULE, GATE = "explicit", "measured", "model", "rule", "gate"
+EXPLICIT, MEASURED, MODEL, RULE, GATE, INVARIANT = "explicit", "measured", "model", "rule", "gate", "invariant"
 MASKED_MAX_M = 64
 """Largest M the rule runs DeepGEMM's masked layout at (decode batch sizes)."""
 
@@ -84,6 +94,7 @@ class MoePlan:
     routes: tuple[MoeRoute, ...]
     candidates: tuple[Candidate, ...]
     explicit: str | None = None
+    invariant: str | None = None  # a batch-invariant plan: what backs it (a record, or a proof)
 
     def route(self, m: int) -> MoeRoute:
         return self.routes[bucket_index(m)]
@@ -115,7 +126,7 @@ class MoePlan:
                 spans[-1] = (spans[-1][0], hi, name)
             else:
                 spans.append((lo, hi, name))
-        return ", ".join(f"{span(lo, hi)}: {name}" for lo, hi, name in spans)
+        return ", ".join(f"{span(lo, hi)}: {name}" for lo, hi, name in spans) + (" (batch-invariant)" if self.invariant else "")
 
     def describe(self) -> str:
         """Several lines: per M range the backend and layout, why, its launch configuration, then the
@@ -123,6 +134,9 @@ class MoePlan:
         p = self.problem
         head = f"MoE plan for E={p.experts}, H={p.hidden}, I={p.intermediate}" + (f", k={p.top_k}" if p.top_k else "")
         lines = [head + (f" (explicit choice: {self.explicit})" if self.explicit else "")]
+        if self.invariant:
+            lines.append(f"  batch-invariant: a token's output depends only on that token (any M, any position); "
+                         f"{self.invariant}")
         for lo, hi, route in self.ranges():
             name = route_name(route.backend, route.layout) if route.backend else "-"
             kernel = f"[{route.config.describe()}] " if hasattr(route.config, "describe") else ""
@@ -133,8 +147,8 @@ class MoePlan:
     def to_dict(self) -> dict[str, Any]:
         p = self.problem
         return {"experts": p.experts, "hidden": p.hidden, "intermediate": p.intermediate, "top_k": p.top_k,
-                "explicit": self.explicit, "routes": [r.to_dict() for r in self.routes],
-                "candidates": [c.to_dict() for c in self.candidates]}
+                "explicit": self.explicit, "batch_invariant": self.invariant,
+                "routes": [r.to_dict() for r in self.routes], "candidates": [c.to_dict() for c in self.candidates]}
 
 
 def _gate(backend: MoeBackend, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
@@ -149,10 +163,12 @@ def _rule_layout(backend: MoeBackend, runnable: Sequence[str], bucket: int) -> s
 
 def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Capabilities, *,
                    measured: MoeTimes | None = None, estimated: MoeEstimates | None = None,
-                   explicit: str | None = None) -> MoePlan:
-    """The plan for ``problem`` (``m`` None) over ``backends`` (device-accepted, priority order).
+                   explicit: str | None = None, invariance: Invariance | None = None) -> MoePlan:
+    """The plan for ``problem`` (``m`` None) over ``backends`` (device-accepted, priority order);
+    batch-invariant with ``invariance`` (the records that apply here).
 
-    Raises :class:`UnsupportedProblemError` when no backend accepts the layer in any layout.
+    Raises :class:`UnsupportedProblemError` when no backend accepts the layer in any layout,
+    :class:`BatchInvariantError` when none runs it batch-invariant.
     """
     candidates: list[Candidate] = []
     layouts: dict[str, list[str]] = {}
@@ -168,21 +184,75 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
     if not accepted:
         raise UnsupportedProblemError(problem.describe(), candidates)
     measured, estimated = measured or {}, estimated or {}
-    routes = []
+    buckets = []
     for bucket in M_BUCKETS:
         runnable: dict[str, list[str]] = {}
         rejected: dict[str, str] = {}
+        refusals: dict[tuple[str, str], str] = {}  # (backend, layout): why its gate rejects this bucket
         for b in accepted:
             verdicts = {lay: [_gate(b, replace(problem, m=m), caps, lay) for m in bucket_ends(bucket)]
                         for lay in layouts[b.name]}
+            refusals.update({(b.name, lay): next(v.reason for v in vs if not v.ok)
+                             for lay, vs in verdicts.items() if not all(v.ok for v in vs)})
             ok = [lay for lay, vs in verdicts.items() if all(v.ok for v in vs)]
             if ok:
                 runnable[b.name] = ok
             else:
                 rejected[b.name] = next(v.reason for vs in verdicts.values() for v in vs if not v.ok)
-        routes.append(_route(bucket, accepted, runnable, rejected, problem, measured, estimated, explicit))
-    return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates),
-                   explicit if explicit in layouts else None)
+        buckets.append((bucket, runnable, rejected, refusals))
+    explicit = explicit if explicit in layouts else None
+    if invariance is not None:
+        return _invariant_plan(problem, accepted, layouts, tuple(candidates), buckets, measured, explicit, invariance)
+    routes = [_route(bucket, accepted, runnable, rejected, problem, measured, estimated, explicit)
+              for bucket, runnable, rejected, _ in buckets]
+    return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates), explicit)
+
+
+def _invariant_plan(problem: MoeProblem, accepted: Sequence[MoeBackend], layouts: Mapping[str, Sequence[str]],
+                    candidates: tuple[Candidate, ...], buckets: Sequence[tuple[int, Any, Any, Mapping[tuple[str, str], str]]],
+                    measured: MoeTimes, explicit: str | None, invariance: Invariance) -> MoePlan:
+    """The batch-invariant plan (the module docstring): the cheapest qualifying route, one kernel for every M."""
+    shape = (problem.experts, problem.hidden, problem.intermediate, problem.top_k or 0)
+    options, refused = [], []
+    for rank, b in enumerate(accepted):
+        for layout in layouts[b.name]:
+            found, why = invariance.options(b, explicit=b.name == explicit, layout=layout)
+            gated = next(((bucket, refusals[(b.name, layout)]) for bucket, _, _, refusals in buckets
+                          if (b.name, layout) in refusals), None)
+            if explicit is not None and b.name != explicit:
+                found, why = (), f"not the explicit choice ({explicit})"
+            elif found and gated is not None:
+                found, why = (), f"rejects {span(*bucket_range(gated[0]))} ({gated[1]})"
+            for option in found:
+                routes = tuple(_invariant_route(bucket, b, layout, option, problem, measured) for bucket, *_ in buckets)
+                known = [r.us for r in routes if r.us is not None]
+                cost = sum(map(math.log, known)) + (len(routes) - len(known)) * math.log(2 * max(known)) if known \
+                    else math.inf  # an unmeasured bucket counts as twice the slowest measured one
+                options.append((cost, rank, routes, option.backs(*shape)))
+            if not found:
+                refused.append((route_name(b.name, layout), why))
+    if not options:
+        raise BatchInvariantError(problem.describe(), [Candidate(i, name, False, why)
+                                                       for i, (name, why) in enumerate(refused, 1)])
+    _, _, routes, backed = min(options, key=lambda o: (o[0], o[1]))
+    return MoePlan(replace(problem, m=None), routes, candidates, explicit, invariant=backed)
+
+
+def _invariant_route(bucket: int, backend: MoeBackend, layout: str, option: Option, problem: MoeProblem,
+                     measured: MoeTimes) -> MoeRoute:
+    """One bucket of an invariant option: the record's configuration as is (never refitted per M; a
+    backend without configurations gets its one default), timed only by a row of that configuration."""
+    raw = option.config_at(bucket)
+    config = backend.launch_config(raw) if raw is not None else backend.default_config(replace(problem, m=1), layout, 1)
+    row = _measured_row(measured, route_name(backend.name, layout), bucket)
+    same = row is not None and (row.get("config") is None if raw is None else
+                                row.get("config") is not None and backend.launch_config(row["config"]) == config)
+    if row is not None and same:
+        us = float(row["us"])
+        return MoeRoute(bucket, backend.name, layout, INVARIANT, f"one kernel for every M; measured {us:.1f} us",
+                        config, us)
+    return MoeRoute(bucket, backend.name, layout, INVARIANT, "one kernel for every M; no time measured for it here",
+                    config)
 
 
 def _measured_row(measured: MoeTimes, name: str, bucket: int) -> Mapping[str, Any] | None:

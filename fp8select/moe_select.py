@@ -19,6 +19,7 @@ from fp8select.decision import Decision
 from fp8select.errors import InvalidInputError, NoBackendError
 from fp8select.guard import safe_verdict
 from fp8select.layer import check_block_size
+from fp8select.measured.invariance import Invariance
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.table import backend_versions
 from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
@@ -65,7 +66,7 @@ def moe_measurements(decision: Decision, chain: Sequence[MoeBackend],
 
 def moe_plan_for(decision: Decision, chain: Sequence[MoeBackend], experts: int, hidden: int, intermediate: int,
                  top_k: int, block_size: Sequence[int] = (128, 128), measured: MoeTimes | None = None,
-                 table: MoeMeasurements | None = None) -> MoePlan:
+                 table: MoeMeasurements | None = None, invariance: Invariance | None = None) -> MoePlan:
     block = check_block_size(block_size)
     for name, value in (("experts", experts), ("hidden", hidden), ("intermediate", intermediate), ("top_k", top_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -76,4 +77,4 @@ def moe_plan_for(decision: Decision, chain: Sequence[MoeBackend], experts: int, 
         measured = table.times(experts, hidden, intermediate, top_k)
         estimated = table.estimates(experts, hidden, intermediate, top_k)
     return build_moe_plan(problem, chain, decision.capabilities, measured=measured, estimated=estimated,
-                          explicit=moe_explicit(decision, chain))
+                          explicit=moe_explicit(decision, chain), invariance=invariance)

@@ -178,14 +178,16 @@ class Selection(Decision):
         ``w13`` float8_e4m3fn ``[E, 2I, H]`` (gate rows, then up rows), ``w2`` ``[E, H, I]``, with fp32 block
         scales; ``top_k`` the experts per token the first plan is made for (default 8; others on first use);
         ``measured`` rows of this shape (:data:`fp8select.moe_plan.MoeTimes`; default: the tuning tables'
-        rows for it, per top-k). See docs/moe.md.
+        rows for it, per top-k). A batch-invariant selection plans one route for every M, or raises
+        :class:`~fp8select.errors.BatchInvariantError`. See docs/moe.md.
         """
         from fp8select.moe_select import moe_chain, moe_explicit, moe_measurements
 
         chain = moe_chain(self)
         table = moe_measurements(self, chain, self.tables) if measured is None else None
         return Fp8MoE(chain, self.capabilities, w13, w13_scale_inv, w2, w2_scale_inv, block_size, top_k=top_k,
-                      measured=measured, table=table, explicit=moe_explicit(self, chain), check_ids=check_ids)
+                      measured=measured, table=table, explicit=moe_explicit(self, chain), check_ids=check_ids,
+                      invariance=self._invariance())
 
     def moe_plan_for(self, experts: int, hidden: int, intermediate: int, top_k: int,
                      block_size: Sequence[int] = (128, 128), *, measured: MoeTimes | None = None) -> MoePlan:
@@ -194,7 +196,7 @@ class Selection(Decision):
 
         chain = moe_chain(self)
         return moe_plan_for(self, chain, experts, hidden, intermediate, top_k, block_size, measured,
-                            moe_measurements(self, chain, self.tables))
+                            moe_measurements(self, chain, self.tables), self._invariance())
 
     def linear(self, input: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int], weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,

@@ -46,3 +46,35 @@ def test_triton_rows_are_bitwise_the_same_for_any_batch(config: dict[str, object
     assert layer.main_plan.backends == ("triton",)
     assert {r.config.to_dict()["path"] for r in layer.main_plan.routes} == {config["path"]}
     assert_rows_batch_invariant(layer, K, MS, seed=6)
+
+
+def test_a_moe_triton_record_gives_a_token_the_same_bits_whatever_its_batch() -> None:
+    """The experts op on fp8select's Triton kernels, one recorded configuration for every M: a probe
+    token's output alone and among tokens routed at random (sorted blocks mixing experts' rows)."""
+    from dataclasses import replace
+
+    from batch_rows import assert_moe_rows_batch_invariant
+    from fp64_moe_reference import random_moe
+
+    from fp8select import resolve
+    from fp8select.buckets import M_BUCKET_MAX
+    from fp8select.kernels import moe_triton, moe_triton_kernels
+    from fp8select.measured.invariance import POSITIONS, Record
+    from fp8select.moe_select import moe_chain
+
+    if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
+        from interpreted import rebuild
+
+        rebuild("moe_triton_kernels", "moe_triton", force=True)
+    assert moe_triton is not None
+    config = {"BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "QUANT_IN_KERNEL": 1}
+    sel = resolve(CPU_TRITON, plugins=False, tuning=False)
+    triton = next(b for b in moe_chain(sel) if b.name == "triton")
+    record = Record("triton", backend_versions(CPU_TRITON, triton.packages), ((1, config),), ((4, 256, 128, 2),),
+                    (1, M_BUCKET_MAX), POSITIONS, True, layout="sorted")
+    invariant = replace(sel, batch_invariant=True, invariance=Invariance(
+        CPU_TRITON, sel.chain, [("test", merge_records(None, [record], "cpu"))]))
+    moe = invariant.prepare_moe(*random_moe(4, 256, 128, seed=3).weights(), top_k=2)
+    assert moe.main_plan.summary() == "any M: triton/sorted (batch-invariant)"
+    assert {r.config.to_dict()["BLOCK_M"] for r in moe.main_plan.routes} == {16}
+    assert_moe_rows_batch_invariant(moe, 256, 4, 2, (1, 2, 7, 17, 40), seed=4)

@@ -1,12 +1,24 @@
 """Batch invariance of the MoE experts op on CPU: the reference backend computes each token's output
-from that token alone (exact fp8 block products in float64, a fixed-order sum over its k experts)."""
+from that token alone (exact fp8 block products in float64, a fixed-order sum over its k experts),
+and batch-invariant selections plan one route for every M from the records (or refuse)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from batch_rows import assert_moe_rows_batch_invariant
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from matrix import MATRIX
+from test_cli_moe import DG_MOE
 
+from fp8select import BatchInvariantError, resolve
+from fp8select.buckets import M_BUCKET_MAX
 from fp8select.kernels.moe_reference import experts_reference
+from fp8select.measured.invariance import POSITIONS, Invariance, Record, merge_records
+from fp8select.measured.table import backend_versions
+from fp8select.moe_plan import INVARIANT
+from fp8select.moe_select import moe_chain
 
 E, H, INTER, TOP_K = 8, 1024, 512, 3
 MOE_MS = (1, 2, 3, 7, 16, 17, 64, 300)
@@ -54,3 +66,39 @@ def test_the_gpu_tools_moe_check_finds_what_differs() -> None:
     assert check_moe_rows(moe, (E, H, INTER, TOP_K), ms, cpu) == []
     found = check_moe_rows(leaky, (E, H, INTER, TOP_K), ms, cpu)
     assert {(d["m"], d["position"]) for d in found} == {(m, at) for m in (2, 7) for at in ("first", "middle", "last")}
+
+
+# -- batch-invariant MoE plans -------------------------------------------------------------------
+
+def test_a_batch_invariant_selection_plans_the_reference_on_a_cpu_and_its_tokens_keep_their_bits() -> None:
+    p = random_moe(E, H, INTER, seed=11)
+    moe = resolve(MATRIX["cpu-only"][0], plugins=False, batch_invariant=True).prepare_moe(*p.weights(), top_k=TOP_K)
+    plan = moe.main_plan
+    assert plan.summary() == "any M: reference/sorted (batch-invariant)"
+    assert {r.why for r in plan.routes} == {INVARIANT} and plan.invariant.startswith("invariant by construction")
+    assert "batch-invariant: a token's output depends only on that token" in plan.describe()
+    assert plan.to_dict()["batch_invariant"] == plan.invariant
+    assert_moe_rows_batch_invariant(moe, H, E, TOP_K, (1, 2, 7, 17), seed=12)
+
+
+def test_on_a_gpu_a_moe_route_needs_its_own_record() -> None:
+    """No MoE record: every route says why, and the call is refused, never planned as usual; a record of
+    deepgemm/contiguous over M 1-8192 at the installed versions makes it the plan, one route for every M."""
+    sel = resolve(DG_MOE, plugins=False, verify=False)
+    chain = moe_chain(sel)
+    bare = replace(sel, batch_invariant=True, invariance=Invariance(DG_MOE, sel.chain, ()))
+    with pytest.raises(BatchInvariantError) as info:
+        bare.moe_plan_for(32, 7168, 2048, 8)
+    reasons = {c.name: c.reason for c in info.value.candidates}
+    assert "no batch-invariance record" in reasons["deepgemm/masked"] and "reference/sorted" in reasons
+    deepgemm = next(b for b in chain if b.name == "deepgemm")
+    record = Record("deepgemm", backend_versions(DG_MOE, deepgemm.packages), ((1, None),), ((32, 7168, 2048, 8),),
+                    (1, M_BUCKET_MAX), POSITIONS, True, layout="contiguous")
+    data = merge_records(None, [record], DG_MOE.device_name or "")
+    recorded = replace(sel, batch_invariant=True, invariance=Invariance(DG_MOE, sel.chain, [("test", data)]))
+    plan = recorded.moe_plan_for(32, 7168, 2048, 8)
+    assert plan.summary() == "any M: deepgemm/contiguous (batch-invariant)"
+    assert "deepgemm/contiguous measured batch-invariant" in plan.invariant
+    # the shipped table's rows of this route time every bucket; the masked layout has no record
+    assert all(r.us is not None and "measured" in r.detail for r in plan.routes)
+    assert "not measured at 8x7168x2048x8" in recorded.moe_plan_for(8, 7168, 2048, 8).invariant
