@@ -64,3 +64,34 @@ def test_the_reference_is_invariant_on_the_gpu_too(selection: fp8select.Selectio
     layer = reference.prepare(*_weight(n, k))
     assert layer.main_plan.backends == ("reference",)
     assert check_rows(layer, k, MS, torch.device("cuda")) == []
+
+
+MOE_SHAPE = (8, 7168, 2048, 8)  # deepseek-v3-e8
+MOE_MS = (1, 2, 3, 7, 16, 17, 64, 300, 2048)
+
+
+def _experts() -> tuple[torch.Tensor, ...]:
+    from fp8select.measure.tune_moe import random_experts
+
+    e, h, i, _ = MOE_SHAPE
+    return random_experts(e, h, i, "cuda", torch.Generator(device="cuda").manual_seed(5))
+
+
+def test_the_moe_reference_is_invariant_on_the_gpu_too() -> None:
+    from benchmarks.invariance import check_moe_rows
+
+    moe = fp8select.resolve(plugins=False, backend="reference", batch_invariant=True).prepare_moe(
+        *_experts(), top_k=MOE_SHAPE[3])
+    assert moe.main_plan.summary() == "any M: reference/sorted (batch-invariant)"
+    assert check_moe_rows(moe, MOE_SHAPE, (1, 2, 7, 64), torch.device("cuda")) == []
+
+
+def test_the_invariant_moe_plan_gives_a_token_the_same_bits_at_every_m_and_position() -> None:
+    from benchmarks.invariance import check_moe_rows
+
+    try:
+        moe = fp8select.resolve(plugins=False, batch_invariant=True).prepare_moe(*_experts(), top_k=MOE_SHAPE[3])
+    except fp8select.BatchInvariantError as exc:
+        pytest.skip(f"no MoE route recorded invariant for these versions yet: {str(exc).splitlines()[1]}")
+    assert moe.main_plan.invariant is not None and len({(r.backend, r.layout) for r in moe.main_plan.routes}) == 1
+    assert check_moe_rows(moe, MOE_SHAPE, MOE_MS, torch.device("cuda")) == []
