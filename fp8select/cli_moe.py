@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fp8select.errors import Fp8SelectError, NoBackendError
+from fp8select.errors import BatchInvariantError, Fp8SelectError, NoBackendError
 from fp8select.measured.moe import MOE_SHAPES, parse_moe_shape, parse_moe_shapes
 from fp8select.moe_select import moe_measurements, moe_plan_for, moe_verdicts
 from fp8select.selection import Selection
@@ -48,13 +48,30 @@ def explain_moe(selection: Selection, shapes: Sequence[tuple[int, int, int, int]
         lines.extend("  " + line for line in table.describe().splitlines())
     else:
         lines.append("MoE measurements: none for this device, so MoE plans follow the rule (docs/moe.md)")
+    if selection.batch_invariant and selection.invariance is not None:
+        lines.append("MoE batch-invariance (one route and configuration for every M):")
+        for b in chain:
+            for layout in b.layouts:
+                options, why = selection.invariance.options(b, explicit=b.name == selection.explicit, layout=layout)
+                lines.append(f"  {b.name}/{layout}: " + ("; ".join(o.why for o in options) if options else f"not used: {why}"))
     if shapes and not chain:
         raise NoBackendError("MoE experts layers", [c for _, c in verdicts])
-    plans = [moe_plan_for(selection, chain, *shape, table=table) for shape in shapes]
+    texts, plans = [], []
+    for shape in shapes:
+        try:
+            plan = moe_plan_for(selection, chain, *shape, table=table, invariance=selection.invariance
+                                if selection.batch_invariant else None)
+        except BatchInvariantError as exc:  # no route runs this layer batch-invariant: say why, per route
+            texts.append(f"MoE plan for E={shape[0]}, H={shape[1]}, I={shape[2]}, k={shape[3]}: {exc}")
+            plans.append({"experts": shape[0], "hidden": shape[1], "intermediate": shape[2], "top_k": shape[3],
+                          "error": str(exc)})
+            continue
+        texts.append(plan.describe())
+        plans.append(plan.to_dict())
     data = {"verdicts": [{**c.to_dict(), "layouts": list(b.layouts)} for b, c in verdicts],
             "chain": [b.name for b in chain], "measured_routes": list(table.routes) if table else [],
-            "plans": [plan.to_dict() for plan in plans]}
-    return "\n\n".join(["\n".join(lines), *(plan.describe() for plan in plans)]), data
+            "plans": plans}
+    return "\n\n".join(["\n".join(lines), *texts]), data
 
 
 def tune_moe_command(args: argparse.Namespace, selection: Selection, known: dict[str, Any],

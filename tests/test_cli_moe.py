@@ -114,3 +114,19 @@ def test_no_moe_backend_is_an_error_with_every_verdict(capsys: pytest.CaptureFix
     assert code == 1 and "MoE experts layers" in err and "disabled" in err
     code, out, _ = run(capsys, *off)
     assert code == 0 and "MoE chain: none" in out
+
+
+def test_explain_batch_invariant_says_which_moe_routes_qualify(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """At the shipped H200 records' versions the dense layers qualify; no MoE route has a record yet, so
+    each MoE plan asked for says why none runs it batch-invariant instead of printing an ordinary plan."""
+    caps = dataclasses.replace(DG_MOE, packages={**DG_MOE.packages, "deep_gemm": "2.6.1", "triton": "3.6.0"})
+    path = tmp_path / "h200.json"
+    path.write_text(caps.to_json())
+    code, out, _ = run(capsys, "--capabilities", str(path), "--batch-invariant", "--moe", "deepseek-v3-e32")
+    assert code == 0
+    section = out[out.index("MoE batch-invariance"):]
+    assert "deepgemm/masked: not used: no batch-invariance record" in section
+    assert "reference/sorted: not used: invariant by construction, but the pure-torch path" in section
+    assert "MoE plan for E=32, H=7168, I=2048, k=8: no backend runs" in section
+    code, out, _ = run(capsys, "--capabilities", str(path), "--batch-invariant", "--moe", "deepseek-v3-e32", "--json")
+    assert "error" in json.loads(out)["moe"]["plans"][0]
