@@ -87,7 +87,7 @@ def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:
     ids = torch.tensor([[0, -1], [2, 1], [9, 0]], dtype=torch.int32)  # 9: outside E=3
     weights = torch.rand(3, 2)
     row_map = torch.tensor([6, 5, 4, 3, 2, 1], dtype=torch.int64)
-    for mapping in (None, row_map):
+    for mapping in (None, row_map, row_map.to(torch.int32)):  # the CUTLASS path passes its int32 map as it is
         got = moe_triton.weighted_sum(out, mapping, ids, weights, 3, torch.float32)
         assert torch.allclose(got, weighted_sum_torch(out, mapping, ids, weights, 3, torch.float32), atol=1e-6)
 

@@ -165,12 +165,11 @@ class CutlassMoe(MoeBackend):
             row_of_slot = torch.zeros(m * k, dtype=torch.int32, device=device)
             prepare_input(ids, s.expert_offsets, ps1, ps2, rows, row_of_slot, e, two_i // 2, hidden)
             x_q, x_s = quantize(x)
-            token = rows.to(torch.int64)
             d1 = torch.empty((m * k, two_i), dtype=torch.bfloat16, device=device)
-            gemm(d1, gather_rows(x_q, token), x_s.index_select(0, token), s.b13, s.strides13, ps1)
+            gemm(d1, gather_rows(x_q, rows), x_s.index_select(0, rows), s.b13, s.strides13, ps1)  # int32 indices
             q, q_s = silu_mul_quant(d1, w.w2.dtype)
             d2 = torch.empty((m * k, hidden), dtype=torch.bfloat16, device=device)
             gemm(d2, q, q_s, s.b2, s.strides2, ps2)
-            return weighted_sum(d2, row_of_slot.to(torch.int64), topk_ids, topk_weights, e, x.dtype)
+            return weighted_sum(d2, row_of_slot, topk_ids, topk_weights, e, x.dtype)  # an int32 map, as it is
 
         return launch

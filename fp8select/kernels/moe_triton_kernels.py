@@ -163,9 +163,9 @@ def _weighted_sum_kernel(
         slot = token * TOP_K + j
         expert = tl.load(ids_ptr + slot)
         if (expert >= 0) & (expert < E):
-            row = slot
+            row = slot.to(tl.int64)  # (rows x H passes 2^31 elements from about 300k rows)
             if HAS_MAP:
-                row = tl.load(row_map_ptr + slot)
+                row = tl.load(row_map_ptr + slot).to(tl.int64)  # int32 or int64 maps
             weight = tl.load(w_ptr + slot).to(tl.float32)
             acc += weight * tl.load(out_ptr + row * stride_om + cols, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + token * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=col_ok)
