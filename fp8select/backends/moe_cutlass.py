@@ -161,8 +161,8 @@ class CutlassMoe(MoeBackend):
         def launch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             ids = topk_ids.to(torch.int32).contiguous()
-            rows = torch.zeros(m * k, dtype=torch.int32, device=device)  # rows past the routed ones: token 0
-            row_of_slot = torch.zeros(m * k, dtype=torch.int32, device=device)
+            # rows past the routed ones: token 0; one zeroing for both (a launch fewer)
+            rows, row_of_slot = torch.zeros((2, m * k), dtype=torch.int32, device=device).unbind(0)
             prepare_input(ids, s.expert_offsets, ps1, ps2, rows, row_of_slot, e, two_i // 2, hidden)
             x_q, x_s = quantize(x)
             d1 = torch.empty((m * k, two_i), dtype=torch.bfloat16, device=device)
