@@ -44,7 +44,8 @@ PACKAGE_SYMBOLS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "flashinfer": (("gemm/__init__.py", "gemm.py", "fused_moe/__init__.py", FLASHINFER_MOE_SOURCE),
                    ("gemm_fp8_nt_groupwise", "fp8_blockscale_gemm_sm90", "cutlass_fused_moe", "FusedMoeRunner")),
     "sgl_kernel": (("__init__.py",), ("fp8_blockwise_scaled_mm", "fp8_blockwise_scaled_grouped_mm", "prepare_moe_input")),
-    "aiter": (("ops/gemm_op_a8w8.py",), ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle")),
+    "aiter": (("ops/gemm_op_a8w8.py", "fused_moe.py"), ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle",
+                                                       "fused_moe")),
 }
 
 # Environment variables copied into the snapshot (besides every FP8SELECT_* variable).

@@ -21,19 +21,22 @@ def _dequant_blocks(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int] = (
     return w.to(torch.float64) * s.to(torch.float64)[rows][:, cols]
 
 
-def _quant_dequant(v: torch.Tensor) -> torch.Tensor:
-    q, s = quantize_groups(v.reshape(1, -1))
+def _quant_dequant(v: torch.Tensor, fp8: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    q, s = quantize_groups(v.reshape(1, -1), dtype=fp8)
     cols = torch.arange(v.numel()) // 128
     return (q.to(torch.float64) * s[:, cols]).reshape(-1)
 
 
 def expected_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                 gemm_out: torch.dtype | None = None) -> torch.Tensor:
+                 gemm_out: torch.dtype | None = None, act_out: torch.dtype | None = None,
+                 fp8: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
     """float64 ``[M, H]``: the experts op as the semantics say. ``gemm_out`` rounds both GEMMs' outputs to
     that dtype first (a backend whose grouped GEMMs write bf16, as DeepGEMM's do, computes that function:
     rounding gate and up to bf16 moves some values of the requantized product across an fp8 rounding
-    boundary, up to ~3e-2 relative on one token with I = 128)."""
+    boundary, up to ~3e-2 relative on one token with I = 128); ``act_out`` rounds ``silu(gate) * up`` to that
+    dtype before it is quantized (AITER's fused MoE writes it to a bf16 buffer); ``fp8`` is the grid both
+    activations are quantized onto, with ``amax / max(fp8)`` (e4m3fnuz on gfx942: max 240)."""
     x, topk_ids, topk_weights = x.cpu(), topk_ids.cpu(), topk_weights.cpu()
     m, h = x.shape
     inter = w13.shape[1] // 2
@@ -41,7 +44,7 @@ def expected_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torc
     w13_deq = {}
     w2_deq = {}
     for t in range(m):
-        a = _quant_dequant(x[t].to(torch.float64))
+        a = _quant_dequant(x[t].to(torch.float64), fp8)
         for j in range(topk_ids.shape[1]):
             e = int(topk_ids[t, j])
             if e == -1:
@@ -53,7 +56,9 @@ def expected_moe(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torc
             if gemm_out is not None:
                 hidden = hidden.to(gemm_out).to(torch.float64)
             act = torch.nn.functional.silu(hidden[:inter]) * hidden[inter:]
-            out = w2_deq[e] @ _quant_dequant(act)
+            if act_out is not None:
+                act = act.to(act_out).to(torch.float64)
+            out = w2_deq[e] @ _quant_dequant(act, fp8)
             if gemm_out is not None:
                 out = out.to(gemm_out).to(torch.float64)
             y[t] += float(topk_weights[t, j]) * out

@@ -21,8 +21,9 @@ DG_SYMBOLS = {"deep_gemm": ("fp8_gemm_nt",)}
 DG_V1 = {**TRITON, "deep_gemm": "1.0.0"}
 DG_V1_SYMBOLS = {"deep_gemm": ("gemm_fp8_fp8_bf16_nt",)}
 FI_SYMBOLS = {"flashinfer": ("gemm_fp8_nt_groupwise", "fp8_blockscale_gemm_sm90")}
-AITER_SYMBOLS = {"aiter": ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle")}
+AITER_SYMBOLS = {"aiter": ("gemm_a8w8_blockscale", "gemm_a8w8_blockscale_bpreshuffle", "fused_moe")}
 NPU = {"torch_npu": "2.9.0"}
+NPU_MOE_ON = {"FP8SELECT_USE_NPU_MOE": "1"}
 
 
 def _new_api(torch: str) -> bool:
@@ -124,6 +125,7 @@ MATRIX: dict[str, tuple[Capabilities, str]] = {
     "arc-b580-torch2.9": (xpu("2.9.0", packages={"triton": "3.5.0"}, triton_backends=("intel",)), "triton"),
     "ascend-950": (npu("Ascend950PR", None, packages=NPU), "npu"),
     "ascend-950-by-soc": (npu(None, 260, packages=NPU), "npu"),
+    "ascend-950-npu-moe": (npu("Ascend950PR", None, packages=NPU, env=NPU_MOE_ON), "npu"),
     "ascend-910b": (npu("Ascend910B3", 223, packages=NPU), "reference"),
     "ascend-950-no-torch-npu": (npu("Ascend950PR", None), "reference"),
 }

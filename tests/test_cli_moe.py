@@ -34,7 +34,9 @@ def test_explain_lists_every_moe_backend_with_its_verdict(capsys: pytest.Capture
     assert code == 0
     section = out[out.index("MoE experts backends"):]
     rows = {line.split()[1]: line for line in section.splitlines() if line[:4].strip().isdigit()}
-    assert set(rows) == {"deepgemm", "cutlass", "flashinfer", "cuda-scaled-grouped-mm", "triton", "reference"}
+    assert set(rows) == {"deepgemm", "cutlass", "flashinfer", "cuda-scaled-grouped-mm", "aiter", "npu", "triton",
+                         "reference"}
+    assert "requires device rocm, found cuda" in rows["aiter"] and "requires device npu, found cuda" in rows["npu"]
     assert "rejected" in rows["cutlass"] and "sgl_kernel" in rows["cutlass"]
     assert " ok " in rows["deepgemm"] and "contiguous/masked" in rows["deepgemm"]
     assert "rejected" in rows["cuda-scaled-grouped-mm"] and "functional" in rows["cuda-scaled-grouped-mm"].lower()

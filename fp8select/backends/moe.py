@@ -35,7 +35,7 @@ from fp8select.problem import dtype_name
 from fp8select.verdict import Verdict
 
 __all__ = ["FlashInferMoe", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
-           "TorchGroupedMoe", "TritonMoe", "epilogue_helpers", "gather_rows"]
+           "TorchGroupedMoe", "TritonMoe", "epilogue_helpers", "gather_rows", "nan_where_nonfinite"]
 
 MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
@@ -83,6 +83,15 @@ class MoeWeights:
 def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows ``index`` of an fp8 (or any 1-byte) tensor, through a uint8 view."""
     return t.view(torch.uint8).index_select(0, index).view(t.dtype)
+
+
+def nan_where_nonfinite(y: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """``y`` with NaN rows where ``x``'s row holds a NaN or inf and the token has an expert in ``[0, E)``: the
+    semantics' promise (docs/moe.md), kept around a vendor whose own activation quantizer may drop NaN (as the
+    dense vendors' did, FACTS.md) and whose behaviour on one is not verified. A few small launches."""
+    routed = ((topk_ids >= 0) & (topk_ids < experts)).any(dim=1)
+    poisoned = (~torch.isfinite(x).all(dim=1)) & routed
+    return y.masked_fill(poisoned.unsqueeze(1), float("nan"))
 
 
 def epilogue_helpers(device: torch.device) -> tuple[Any, Any]:

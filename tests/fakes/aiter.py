@@ -1,6 +1,7 @@
 """Fake ``aiter`` (ROCm/aiter, package ``amd-aiter``) for CPU tests.
 
-Emulates the block-scale FP8 GEMMs of ``aiter/ops/gemm_op_a8w8.py``:
+Emulates the block-scale FP8 GEMMs of ``aiter/ops/gemm_op_a8w8.py`` and, in ``aiter.fused_moe`` with the
+``QuantType`` / ``ActivationType`` enums, the block-scale fused MoE (tests/fakes/aiter_moe.py says how):
 
 * ``gemm_a8w8_blockscale(XQ, WQ, x_scale, w_scale, dtype=bf16, isBpreshuffled=False)``:
   XQ [M, K] and WQ [N, K] in ``aiter.dtypes.fp8``, x_scale [M, ceil(K/128)] row-major, w_scale
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 
 from . import Call, ceil_div, dequantize_blockwise, make_vendor_module, recorded
+from .aiter_moe import ActivationType, FakeAiterMoe, QuantType
 
 GFX_FP8_DTYPES: dict[str, torch.dtype] = {
     "gfx942": torch.float8_e4m3fnuz,
@@ -62,11 +64,11 @@ def _shuffle_dims(n: int, k: int, element_size: int) -> tuple[int, int, int, int
 
 
 def _unshuffle(w: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``shuffle_weight(w, layout=(16, 16))`` for a 2-D 1-byte tensor."""
-    n, k = w.shape
+    """Inverse of ``shuffle_weight(w, layout=(16, 16))`` for a ``[..., N, K]`` 1-byte tensor."""
+    *lead, n, k = w.shape
     lane_n, block_k, pack, k_packs = _shuffle_dims(n, k, w.element_size())
-    raw = w.contiguous().view(torch.uint8).view(n // lane_n, k // block_k, k_packs, lane_n, pack)
-    return raw.permute(0, 3, 1, 2, 4).contiguous().view(n, k).view(w.dtype)
+    raw = w.contiguous().view(torch.uint8).view(-1, n // lane_n, k // block_k, k_packs, lane_n, pack)
+    return raw.permute(0, 1, 4, 2, 3, 5).contiguous().view(*lead, n, k).view(w.dtype)
 
 
 class FakeAiter:
@@ -105,15 +107,16 @@ class FakeAiter:
         is_guinterleave: bool = False,
         gate_up: bool = False,
     ) -> torch.Tensor:
-        """Pre-shuffle a [.., N, K] weight into the (16, 16) MFMA layout (1-byte types)."""
+        """Pre-shuffle a [.., N, K] weight into the (16, 16) MFMA layout (1-byte types; a leading expert
+        dimension shuffles each expert alike, as AITER's ``view(-1, N/16, 16, K/32, 2, 16)`` does)."""
         if tuple(layout) != _SHUFFLE_LAYOUT or use_int4 or is_guinterleave or gate_up or x.element_size() != 1:
             raise NotImplementedError("the fake emulates shuffle_weight(w, layout=(16, 16)) for 1-byte weights only")
-        if x.dim() != 2:
-            raise NotImplementedError("the fake emulates 2-D weights only")
-        n, k = x.shape
+        if x.dim() < 2:
+            raise NotImplementedError("the fake emulates [..., N, K] weights only")
+        *lead, n, k = x.shape
         lane_n, block_k, pack, k_packs = _shuffle_dims(n, k, 1)
-        raw = x.contiguous().view(torch.uint8).view(n // lane_n, lane_n, k // block_k, k_packs, pack)
-        shuffled = raw.permute(0, 2, 3, 1, 4).contiguous().view(n, k).view(x.dtype)
+        raw = x.contiguous().view(torch.uint8).view(-1, n // lane_n, lane_n, k // block_k, k_packs, pack)
+        shuffled = raw.permute(0, 1, 3, 4, 2, 5).contiguous().view(*lead, n, k).view(x.dtype)
         shuffled.is_shuffled = True  # type: ignore[attr-defined]
         return shuffled
 
@@ -200,6 +203,7 @@ class FakeAiter:
 def build(log: list[Call], **options: Any) -> tuple[FakeAiter, dict[str, Any]]:
     """Build the fake ``aiter`` package; ``options`` are ``FakeAiter`` keyword knobs."""
     impl = FakeAiter(**options)
+    moe = FakeAiterMoe(impl, _unshuffle)  # aiter.fused_moe (tests/fakes/aiter_moe.py)
 
     def rec(name: str) -> Any:
         return recorded(log, "aiter", name, getattr(impl, name))
@@ -227,6 +231,9 @@ def build(log: list[Call], **options: Any) -> tuple[FakeAiter, dict[str, Any]]:
     chip_info = make_vendor_module("aiter.jit.utils.chip_info", {"get_gfx": impl.get_gfx})
     jit_utils = make_vendor_module("aiter.jit.utils", {"chip_info": chip_info})
     jit = make_vendor_module("aiter.jit", {"utils": jit_utils})
+    enums = {"QuantType": QuantType, "ActivationType": ActivationType}
+    fused_moe = make_vendor_module("aiter.fused_moe", {"fused_moe": recorded(log, "aiter", "fused_moe", moe.fused_moe),
+                                                       **enums})
     top = make_vendor_module(
         "aiter",
         {
@@ -235,6 +242,8 @@ def build(log: list[Call], **options: Any) -> tuple[FakeAiter, dict[str, Any]]:
             "ops": ops,
             "utility": utility,
             "jit": jit,
+            "fused_moe": fused_moe,
+            **enums,
             "set_gfx": impl.set_gfx,
             "reset": impl.reset,
             "FAKE": impl,
@@ -251,4 +260,5 @@ def build(log: list[Call], **options: Any) -> tuple[FakeAiter, dict[str, Any]]:
         "aiter.jit": jit,
         "aiter.jit.utils": jit_utils,
         "aiter.jit.utils.chip_info": chip_info,
+        "aiter.fused_moe": fused_moe,
     }

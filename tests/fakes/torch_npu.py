@@ -16,6 +16,7 @@ Emulates what an adapter for Ascend A5 (arch35, Ascend 950) needs:
   ``group_sizes=[1, 128, 128]``, ``output_dtype`` bf16/fp16. Other quantisation modes raise
   ``NotImplementedError`` (fake limitation, not a vendor rule).
 * ``torch_npu._C._npu_get_soc_version()`` and ``torch_npu.npu.get_device_name(device=None)``.
+* ``npu_grouped_matmul`` in its FP8 per-block mode (tests/fakes/torch_npu_moe.py says how).
 
 Knobs (on ``fake.impl``; ``set_soc`` / ``reset`` are also module functions): ``device_name``
 (default ``"Ascend950PR"``) and ``soc_version`` (default 260). The fake treats a device as
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from . import Call, ceil_div, dequantize_blockwise, make_vendor_module, recorded
+from .torch_npu_moe import FakeTorchNpuMoe
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _DST_TYPES: dict[Any, torch.dtype] = {
@@ -209,6 +211,7 @@ class FakeTorchNPU:
 def build(log: list[Call], **options: Any) -> tuple[FakeTorchNPU, dict[str, Any]]:
     """Build the fake ``torch_npu`` package; ``options`` are ``FakeTorchNPU`` keyword knobs."""
     impl = FakeTorchNPU(**options)
+    moe = FakeTorchNpuMoe(impl)  # npu_grouped_matmul (tests/fakes/torch_npu_moe.py)
 
     def rec(name: str) -> Any:
         return recorded(log, "torch_npu", name, getattr(impl, name))
@@ -220,6 +223,7 @@ def build(log: list[Call], **options: Any) -> tuple[FakeTorchNPU, dict[str, Any]
         {
             "npu_dynamic_block_quant": rec("npu_dynamic_block_quant"),
             "npu_quant_matmul": rec("npu_quant_matmul"),
+            "npu_grouped_matmul": recorded(log, "torch_npu", "npu_grouped_matmul", moe.npu_grouped_matmul),
             "_C": c_module,
             "npu": npu_module,
             "set_soc": impl.set_soc,
