@@ -27,6 +27,7 @@ NEEDS_CUDA = {
     "invariance": ["--out", "OUT/invariance"],
     "jit_warm": ["--out", "OUT/warm.json"],
     "moe": ["--out", "OUT/moe"],
+    "moe_peer": ["--out", "OUT/peer"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
 ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check", "moe_model_check")
