@@ -114,3 +114,15 @@ def random_routing(m: int, k: int, experts: int, *, seed: int = 0,
         logits = torch.randn(m, experts, generator=g)
     weights, ids = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
     return weights.to(torch.float32), ids.to(torch.int32)
+
+
+def assert_minus_one_and_nan_rows(run, hidden: int, top_k: int, experts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
+    """A launch ``run(x, topk_weights, topk_ids)``: every id -1 gives zeros; a NaN in one token's input makes
+    that token's row NaN and leaves the others finite. Returns ``(x, weights, ids)`` for further checks."""
+    w, ids = random_routing(4, top_k, experts, seed=5)
+    x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert torch.equal(run(x, w, torch.full_like(ids, -1)), torch.zeros_like(x))
+    x[2, 7] = float("nan")
+    y = run(x, w, ids)
+    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all()
+    return x, w, ids

@@ -132,3 +132,22 @@ def test_explain_batch_invariant_says_which_moe_routes_qualify(capsys: pytest.Ca
     assert "MoE plan for E=32, H=7168, I=2048, k=8: no backend runs" in section
     code, out, _ = run(capsys, "--capabilities", str(path), "--batch-invariant", "--moe", "deepseek-v3-e32", "--json")
     assert "error" in json.loads(out)["moe"]["plans"][0]
+
+
+@pytest.mark.parametrize(("snapshot", "backend", "layout", "chain"), [
+    ("mi300x-aiter", "aiter", "fused", "aiter -> triton -> reference"),
+    ("ascend-950-npu-moe", "npu", "grouped", "npu -> reference"),
+])
+def test_explain_moe_lists_the_platform_backends(capsys: pytest.CaptureFixture[str], tmp_path: Path, snapshot: str,
+                                                 backend: str, layout: str, chain: str) -> None:
+    """AITER's fused MoE on an MI300X and torch_npu's grouped GEMM on an Ascend A5 (each opted in by its
+    snapshot's environment): accepted, first in the MoE chain, and planned."""
+    path = tmp_path / "caps.json"
+    path.write_text(MATRIX[snapshot][0].to_json())
+    assert main(["explain", "--no-plugins", "--capabilities", str(path), "--moe", "32,7168,2048,8"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("MoE experts backends"):]
+    row = next(line for line in section.splitlines() if line[:4].strip().isdigit() and line.split()[1] == backend)
+    assert " ok " in row and layout in row
+    assert f"MoE chain: {chain}" in section
+    assert f"{backend}/{layout}" in out[out.index("MoE plan for E=32"):]

@@ -10,19 +10,17 @@ by how much those roundings cost. -1 ids, idle experts, M 0, a NaN row; ``explai
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 from fakes import install
 from fakes.aiter_moe import ActivationType, QuantType
-from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import assert_minus_one_and_nan_rows, expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 
 from fp8select import resolve
 from fp8select.backends.moe import MoeProblem, MoeWeights
 from fp8select.backends.moe_aiter import AiterMoe
-from fp8select.cli import main
 from fp8select.moe_select import moe_chain
 
 MI300X = MATRIX["mi300x-aiter"][0]
@@ -113,12 +111,7 @@ def test_all_minus_one_gives_zeros_and_nan_stays_in_its_row(monkeypatch, problem
     install(monkeypatch, "aiter", gfx="gfx950")
     backend = AiterMoe()
     run = backend.bind(backend.prepare(MoeWeights(*problem.weights(), (128, 128)), MI355X), "fused", None, MI355X)
-    w, ids = random_routing(4, K, E, seed=5)
-    x = _x(4)
-    assert torch.equal(run(x, w, torch.full_like(ids, -1)), torch.zeros_like(x))
-    x[2, 7] = float("nan")
-    y = run(x, w, ids)
-    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all()
+    x, w, ids = assert_minus_one_and_nan_rows(run, H, K, E)
     x[2] = torch.inf  # a non-finite token none of whose experts is here: zeros, as the semantics say
     ids[2] = -1
     assert torch.equal(run(x, w, ids)[2], torch.zeros(H, dtype=x.dtype))
@@ -174,15 +167,3 @@ def test_the_fake_rejects_e4m3fn_weights_on_gfx942(monkeypatch, problem) -> None
     fake = install(monkeypatch, "aiter", gfx="gfx942")
     with pytest.raises(RuntimeError, match="normalize e4m3fn weights to e4m3fnuz"):
         fake.modules["aiter.fused_moe"].fused_moe(**_fused_args(problem, fake))
-
-
-def test_explain_moe_lists_aiter(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "mi300x.json"
-    path.write_text(MI300X.to_json())
-    assert main(["explain", "--no-plugins", "--capabilities", str(path), "--moe", "32,7168,2048,8"]) == 0
-    out = capsys.readouterr().out
-    section = out[out.index("MoE experts backends"):]
-    row = next(line for line in section.splitlines() if line[:4].strip().isdigit() and line.split()[1] == "aiter")
-    assert " ok " in row and "fused" in row
-    assert "MoE chain: aiter -> triton -> reference" in section
-    assert "aiter/fused" in out[out.index("MoE plan for E=32"):]

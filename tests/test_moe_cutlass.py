@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 from fakes import install
-from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import assert_minus_one_and_nan_rows, expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 
 from fp8select import resolve
@@ -79,13 +79,7 @@ def test_empty_experts_int64_ids_and_fp16(monkeypatch, problem) -> None:  # type
 
 def test_all_minus_one_gives_zeros_and_nan_stays_in_its_row(monkeypatch, problem) -> None:  # type: ignore[no-untyped-def]
     install(monkeypatch, "sgl_kernel")
-    run = _launch(problem)
-    w, ids = random_routing(4, 2, E, seed=5)
-    x = torch.randn(4, H).to(torch.bfloat16)
-    assert torch.equal(run(x, w, torch.full_like(ids, -1)), torch.zeros_like(x))
-    x[2, 7] = float("nan")
-    y = run(x, w, ids)
-    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all()
+    assert_minus_one_and_nan_rows(_launch(problem), H, 2, E)
 
 
 def test_the_layer_plans_cutlass_and_m0_launches_nothing(monkeypatch, problem) -> None:  # type: ignore[no-untyped-def]

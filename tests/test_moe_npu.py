@@ -10,18 +10,16 @@ result within 1e-2 also says none was read), -1 ids, idle experts, M 0, a NaN ro
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 from fakes import install
-from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import assert_minus_one_and_nan_rows, expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 
 from fp8select import resolve
 from fp8select.backends.moe import MoeProblem, MoeWeights
 from fp8select.backends.moe_npu import NpuMoe
-from fp8select.cli import main
 from fp8select.moe_select import moe_chain
 
 A5 = MATRIX["ascend-950-npu-moe"][0]
@@ -98,12 +96,7 @@ def test_all_minus_one_gives_zeros_and_nan_stays_in_its_row(monkeypatch, problem
     install(monkeypatch, "torch_npu")
     backend = NpuMoe()
     run = backend.bind(backend.prepare(MoeWeights(*problem.weights(), (128, 128)), A5), "grouped", None, A5)
-    w, ids = random_routing(4, K, E, seed=5)
-    x = _x(4)
-    assert torch.equal(run(x, w, torch.full_like(ids, -1)), torch.zeros_like(x))
-    x[2, 7] = float("nan")
-    y = run(x, w, ids)
-    assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3]]).all()
+    assert_minus_one_and_nan_rows(run, H, K, E)
 
 
 def _gmm_args(problem, rows: int = 5):  # type: ignore[no-untyped-def]
@@ -157,15 +150,3 @@ def test_the_fake_wants_fp8_on_arch35_only(monkeypatch, problem) -> None:  # typ
     fake.impl.set_soc("Ascend910B2", 220)
     with pytest.raises(RuntimeError, match="only supported on Ascend 910_95"):
         fake.module.npu_grouped_matmul(**_gmm_args(problem))
-
-
-def test_explain_moe_lists_npu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "a5.json"
-    path.write_text(A5.to_json())
-    assert main(["explain", "--no-plugins", "--capabilities", str(path), "--moe", "32,7168,2048,8"]) == 0
-    out = capsys.readouterr().out
-    section = out[out.index("MoE experts backends"):]
-    row = next(line for line in section.splitlines() if line[:4].strip().isdigit() and line.split()[1] == "npu")
-    assert " ok " in row and "grouped" in row
-    assert "MoE chain: npu -> reference" in section
-    assert "npu/grouped" in out[out.index("MoE plan for E=32"):]
