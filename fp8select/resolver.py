@@ -36,7 +36,14 @@ from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
 from fp8select.selection import Selection
 from fp8select.verdict import Candidate
 from fp8select.verify import remembered
-from fp8select.verify_chain import BACKGROUND_DEVICES, all_remembered, usable_device, verify_chain, verify_in_background
+from fp8select.verify_chain import (
+    BACKGROUND_DEVICES,
+    all_remembered,
+    import_in_background,
+    usable_device,
+    verify_chain,
+    verify_in_background,
+)
 
 
 @overload
@@ -85,8 +92,10 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
 
     ``background``: False (the default) returns the settled :class:`Selection`, verified. True
     returns a ``concurrent.futures.Future`` of it at once and verifies on a side thread while
-    the caller goes on (loading its weights; :mod:`fp8select.verify_chain`); ``result()`` gives
-    the selection, or raises what resolving raised. Not with a ``group``.
+    the caller goes on (loading its weights; :mod:`fp8select.verify_chain`); with nothing left to
+    verify (every pass remembered) the side thread imports the chain's vendor packages instead,
+    the largest part of a warm start's ``prepare``. ``result()`` gives the selection, or raises
+    what resolving raised. Not with a ``group``.
 
     ``group``: a ``torch.distributed`` process group (or ``"world"`` for the default one);
     the ranks exchange fingerprints and choices (:func:`fp8select.distributed.agree`), and
@@ -131,9 +140,7 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
             return selection
         if later is not None:
             return later(selection)
-        done: Future[Selection] = Future()
-        done.set_result(selection)
-        return done
+        return import_in_background(selection, get_logger())
     from fp8select.distributed import agree
 
     outcome: Selection | BaseException

@@ -38,7 +38,8 @@ from fp8select.verify import device_for, remember, remembered, verification_key,
 D = TypeVar("D", bound=Decision)
 """A decision or a subclass of it (a Selection): returned as the type it was given."""
 
-__all__ = ["BACKGROUND_DEVICES", "all_remembered", "usable_device", "verify_chain", "verify_in_background"]
+__all__ = ["BACKGROUND_DEVICES", "all_remembered", "import_in_background", "usable_device", "verify_chain",
+           "verify_in_background"]
 
 BACKGROUND_DEVICES = ("cuda", "cpu")
 """Device types verified on a side thread (CUDA: on the caller's device and a stream of its own).
@@ -162,7 +163,39 @@ def verify_in_background(selection: D, explicit: str | None, explicit_source: st
     _install_fork_hook()
     _RUNNING.add(future)
     # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
-    threading.Thread(target=_run, args=(future, work, device), name="fp8select-verify").start()
+    threading.Thread(target=_run, args=(future, work, device), name=_VERIFY_THREAD).start()
+    return future
+
+
+def import_in_background(selection: D, log: Any) -> Future[D]:
+    """A future of ``selection`` once the vendor packages of its chain are imported, on a side thread:
+    what ``resolve(..., background=True)`` returns when there is nothing left to verify (every pass
+    remembered). Importing a vendor is most of a warm start's ``prepare`` (FlashInfer's registers its
+    custom ops: about 1 s on the H200 host); an engine that loads its weights before taking
+    ``future.result()`` pays it meanwhile. A package that fails to import is logged
+    (``fp8select.import_failed``) and left to ``prepare``, which says why; the future never raises."""
+    import sys
+
+    modules = [m for b in selection.chain for m in getattr(b, "packages", ()) if m not in sys.modules]
+    future: Future[D] = Future()
+    future.set_running_or_notify_cancel()
+    if not modules:
+        future.set_result(selection)
+        return future
+
+    def work() -> D:
+        import importlib
+
+        for module in dict.fromkeys(modules):
+            try:
+                importlib.import_module(module)
+            except BaseException as exc:  # noqa: BLE001 - a vendor's import may raise anything; prepare says why
+                log.warning("fp8select.import_failed", module=module, error=f"{type(exc).__name__}: {exc}")
+        return selection
+
+    _install_fork_hook()
+    _RUNNING.add(future)
+    threading.Thread(target=_run, args=(future, work, torch.device("cpu")), name=_IMPORT_THREAD).start()
     return future
 
 
@@ -183,15 +216,16 @@ def _run(future: Future[D], work: Callable[[], D], device: torch.device) -> None
         _RUNNING.discard(future)
 
 
-# Running verifications, for the fork hook: process state by nature (threads are), weakly held.
+# Running verifications and imports, for the fork hook: process state by nature (threads are), weakly held.
 _RUNNING: weakref.WeakSet[Future[Any]] = weakref.WeakSet()
+_VERIFY_THREAD, _IMPORT_THREAD = "fp8select-verify", "fp8select-imports"
 _FORK_HOOK = threading.Lock()
 _fork_hook_installed = False
 
 
 def _wait_for_all() -> None:
-    if threading.current_thread().name == "fp8select-verify":
-        return  # a fork from the verification itself
+    if threading.current_thread().name in (_VERIFY_THREAD, _IMPORT_THREAD):
+        return  # a fork from the side thread itself
     for future in list(_RUNNING):
         wait([future])
 

@@ -213,3 +213,39 @@ def test_an_import_deadlock_with_another_thread_is_retried_once() -> None:
     verified = fp8select.verify_chain.verify_chain(selection, None, "auto", fp8select.resolver.get_logger(),
                                                   device=torch.device("cpu"))
     assert race.threads == ["run", "run"] and verified.backend.name == "import-race"
+
+
+class Vendored(Backend):
+    """A backend whose vendor package is a module written by the test (``packages``)."""
+
+    name = "vendored"
+    requires = (DeviceKind(("cpu",)),)
+    out_dtypes = (torch.bfloat16,)
+
+    def __init__(self, packages: tuple[str, ...]) -> None:
+        self.packages = packages  # type: ignore[misc]
+
+
+def test_with_nothing_to_verify_the_future_imports_the_chains_vendors(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                                                        ) -> None:
+    """Every pass remembered (here: verify=False): the future imports the chain's vendor packages on a side
+    thread, the slow part of a warm start's prepare; a package that fails to import is logged, not raised."""
+    (tmp_path / "fp8s_vendor_ok.py").write_text(
+        "import threading\nTHREAD = threading.current_thread().name\n")
+    (tmp_path / "fp8s_vendor_broken.py").write_text("raise RuntimeError('no device here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("fp8s_vendor_ok", "fp8s_vendor_broken"):
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    vendored = Vendored(("fp8s_vendor_ok", "fp8s_vendor_broken"))
+    with capture_logs() as logs:
+        future = resolve(MATRIX["cpu-only"][0], plugins=[_plugin(vendored)], verify=False, background=True)
+        selection = future.result(timeout=30)
+    assert isinstance(selection, Selection) and "vendored" in [b.name for b in selection.chain]
+    import fp8s_vendor_ok  # type: ignore[import-not-found]
+
+    assert fp8s_vendor_ok.THREAD == "fp8select-imports"
+    failed = [e for e in logs if e["event"] == "fp8select.import_failed"]
+    assert [e["module"] for e in failed] == ["fp8s_vendor_broken"] and "no device here" in failed[0]["error"]
+    again = resolve(MATRIX["cpu-only"][0], plugins=[_plugin(Vendored(("fp8s_vendor_ok",)))], verify=False,
+                    background=True)
+    assert again.done()  # everything already imported: no thread
