@@ -98,6 +98,7 @@ def test_environment_is_read_on_every_call(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_forget_detected_gathers_the_facts_again() -> None:
+    forget_detected()  # a snapshot an earlier test cached may hold the fake vendor modules it had installed
     first = detect_capabilities()
     forget_detected()
     again = detect_capabilities()
