@@ -29,8 +29,8 @@ from fp8select.buckets import BUCKET_INDEX, M_BUCKET_MAX
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError
 from fp8select.guard import call_foreign
+from fp8select.inputs import check_block_size
 from fp8select.kernels.quant import ACTIVATION_DTYPES
-from fp8select.layer import check_block_size
 from fp8select.measured.invariance import Invariance
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.moe_plan import MoeEstimates, MoePlan, MoeTimes, build_moe_plan

@@ -18,7 +18,7 @@ from fp8select.backends.moe_builtin import MOE_BACKENDS
 from fp8select.decision import Decision
 from fp8select.errors import InvalidInputError, NoBackendError
 from fp8select.guard import safe_verdict
-from fp8select.layer import check_block_size
+from fp8select.inputs import check_block_size
 from fp8select.measured.invariance import Invariance
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.table import backend_versions

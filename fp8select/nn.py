@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPreparedError
+from fp8select.inputs import check_block_size, check_weight
 from fp8select.kernels.quant import ACTIVATION_DTYPES
-from fp8select.layer import Fp8Linear, check_block_size, check_weight
+from fp8select.layer import Fp8Linear
 from fp8select.moe import Fp8MoE
 from fp8select.problem import dtype_name
 from fp8select.selection import Selection

@@ -26,7 +26,7 @@ from fp8select.capabilities import Capabilities
 from fp8select.decision import ENV_BACKEND, ENV_DISABLE, builtin_backends, choose
 from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, BatchInvariantError, InvalidDtypeError, InvalidInputError, NoBackendError
-from fp8select.layer import check_max_weight_copies
+from fp8select.inputs import check_max_weight_copies
 from fp8select.measure.loadtime import measure_shape
 from fp8select.measured.invariance import batch_invariant_from_env, invariance_for
 from fp8select.measured.sources import find_tables, measurements_for

@@ -156,7 +156,7 @@ class Selection(Decision):
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:
         """The plan a layer of this shape would get (no weights needed: what ``explain --layer`` prints)."""
-        from fp8select.layer import check_block_size
+        from fp8select.inputs import check_block_size
 
         block = check_block_size(block_size)
         problem = Problem(n, k, block, None, torch.float8_e4m3fn, torch.bfloat16, out_dtype or torch.bfloat16)

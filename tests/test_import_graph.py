@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fp8select.backends*",),                                            # gates, prepare, bind, run
     ("fp8select.plugins", "fp8select.decision"),                         # the choice: a Decision
     ("fp8select.measured*",),                                            # the measured data plans read
-    ("fp8select.routes", "fp8select.plan", "fp8select.moe_plan"),        # per layer: a route per M bucket
+    ("fp8select.inputs", "fp8select.routes", "fp8select.plan",
+     "fp8select.moe_plan"),                                              # typed checks; per layer: a route per M bucket
     ("fp8select.ops", "fp8select.layer", "fp8select.warmup",
      "fp8select.moe_ops", "fp8select.moe", "fp8select.grouped"),         # the call path
     ("fp8select.distributed", "fp8select.moe_select", "fp8select.selection"),  # ranks agreeing; the facade

@@ -38,7 +38,7 @@ BLOCK_1x128 = (1, 128)
 def block_pair(block_size: Sequence[int]) -> tuple[int, int]:
     """``block_size`` as the ``(bn, bk)`` tuple a :class:`PreparedWeight` holds (a caller may pass a list).
 
-    Layers hand backends a pair already checked by :func:`fp8select.layer.check_block_size`;
+    Layers hand backends a pair already checked by :func:`fp8select.inputs.check_block_size`;
     ``tuple()`` only changes the container, which mypy cannot see keeps it a pair.
     """
     return cast("tuple[int, int]", tuple(block_size))
