@@ -32,6 +32,7 @@ import torch
 from fp8select.capabilities import Capabilities
 from fp8select.decision import Decision
 from fp8select.errors import BackendRejectedError, InvalidInputError, NoBackendError
+from fp8select.guard import call_foreign
 from fp8select.verdict import Verdict
 from fp8select.verify import device_for, remember, remembered, verification_key, verify_backend
 
@@ -158,13 +159,7 @@ def verify_in_background(selection: D, explicit: str | None, explicit_source: st
                  seconds=round(time.perf_counter() - start, 3))
         return verified
 
-    future: Future[D] = Future()
-    future.set_running_or_notify_cancel()
-    _install_fork_hook()
-    _RUNNING.add(future)
-    # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
-    threading.Thread(target=_run, args=(future, work, device), name=_VERIFY_THREAD).start()
-    return future
+    return _in_background(work, device, _VERIFY_THREAD)
 
 
 def import_in_background(selection: D, log: Any) -> Future[D]:
@@ -174,28 +169,33 @@ def import_in_background(selection: D, log: Any) -> Future[D]:
     custom ops: about 1 s on the H200 host); an engine that loads its weights before taking
     ``future.result()`` pays it meanwhile. A package that fails to import is logged
     (``fp8select.import_failed``) and left to ``prepare``, which says why; the future never raises."""
+    import importlib
     import sys
 
-    modules = [m for b in selection.chain for m in getattr(b, "packages", ()) if m not in sys.modules]
-    future: Future[D] = Future()
-    future.set_running_or_notify_cancel()
+    modules = dict.fromkeys(m for b in selection.chain for m in getattr(b, "packages", ()) if m not in sys.modules)
     if not modules:
-        future.set_result(selection)
-        return future
+        done: Future[D] = Future()
+        done.set_result(selection)
+        return done
 
     def work() -> D:
-        import importlib
-
-        for module in dict.fromkeys(modules):
-            try:
-                importlib.import_module(module)
-            except BaseException as exc:  # noqa: BLE001 - a vendor's import may raise anything; prepare says why
-                log.warning("fp8select.import_failed", module=module, error=f"{type(exc).__name__}: {exc}")
+        for module in modules:
+            outcome = call_foreign(importlib.import_module, module)  # a vendor's import may raise anything
+            if outcome.error is not None:
+                log.warning("fp8select.import_failed", module=module, error=outcome.error)
         return selection
 
+    return _in_background(work, torch.device("cpu"), _IMPORT_THREAD)
+
+
+def _in_background(work: Callable[[], D], device: torch.device, name: str) -> Future[D]:
+    """A future of ``work()``, run on a side thread named ``name`` (:func:`_run`), which a fork waits for."""
+    future: Future[D] = Future()
+    future.set_running_or_notify_cancel()
     _install_fork_hook()
     _RUNNING.add(future)
-    threading.Thread(target=_run, args=(future, work, torch.device("cpu")), name=_IMPORT_THREAD).start()
+    # Not a daemon: an interpreter that exits meanwhile lets the kernels finish first.
+    threading.Thread(target=_run, args=(future, work, device), name=name).start()
     return future
 
 
