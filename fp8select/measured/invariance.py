@@ -43,7 +43,15 @@ from typing import Any
 from fp8select.buckets import M_BUCKET_MAX
 from fp8select.capabilities import Capabilities
 from fp8select.errors import InvalidInputError
-from fp8select.measured.table import SHIPPED_DIR, backend_versions, cache_dir, config_problem, device_path, load_table
+from fp8select.measured.table import (
+    SHIPPED_DIR,
+    backend_versions,
+    cache_dir,
+    config_problem,
+    device_path,
+    load_table,
+    versions_text,
+)
 
 __all__ = ["ENV_BATCH_INVARIANT", "POSITIONS", "SCHEMA", "Invariance", "Option", "Record", "batch_invariant_from_env",
            "find_records", "invariance_for", "merge_records", "validate_records"]
@@ -213,7 +221,7 @@ def _proof(backend: Any) -> str | None:
 
 
 def _versions_text(versions: Mapping[str, str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "no versions"
+    return versions_text(versions) or "no versions"
 
 
 def _check_record(where: str, r: object) -> str | None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fp8select.buckets import M_BUCKETS
+from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
 __all__ = ["Estimate", "Measurements", "Row"]
@@ -84,10 +85,6 @@ class _BackendRows:
     by_bucket: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
 
-def _versions_text(versions: Mapping[str, str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-
-
 class Measurements:
     """The usable rows of one device's tables, per backend (immutable once built)."""
 
@@ -107,9 +104,7 @@ class Measurements:
                         {int(b): Row(float(r["us"]), r.get("config")) for b, r in buckets.items()})
         self._rows: dict[str, _BackendRows] = {}
         for backend, by_versions in groups.items():
-            here = tuple(sorted(installed.get(backend, {}).items()))
-            exact = here in by_versions
-            key = here if exact else max(by_versions, key=lambda v: sum(len(b) for b in by_versions[v].values()))
+            key, exact = used_versions(by_versions, installed.get(backend, {}))
             shapes = by_versions[key]
             by_bucket = {b: tuple(sorted(s for s, rows in shapes.items() if b in rows)) for b in M_BUCKETS}
             self._rows[backend] = _BackendRows(dict(key), exact, shapes, by_bucket)
@@ -133,7 +128,7 @@ class Measurements:
         """One line per backend: how many shapes, and at which versions."""
         lines = []
         for name, rows in sorted(self._rows.items()):
-            which = "installed versions" if rows.exact else f"other versions ({_versions_text(rows.versions)})"
+            which = "installed versions" if rows.exact else f"other versions ({versions_text(rows.versions)})"
             lines.append(f"{name}: {len(rows.shapes)} shapes measured on {self.device_name}, {which}")
         return "\n".join(lines)
 
@@ -142,7 +137,7 @@ class Measurements:
         rows = self._rows.get(backend)
         if rows is None:
             return None
-        note = "" if rows.exact else f", measured with {_versions_text(rows.versions)}"
+        note = "" if rows.exact else f", measured with {versions_text(rows.versions)}"
         row = rows.shapes.get((n, k), {}).get(bucket)
         if row is not None:
             return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))

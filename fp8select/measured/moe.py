@@ -26,6 +26,7 @@ from typing import Any
 from fp8select.buckets import M_BUCKETS
 from fp8select.errors import InvalidInputError
 from fp8select.measured.moe_model import MoeEstimate, MoeModel, MoeShape
+from fp8select.measured.table import used_versions, versions_text
 
 __all__ = ["MOE_SHAPES", "MoeMeasurements", "moe_shape_key", "parse_moe_shape", "parse_moe_shapes"]
 
@@ -103,9 +104,7 @@ class MoeMeasurements:
                     shapes.setdefault(shape, {}).update({int(b): dict(r) for b, r in buckets.items()})
         self._rows: dict[str, _RouteRows] = {}
         for route, by_versions in groups.items():
-            here = tuple(sorted(installed.get(route.split("/", 1)[0], {}).items()))
-            exact = here in by_versions
-            key = here if exact else max(by_versions, key=lambda v: sum(len(b) for b in by_versions[v].values()))
+            key, exact = used_versions(by_versions, installed.get(route.split("/", 1)[0], {}))
             self._rows[route] = _RouteRows(dict(key), exact, by_versions[key])
         self._model = MoeModel({route: {_shape_of(s): {b: float(r["us"]) for b, r in buckets.items()}
                                         for s, buckets in rows.shapes.items()} for route, rows in self._rows.items()})
@@ -138,7 +137,7 @@ class MoeMeasurements:
         """One line per backend/layout: how many MoE shapes, and at which versions."""
         lines = []
         for route, rows in sorted(self._rows.items()):
-            which = "installed versions" if rows.exact else f"other versions ({_versions_text(rows.versions)})"
+            which = "installed versions" if rows.exact else f"other versions ({versions_text(rows.versions)})"
             lines.append(f"{route}: {len(rows.shapes)} MoE shapes measured, {which}")
         return "\n".join(lines)
 
@@ -146,7 +145,3 @@ class MoeMeasurements:
 def _shape_of(key: str) -> MoeShape:
     e, h, i, k = (int(v) for v in key.split(","))
     return e, h, i, k
-
-
-def _versions_text(versions: Mapping[str, str]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))

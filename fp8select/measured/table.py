@@ -59,7 +59,9 @@ __all__ = [
     "save_table",
     "shape_key",
     "table_path",
+    "used_versions",
     "validate_table",
+    "versions_text",
     "write_json",
 ]
 
@@ -89,6 +91,26 @@ def backend_versions(caps: Capabilities, packages: Iterable[str] = ()) -> dict[s
     # its rows stay valid (torch's, "+cu130", names another build of its kernels and is kept).
     versions.update({name: v.split("+", 1)[0] if (v := caps.packages.get(name)) else None for name in packages})
     return {k: v for k, v in versions.items() if v is not None}
+
+
+VersionsKey = tuple[tuple[str, str], ...]
+"""A row set's versions as a hashable key: ``tuple(sorted(versions.items()))``."""
+
+
+def used_versions(by_versions: Mapping[VersionsKey, Mapping[Any, Mapping[Any, Any]]],
+                  installed: Mapping[str, str]) -> tuple[VersionsKey, bool]:
+    """Which of one backend's row sets (shape -> bucket -> row, per versions) plans read, and whether
+    those are the installed versions: the set at the versions installed here when a table holds one,
+    else the set with the most rows (the dense layers' and the MoE rows' one policy)."""
+    here = tuple(sorted(installed.items()))
+    if here in by_versions:
+        return here, True
+    return max(by_versions, key=lambda v: sum(len(b) for b in by_versions[v].values())), False
+
+
+def versions_text(versions: Mapping[str, str]) -> str:
+    """``cuda 13.0, torch 2.11.0+cu130`` (sorted by name; empty for none)."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
 
 
 def cache_dir(env: Mapping[str, str]) -> Path:
