@@ -57,13 +57,24 @@ def check_rows(layer: Callable[[Any], Any], k: int, ms: Sequence[int], device: A
     g = torch.Generator(device=device).manual_seed(seed)
     rows = torch.randn(max(ms), k, device=device, generator=g).to(torch.bfloat16)
     probe = torch.randn(k, device=device, generator=g).to(torch.bfloat16)  # a row the batches hold only where placed
-    alone = layer(probe[None])[0].clone()
+
+    def row_at(m: int, at: int) -> Any:
+        batch = rows[:m].clone()
+        batch[at] = probe
+        return layer(batch)[at]
+
+    return _differences(layer(probe[None])[0].clone(), row_at, ms)
+
+
+def _differences(alone: Any, row_at: Callable[[int, int], Any], ms: Sequence[int]) -> list[dict[str, Any]]:
+    """Where ``row_at(m, at)``, the probe's output in a batch of ``m`` with the probe at ``at``, is not
+    ``alone`` bitwise, at each position of :func:`positions` (M 1 once more: run to run)."""
+    import torch
+
     differs = []
     for m in ms:
         for name, at in (positions(m).items() if m > 1 else [("first", 0)]):
-            batch = rows[:m].clone()
-            batch[at] = probe
-            row = layer(batch)[at]
+            row = row_at(m, at)
             if not torch.equal(row, alone):
                 diff = (row.double() - alone.double()).abs().max() / alone.double().abs().max().clamp_min(1e-30)
                 differs.append({"m": m, "position": name, "max_rel": float(diff)})
@@ -163,17 +174,13 @@ def check_moe_rows(launch: Callable[[Any, Any, Any], Any], shape: tuple[int, int
     probe_ids = torch.randperm(e, device=device, generator=g)[:k].to(torch.int32)
     probe_ids[-1] = -1
     probe_weights = torch.softmax(torch.randn(k, device=device, generator=g), dim=-1)
-    alone = launch(probe[None], probe_weights[None], probe_ids[None])[0].clone()
-    differs = []
-    for m in ms:
-        for name, at in (positions(m).items() if m > 1 else [("first", 0)]):
-            x, w, i = rows[:m].clone(), weights[:m].clone(), ids[:m].clone()
-            x[at], w[at], i[at] = probe, probe_weights, probe_ids
-            row = launch(x, w, i)[at]
-            if not torch.equal(row, alone):
-                diff = (row.double() - alone.double()).abs().max() / alone.double().abs().max().clamp_min(1e-30)
-                differs.append({"m": m, "position": name, "max_rel": float(diff)})
-    return differs
+
+    def row_at(m: int, at: int) -> Any:
+        x, w, i = rows[:m].clone(), weights[:m].clone(), ids[:m].clone()
+        x[at], w[at], i[at] = probe, probe_weights, probe_ids
+        return launch(x, w, i)[at]
+
+    return _differences(launch(probe[None], probe_weights[None], probe_ids[None])[0].clone(), row_at, ms)
 
 
 def measure_moe_rows(selection: Any, names: Sequence[str], ms: Sequence[int]) -> tuple[list[Any], list[dict[str, Any]]]:
