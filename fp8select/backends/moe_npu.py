@@ -55,6 +55,7 @@ from fp8select.backends.moe import (
 )
 from fp8select.backends.npu import AscendArch35
 from fp8select.capabilities import Capabilities
+from fp8select.kernels.moe_routing import route, row_of_slot
 from fp8select.probes import DeviceKind, EnvFlag, Package, Probe
 from fp8select.verdict import Verdict
 
@@ -118,19 +119,15 @@ class NpuMoe(MoeBackend):
             return out
 
         def launch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-            k = topk_ids.shape[1]
-            ids = topk_ids.reshape(-1).to(torch.int64)
-            key = torch.where((ids >= 0) & (ids < experts), ids, experts)  # unrouted slots sort last
-            order = torch.argsort(key)  # the slot of each grouped row
-            counts = torch.bincount(key, minlength=experts + 1)[:experts]
-            token = order // k
+            m, k = topk_ids.shape
+            routing = route(topk_ids, experts, 1)  # one row per slot: the routed ones by expert, the others last
+            token = (routing.slot_ids.to(torch.int64) // k).clamp(max=m - 1)  # unrouted rows: past every group
+            counts = routing.counts.to(torch.int64)
             x_q, x_s = quant(x, dst_type=fp8, row_block_size=1, col_block_size=128)
             h = gemm(gather_rows(x_q, token), x_s.index_select(0, token).contiguous(), p.b13, counts)
             q, q_s = silu_mul_quant(h, fp8)
             o = gemm(q, q_s, p.b2, counts)
-            row_of_slot = torch.empty_like(order)
-            row_of_slot[order] = torch.arange(order.numel(), device=order.device)
-            y = weighted_sum(o, row_of_slot, topk_ids, topk_weights, experts, x.dtype)
+            y = weighted_sum(o, row_of_slot(routing), topk_ids, topk_weights, experts, x.dtype)
             return nan_where_nonfinite(y, x, topk_ids, experts)
 
         return launch
