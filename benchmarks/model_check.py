@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from benchmarks._stats import geomean
 from fp8select.measured import model
 from fp8select.measured.shapes import served_shapes
 from fp8select.measured.table import SHIPPED_DIR
@@ -88,17 +89,13 @@ def choice_regret(truth: Truth, measurements_for: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _geomean(values: list[float]) -> float:
-    return round(math.exp(sum(map(math.log, values)) / len(values)), 4)
-
-
 def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     regrets = [p["regret"] for p in points]
     worst = max(points, key=lambda p: p["regret"])
-    return {"points": len(points), "geomean": _geomean(regrets),
+    return {"points": len(points), "geomean": geomean(regrets),
             "worst": round(worst["regret"], 4), "worst_point": {k: worst[k] for k in ("n", "k", "m", "pick", "best")},
             "over_8pct": sum(r > 1.08 for r in regrets), "over_3pct": sum(r > 1.03 for r in regrets),
-            "vs_single_geomean": _geomean([p["vs_single"] for p in points]),
+            "vs_single_geomean": geomean([p["vs_single"] for p in points]),
             "vs_single_worst": round(max(p["vs_single"] for p in points), 4)}
 
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
+from benchmarks._stats import geomean
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.table import SHIPPED_DIR
 from fp8select.moe_plan import MASKED_MAX_M
@@ -81,10 +81,6 @@ def fold_points(table: dict[str, Any], truth: Truth, held: set[Shape], always: s
     return out
 
 
-def _geomean(values: list[float]) -> float:
-    return round(math.exp(sum(map(math.log, values)) / len(values)), 4)
-
-
 def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"points": len(points)}
     if not points:  # nothing left to model from
@@ -94,10 +90,10 @@ def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
         if scored:
             values = [p[name] for p in scored]
             worst = max(scored, key=lambda p: p[name])
-            out[name] = {"geomean": _geomean(values), "worst": round(worst[name], 4), "worst_at": _where(worst),
+            out[name] = {"geomean": geomean(values), "worst": round(worst[name], 4), "worst_at": _where(worst),
                          "over_8pct": sum(v > 1.08 for v in values), "points": len(values)}
     errors = [p["error"] for p in points]
-    out["time_error"] = {"geomean": _geomean(errors), "worst": round(max(errors), 4)}
+    out["time_error"] = {"geomean": geomean(errors), "worst": round(max(errors), 4)}
     return out
 
 

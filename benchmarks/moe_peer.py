@@ -65,7 +65,6 @@ import functools
 import importlib.util
 import json
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -74,6 +73,7 @@ from types import ModuleType
 from typing import Any
 
 from benchmarks._cuda import require_cuda
+from benchmarks._stats import geomean
 from fp8select.measured.moe import MOE_SHAPES
 
 DEFAULT_PEER = Path(".peer") / "vllm_fused_moe"
@@ -419,7 +419,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "untimed": untimed}
     worst = max(timed, key=lambda r: r["ratio"])
     return {"points": len(timed),
-            "geomean_ratio": round(math.exp(statistics.fmean(math.log(r["ratio"]) for r in timed)), 4),
+            "geomean_ratio": geomean(r["ratio"] for r in timed),
             "worst_ratio": worst["ratio"], "worst_at": f"{worst['shape']} M {worst['m']}",
             "at_least_as_fast": sum(r["ratio"] <= 1.0 for r in timed), "untimed": untimed}
 
