@@ -186,19 +186,16 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
     measured, estimated = measured or {}, estimated or {}
     buckets = []
     for bucket in M_BUCKETS:
-        runnable: dict[str, list[str]] = {}
-        rejected: dict[str, str] = {}
-        refusals: dict[tuple[str, str], str] = {}  # (backend, layout): why its gate rejects this bucket
+        refusals: dict[tuple[str, str], str] = {}  # (backend, layout): why its gate rejects this bucket (either end)
         for b in accepted:
-            verdicts = {lay: [_gate(b, replace(problem, m=m), caps, lay) for m in bucket_ends(bucket)]
-                        for lay in layouts[b.name]}
-            refusals.update({(b.name, lay): next(v.reason for v in vs if not v.ok)
-                             for lay, vs in verdicts.items() if not all(v.ok for v in vs)})
-            ok = [lay for lay, vs in verdicts.items() if all(v.ok for v in vs)]
-            if ok:
-                runnable[b.name] = ok
-            else:
-                rejected[b.name] = next(v.reason for vs in verdicts.values() for v in vs if not v.ok)
+            for lay in layouts[b.name]:
+                verdicts = (_gate(b, replace(problem, m=m), caps, lay) for m in bucket_ends(bucket))
+                why = next((v.reason for v in verdicts if not v.ok), None)
+                if why is not None:
+                    refusals[(b.name, lay)] = why
+        runnable = {b.name: ok for b in accepted if (ok := [lay for lay in layouts[b.name] if (b.name, lay) not in refusals])}
+        # a backend none of whose layouts runs this bucket: its first layout's reason
+        rejected = {b.name: refusals[(b.name, layouts[b.name][0])] for b in accepted if b.name not in runnable}
         buckets.append((bucket, runnable, rejected, refusals))
     explicit = explicit if explicit in layouts else None
     if invariance is not None:
