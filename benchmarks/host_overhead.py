@@ -63,11 +63,12 @@ def _round_us(fn: Callable[[], object], calls: int = 300) -> float:
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Callable[[], object]], float],
-                 rounds: int = 9, mins: dict[str, float] | None = None) -> dict[str, Any]:
+                 rounds: int = 9, mins: dict[str, float] | None = None, digits: int = 2) -> dict[str, Any]:
     """The median over ``rounds`` of ``round_of(fn)`` for each of ``fns``, the rounds taken in turn (fn 1, fn 2,
     ..., fn 1, ...) so that a shared host's drift touches every one alike. A fn that raises is reported so.
     ``mins``: filled with each fn's fastest round (a busy host only adds time, so the fastest round is the
-    steadiest estimate of what a call costs; the median, of what it costs on this host as it was)."""
+    steadiest estimate of what a call costs; the median, of what it costs on this host as it was). ``digits``:
+    what the figures are rounded to (2 for microseconds per call, 4 for milliseconds per pass)."""
     import torch
 
     out: dict[str, Any] = {}
@@ -83,7 +84,6 @@ def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Calla
     for _ in range(rounds):
         for name in times:
             times[name].append(round_of(fns[name]))
-    digits = 2 if round_of is _round_us else 4  # microseconds, or milliseconds per pass
     if mins is not None:
         mins |= {name: round(min(t), digits) for name, t in times.items()}
     return {name: round(statistics.median(t), digits) for name, t in times.items()} | out
@@ -377,7 +377,7 @@ def phase_stack(report: dict[str, Any]) -> None:
             calls = hand(m)
             passes["hand_written_eager_ms"] = lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)]
         fastest: dict[str, float] = {}
-        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1), mins=fastest)
+        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1), mins=fastest, digits=4)
         row["fastest_round_ms"] = fastest
         row["fp8select_graphed_ms"] = _graph_ms(fp8select_pass)
         row["ratio_vs_raw_routes"] = round(row["fp8select_eager_ms"] / row["raw_routes_eager_ms"], 3)
