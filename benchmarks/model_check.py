@@ -10,7 +10,8 @@ per-bucket choice gains over an engine that runs one backend. ``--table``: the t
 shipped H200 table), cross-validated two ways: leave-one-shape-out (each shape removed in turn and planned
 from the others) and leave-one-model-out (every shape of one model removed together: the model that serves
 it first in :mod:`fp8select.measured.shapes`, else the shape alone). ``--regret FILE``: a ``benchmarks.regret``
-result on shapes outside the table, its pinned backends' times as the truth, planned from the whole table.
+result, its pinned backends' times as the truth, planned from the table without the file's shapes (one the
+table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
 without the vendors (``cuda-scaled-mm`` and ``triton``).
 ``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.measured.model``). Backends the
@@ -123,10 +124,22 @@ def cross_validation(table: dict[str, Any], keep: set[str] | None) -> dict[str, 
     return out
 
 
+def unseen_regret(table: dict[str, Any], truth: Truth) -> dict[str, Any]:
+    """The summary of ``truth`` (another run's times) planned from ``table`` without the shapes it holds."""
+    unseen = _measurements(table, {(n, k) for n, k, _ in truth})
+    return summary(choice_regret(truth, lambda n, k: unseen))
+
+
 def _without(table: dict[str, Any], held: dict[tuple[int, int], set[tuple[int, int]]]) -> Any:
     """``(n, k) -> Measurements`` of ``table`` without the shapes held out with (N, K), each fold built once."""
     cache: dict[frozenset[tuple[int, int]], model.Measurements] = {}
-    return lambda n, k: cache.setdefault(frozenset(held[(n, k)]), _measurements(table, held[(n, k)]))
+
+    def measurements_for(n: int, k: int) -> model.Measurements:
+        key = frozenset(held[(n, k)])
+        if key not in cache:
+            cache[key] = _measurements(table, held[(n, k)])
+        return cache[key]
+    return measurements_for
 
 
 def _only(truth: Truth, keep: set[str] | None) -> Truth:
@@ -147,12 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"constants": {"eps": args.eps, "power": args.power, "n_weight": args.n_weight}}
     choices = {args.backends: set(args.backends.split(","))} if args.backends else {
         "all": None, "without vendors": set(WITHOUT_VENDORS)}
-    whole = _measurements(table)
     for label, keep in choices.items():
         report[label] = cross_validation(table, keep)
         for path in args.regret:
-            report[label][f"{Path(path).parent.name}/{Path(path).name}"] = summary(
-                choice_regret(_only(_regret_truth(path), keep), lambda n, k: whole))
+            report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(
+                table, _only(_regret_truth(path), keep))
     print(json.dumps(report, indent=1))
     return 0
 

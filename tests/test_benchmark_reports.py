@@ -75,6 +75,19 @@ def test_model_check_scores_the_models_choice_against_measured_times() -> None:
     assert loo["worst_point"] == {"n": 8192, "k": 4096, "m": 1, "pick": "a", "best": "b"}
 
 
+def test_model_check_plans_another_runs_shapes_without_the_tables_rows_of_them() -> None:
+    """A regret run's shape the table holds too is planned from the table's other shapes: "a" is fast at 1024
+    and 2048, "b" at 8192; the run times 8192, where the table's own rows would have picked "b"."""
+    from benchmarks import model_check
+
+    times = {(1024, 4096): {"a": 10.0, "b": 20.0}, (2048, 4096): {"a": 10.0, "b": 20.0}, (8192, 4096): {"a": 30.0, "b": 10.0}}
+    table = {"device_name": "gpu", "schema": 2, "groups": [
+        {"backend": b, "versions": {"torch": "2"}, "shapes": {f"{n},{k}": {"1": {"us": t[b]}} for (n, k), t in times.items()}}
+        for b in ("a", "b")]}
+    got = model_check.unseen_regret(table, {(8192, 4096, 1): {"a": 30.0, "b": 10.0}})
+    assert (got["points"], got["worst"], got["worst_point"]["pick"]) == (1, 3.0, "a")
+
+
 def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
     """decode_ab.py --distill: per point the median of three reports, the table's configuration (the layer)
     against the fastest fixed one; merge_tuning.py takes those faster by more than its margin."""
