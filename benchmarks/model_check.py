@@ -91,13 +91,21 @@ def choice_regret(truth: Truth, measurements_for: Any) -> list[dict[str, Any]]:
 
 
 def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The regrets' figures; ``layers_slower_than_single``: the layers whose picks take longer than their best
+    single backend (geometric mean over their points), and ``layer_vs_single_worst`` the most."""
     regrets = [p["regret"] for p in points]
     worst = max(points, key=lambda p: p["regret"])
+    layers: dict[tuple[int, int], list[float]] = {}
+    for p in points:
+        layers.setdefault((p["n"], p["k"]), []).append(p["vs_single"])
+    per_layer = [geomean(v) for v in layers.values()]
     return {"points": len(points), "geomean": geomean(regrets),
             "worst": round(worst["regret"], 4), "worst_point": {k: worst[k] for k in ("n", "k", "m", "pick", "best")},
             "over_8pct": sum(r > 1.08 for r in regrets), "over_3pct": sum(r > 1.03 for r in regrets),
             "vs_single_geomean": geomean([p["vs_single"] for p in points]),
-            "vs_single_worst": round(max(p["vs_single"] for p in points), 4)}
+            "vs_single_worst": round(max(p["vs_single"] for p in points), 4),
+            "layers": len(layers), "layers_slower_than_single": sum(g > 1 for g in per_layer),
+            "layer_vs_single_worst": max(per_layer)}
 
 
 def model_of(shape: tuple[int, int]) -> str:

@@ -125,6 +125,10 @@ def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_sing
     by_shape, by_model = report["leave_one_shape_out"], report["leave_one_model_out"]
     assert (by_shape["over_8pct"], by_model["over_8pct"]) == (1, 3)  # 65536x7168 is wrong either way
     assert by_model["worst"] == 3.0 and by_model["vs_single_worst"] == 3.0
+    # per layer: by shape only 65536x7168 picks wrong (a, 3x its one best backend b); by model the DeepSeek-V3
+    # layers too (b, planned from 65536x7168 alone: 2x a)
+    assert [(r["layers"], r["layers_slower_than_single"], r["layer_vs_single_worst"]) for r in (by_shape, by_model)] \
+        == [(3, 1, 3.0), (3, 3, 3.0)]
     assert model_check.cross_validation(table, {"a"})["leave_one_model_out"]["worst"] == 1.0
 
 
