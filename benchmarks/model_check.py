@@ -1,7 +1,8 @@
 """How well the plan's model chooses for shapes no table holds, from measurements alone (no GPU).
 
     python -m benchmarks.model_check                       # the shipped H200 table, cross-validated
-    python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json
+    python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json \
+        --regret benchmarks/results/regret_novendors_other_model.json --out benchmarks/results/model_check.json
 
 Choice regret: the measured time of the backend the model picks over the fastest measured time at that point
 (``geomean``, ``worst``); and over the time of the layer's best single backend (the one backend fastest over
@@ -14,6 +15,7 @@ result, its pinned backends' times as the truth, planned from the table without 
 table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
 without the vendors (``cuda-scaled-mm`` and ``triton``).
+``--out FILE`` also writes the report (the kept one, which docs/performance.md quotes: the second command).
 ``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.measured.model``). Backends the
 truth lacks are not chosen from; times are whole ops, so a pick is right or wrong by the same measure.
 """
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps", type=float, default=model._EPS)
     parser.add_argument("--power", type=float, default=model._POWER)
     parser.add_argument("--n-weight", type=float, default=model._N_WEIGHT)
+    parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
     model._EPS, model._POWER, model._N_WEIGHT = args.eps, args.power, args.n_weight
     table = json.loads(Path(args.table).read_text())
@@ -170,10 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         "all": None, "without vendors": set(WITHOUT_VENDORS)}
     for label, keep in choices.items():
         report[label] = cross_validation(table, keep)
+        report["models"] = report[label].pop("models")  # the same for every choice
         for path in args.regret:
             report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(
                 table, _only(_regret_truth(path), keep))
-    print(json.dumps(report, indent=1))
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
     return 0
 
 

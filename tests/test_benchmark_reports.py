@@ -88,6 +88,22 @@ def test_model_check_plans_another_runs_shapes_without_the_tables_rows_of_them()
     assert (got["points"], got["worst"], got["worst_point"]["pick"]) == (1, 3.0, "a")
 
 
+def test_model_check_on_the_shipped_table_is_the_kept_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import model_check
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    out = tmp_path / "check.json"
+    regret = [arg for name in ("vendors", "novendors") for arg in ("--regret", str(results / f"regret_{name}_other_model.json"))]
+    assert model_check.main([*regret, "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    for label in ("all", "without vendors"):  # measured properties of the shipped H200 rows, asserted loosely
+        for fold in ("leave_one_shape_out", "leave_one_model_out"):
+            summary = report[label][fold]
+            assert summary["points"] == 504 and summary["geomean"] < 1.03 and summary["vs_single_geomean"] < 1.0
+    assert json.loads((results / "model_check.json").read_text()) == report  # what the tool computes today
+
+
 def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
     """decode_ab.py --distill: per point the median of three reports, the table's configuration (the layer)
     against the fastest fixed one; merge_tuning.py takes those faster by more than its margin."""
