@@ -1,7 +1,8 @@
 """How well the plan's model chooses for shapes no table holds, from measurements alone (no GPU).
 
     python -m benchmarks.model_check                       # the shipped H200 table, cross-validated
-    python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json
+    python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json \
+        --regret benchmarks/results/regret_novendors_other_model.json --out benchmarks/results/model_check.json
 
 Choice regret: the measured time of the backend the model picks over the fastest measured time at that point
 (``geomean``, ``worst``); and over the time of the layer's best single backend (the one backend fastest over
@@ -10,9 +11,11 @@ per-bucket choice gains over an engine that runs one backend. ``--table``: the t
 shipped H200 table), cross-validated two ways: leave-one-shape-out (each shape removed in turn and planned
 from the others) and leave-one-model-out (every shape of one model removed together: the model that serves
 it first in :mod:`fp8select.measured.shapes`, else the shape alone). ``--regret FILE``: a ``benchmarks.regret``
-result on shapes outside the table, its pinned backends' times as the truth, planned from the whole table.
+result, its pinned backends' times as the truth, planned from the table without the file's shapes (one the
+table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
 without the vendors (``cuda-scaled-mm`` and ``triton``).
+``--out FILE`` also writes the report (the kept one, which docs/performance.md quotes: the second command).
 ``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.measured.model``). Backends the
 truth lacks are not chosen from; times are whole ops, so a pick is right or wrong by the same measure.
 """
@@ -90,13 +93,21 @@ def choice_regret(truth: Truth, measurements_for: Any) -> list[dict[str, Any]]:
 
 
 def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The regrets' figures; ``layers_slower_than_single``: the layers whose picks take longer than their best
+    single backend (geometric mean over their points), and ``layer_vs_single_worst`` the most."""
     regrets = [p["regret"] for p in points]
     worst = max(points, key=lambda p: p["regret"])
+    layers: dict[tuple[int, int], list[float]] = {}
+    for p in points:
+        layers.setdefault((p["n"], p["k"]), []).append(p["vs_single"])
+    per_layer = [geomean(v) for v in layers.values()]
     return {"points": len(points), "geomean": geomean(regrets),
             "worst": round(worst["regret"], 4), "worst_point": {k: worst[k] for k in ("n", "k", "m", "pick", "best")},
             "over_8pct": sum(r > 1.08 for r in regrets), "over_3pct": sum(r > 1.03 for r in regrets),
             "vs_single_geomean": geomean([p["vs_single"] for p in points]),
-            "vs_single_worst": round(max(p["vs_single"] for p in points), 4)}
+            "vs_single_worst": round(max(p["vs_single"] for p in points), 4),
+            "layers": len(layers), "layers_slower_than_single": sum(g > 1 for g in per_layer),
+            "layer_vs_single_worst": max(per_layer)}
 
 
 def model_of(shape: tuple[int, int]) -> str:
@@ -123,10 +134,22 @@ def cross_validation(table: dict[str, Any], keep: set[str] | None) -> dict[str, 
     return out
 
 
+def unseen_regret(table: dict[str, Any], truth: Truth) -> dict[str, Any]:
+    """The summary of ``truth`` (another run's times) planned from ``table`` without the shapes it holds."""
+    unseen = _measurements(table, {(n, k) for n, k, _ in truth})
+    return summary(choice_regret(truth, lambda n, k: unseen))
+
+
 def _without(table: dict[str, Any], held: dict[tuple[int, int], set[tuple[int, int]]]) -> Any:
     """``(n, k) -> Measurements`` of ``table`` without the shapes held out with (N, K), each fold built once."""
     cache: dict[frozenset[tuple[int, int]], model.Measurements] = {}
-    return lambda n, k: cache.setdefault(frozenset(held[(n, k)]), _measurements(table, held[(n, k)]))
+
+    def measurements_for(n: int, k: int) -> model.Measurements:
+        key = frozenset(held[(n, k)])
+        if key not in cache:
+            cache[key] = _measurements(table, held[(n, k)])
+        return cache[key]
+    return measurements_for
 
 
 def _only(truth: Truth, keep: set[str] | None) -> Truth:
@@ -141,19 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps", type=float, default=model._EPS)
     parser.add_argument("--power", type=float, default=model._POWER)
     parser.add_argument("--n-weight", type=float, default=model._N_WEIGHT)
+    parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
     model._EPS, model._POWER, model._N_WEIGHT = args.eps, args.power, args.n_weight
     table = json.loads(Path(args.table).read_text())
     report: dict[str, Any] = {"constants": {"eps": args.eps, "power": args.power, "n_weight": args.n_weight}}
     choices = {args.backends: set(args.backends.split(","))} if args.backends else {
         "all": None, "without vendors": set(WITHOUT_VENDORS)}
-    whole = _measurements(table)
     for label, keep in choices.items():
         report[label] = cross_validation(table, keep)
+        report["models"] = report[label].pop("models")  # the same for every choice
         for path in args.regret:
-            report[label][f"{Path(path).parent.name}/{Path(path).name}"] = summary(
-                choice_regret(_only(_regret_truth(path), keep), lambda n, k: whole))
-    print(json.dumps(report, indent=1))
+            report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(
+                table, _only(_regret_truth(path), keep))
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
     return 0
 
 

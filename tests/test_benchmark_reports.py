@@ -75,6 +75,35 @@ def test_model_check_scores_the_models_choice_against_measured_times() -> None:
     assert loo["worst_point"] == {"n": 8192, "k": 4096, "m": 1, "pick": "a", "best": "b"}
 
 
+def test_model_check_plans_another_runs_shapes_without_the_tables_rows_of_them() -> None:
+    """A regret run's shape the table holds too is planned from the table's other shapes: "a" is fast at 1024
+    and 2048, "b" at 8192; the run times 8192, where the table's own rows would have picked "b"."""
+    from benchmarks import model_check
+
+    times = {(1024, 4096): {"a": 10.0, "b": 20.0}, (2048, 4096): {"a": 10.0, "b": 20.0}, (8192, 4096): {"a": 30.0, "b": 10.0}}
+    table = {"device_name": "gpu", "schema": 2, "groups": [
+        {"backend": b, "versions": {"torch": "2"}, "shapes": {f"{n},{k}": {"1": {"us": t[b]}} for (n, k), t in times.items()}}
+        for b in ("a", "b")]}
+    got = model_check.unseen_regret(table, {(8192, 4096, 1): {"a": 30.0, "b": 10.0}})
+    assert (got["points"], got["worst"], got["worst_point"]["pick"]) == (1, 3.0, "a")
+
+
+def test_model_check_on_the_shipped_table_is_the_kept_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import model_check
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    out = tmp_path / "check.json"
+    regret = [arg for name in ("vendors", "novendors") for arg in ("--regret", str(results / f"regret_{name}_other_model.json"))]
+    assert model_check.main([*regret, "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    for label in ("all", "without vendors"):  # measured properties of the shipped H200 rows, asserted loosely
+        for fold in ("leave_one_shape_out", "leave_one_model_out"):
+            summary = report[label][fold]
+            assert summary["points"] == 504 and summary["geomean"] < 1.03 and summary["vs_single_geomean"] < 1.0
+    assert json.loads((results / "model_check.json").read_text()) == report  # what the tool computes today
+
+
 def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
     """decode_ab.py --distill: per point the median of three reports, the table's configuration (the layer)
     against the fastest fixed one; merge_tuning.py takes those faster by more than its margin."""
@@ -112,6 +141,10 @@ def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_sing
     by_shape, by_model = report["leave_one_shape_out"], report["leave_one_model_out"]
     assert (by_shape["over_8pct"], by_model["over_8pct"]) == (1, 3)  # 65536x7168 is wrong either way
     assert by_model["worst"] == 3.0 and by_model["vs_single_worst"] == 3.0
+    # per layer: by shape only 65536x7168 picks wrong (a, 3x its one best backend b); by model the DeepSeek-V3
+    # layers too (b, planned from 65536x7168 alone: 2x a)
+    assert [(r["layers"], r["layers_slower_than_single"], r["layer_vs_single_worst"]) for r in (by_shape, by_model)] \
+        == [(3, 1, 3.0), (3, 3, 3.0)]
     assert model_check.cross_validation(table, {"a"})["leave_one_model_out"]["worst"] == 1.0
 
 

@@ -1,8 +1,8 @@
 """The model of :mod:`fp8select.measured.model`: which rows it uses, and the numbers it gives between measured shapes.
 
 The expected numbers come from the module's documented formula (efficiency over the roofline floor of the
-fastest backend, and each backend's standing relative to it, each interpolated with weights
-``1 / (d + 0.5)**2`` over the log2 distance of (N, K)), worked out here for shapes where the answer
+fastest backend, and each backend's standing relative to it, each the median of the measured shapes' values
+weighted by ``1 / (d + 0.5)**2`` over the log2 distance of (N, K)), worked out here for shapes where the answer
 is simple enough to state.
 """
 
@@ -61,33 +61,46 @@ def test_one_efficiency_everywhere_gives_that_efficiency_at_any_shape() -> None:
         assert est.us == pytest.approx(_eff(n, k, 16, 3.0), rel=1e-9)
 
 
-def test_efficiencies_are_interpolated_with_inverse_square_distance_weights() -> None:
-    """Shapes measured at 2x and 8x their floor, at log2 distances 1 and 2 from the query (N only):
-    weights 1/1.5**2 and 1/2.5**2, the efficiency their weighted geometric mean."""
-    near, far = (512, 2048), (4096, 2048)
-    meas = _measurements(_group("a", {near: {64: _eff(*near, 64, 2.0)}, far: {64: _eff(*far, 64, 8.0)}}))
-    w_near, w_far = 1 / 1.5**2, 1 / 2.5**2
-    eff = math.exp((w_near * math.log(2.0) + w_far * math.log(8.0)) / (w_near + w_far))
-    est = meas.estimate("a", 1024, 2048, 64)
-    assert est is not None and est.us == pytest.approx(_eff(1024, 2048, 64, eff), rel=1e-9)
-    assert 2.0 < eff < math.sqrt(2.0 * 8.0)  # nearer the near shape's
+def test_efficiencies_are_the_median_weighted_by_inverse_square_distance() -> None:
+    """One shape at 2x its floor at log2 distance 1 from the query (weight 1/1.5**2 = 0.44), others at 8x at
+    distance 2 (0.16 each): two of them weigh less than the near one, which is the median; three weigh more."""
+    near, far = (512, 2048), [(4096, 2048), (256, 2048), (1024, 8192)]
+    assert _weight(near, 1024, 2048) > 2 * _weight(far[0], 1024, 2048)
+    assert _weight(near, 1024, 2048) < 3 * _weight(far[0], 1024, 2048)
+    for count, eff in ((2, 2.0), (3, 8.0)):
+        rows = {near: {64: _eff(*near, 64, 2.0)}} | {s: {64: _eff(*s, 64, 8.0)} for s in far[:count]}
+        est = _measurements(_group("a", rows)).estimate("a", 1024, 2048, 64)
+        assert est is not None and est.us == pytest.approx(_eff(1024, 2048, 64, eff), rel=1e-9), count
 
 
 def test_distance_counts_n_and_k_alike() -> None:
-    """Two shapes, one 2x off in N and one 2x off in K (the same distance): the plain geometric mean;
-    one 2x off in both is further (sqrt 2) than one 2x off in one."""
-    meas = _measurements(_group("a", {(2048, 1024): {8: _eff(2048, 1024, 8, 2.0)},
-                                      (1024, 2048): {8: _eff(1024, 2048, 8, 8.0)}}))
-    est = meas.estimate("a", 1024, 1024, 8)
-    assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, 4.0), rel=1e-9)
+    """Two shapes, one 2x off in N and one 2x off in K (the same distance, the same weight): the median is the
+    lower value, whichever of the two holds it; one 2x off in both is further (sqrt 2) than one 2x off in one,
+    and outweighs one 4x off in one."""
+    for n_off, k_off in ((2.0, 8.0), (8.0, 2.0)):
+        meas = _measurements(_group("a", {(2048, 1024): {8: _eff(2048, 1024, 8, n_off)},
+                                          (1024, 2048): {8: _eff(1024, 2048, 8, k_off)}}))
+        est = meas.estimate("a", 1024, 1024, 8)
+        assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, 2.0), rel=1e-9)
     diagonal, straight = (2048, 2048), (1024, 4096)
-    meas = _measurements(_group("a", {diagonal: {8: _eff(*diagonal, 8, 2.0)}, straight: {8: _eff(*straight, 8, 8.0)}}))
     w_d, w_s = _weight(diagonal, 1024, 1024), _weight(straight, 1024, 1024)
     assert w_d == pytest.approx(1 / (math.sqrt(2) + 0.5) ** 2) and w_s == pytest.approx(1 / 2.5**2)
-    eff = math.exp((w_d * math.log(2.0) + w_s * math.log(8.0)) / (w_d + w_s))
+    meas = _measurements(_group("a", {diagonal: {8: _eff(*diagonal, 8, 8.0)}, straight: {8: _eff(*straight, 8, 2.0)}}))
     est = meas.estimate("a", 1024, 1024, 8)
-    assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, eff), rel=1e-9)
+    assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, 8.0), rel=1e-9)
     assert est.config_shape == diagonal  # the nearer of the two
+
+
+def test_one_neighbour_far_off_does_not_move_the_median() -> None:
+    """Four neighbours at the same distance, where b ran 1.1x, 1.2x, 1.3x and 5x the fastest (a): b is modelled
+    at 1.2x a (a weighted mean of the logs would give 1.7x), and the detail says where that standing was measured."""
+    ratios = {(512, 1024): 1.1, (2048, 1024): 1.2, (1024, 512): 1.3, (1024, 2048): 5.0}
+    meas = _measurements(_group("a", {s: {16: _eff(*s, 16, 2.0)} for s in ratios}),
+                         _group("b", {s: {16: _eff(*s, 16, 2.0 * r)} for s, r in ratios.items()}))
+    a, b = meas.estimate("a", 1024, 1024, 16), meas.estimate("b", 1024, 1024, 16)
+    assert a is not None and b is not None and b.us == pytest.approx(1.2 * a.us, rel=1e-9)
+    assert b.detail.endswith(", 1.20x the fastest as at 2048x1024")
+    assert [share for _, share in b.sources] == pytest.approx([0.25] * 4)
 
 
 def test_a_backend_is_placed_relative_to_the_fastest_at_each_shape() -> None:
@@ -100,8 +113,9 @@ def test_a_backend_is_placed_relative_to_the_fastest_at_each_shape() -> None:
         meas = _measurements(*(rows[name] for name in order))
         a, b = meas.estimate("a", 2048, 2048, 16), meas.estimate("b", 2048, 2048, 16)
         assert a is not None and b is not None
-        assert a.us == pytest.approx(_eff(2048, 2048, 16, math.sqrt(12.0)), rel=1e-9)  # equal weights
+        assert a.us == pytest.approx(_eff(2048, 2048, 16, 2.0), rel=1e-9)  # equal weights: the lower of 2 and 6
         assert b.us == pytest.approx(2 * a.us, rel=1e-9), order
+        assert a.detail.endswith("1.00x the fastest as at 4096x4096") and b.detail.endswith("2.00x the fastest as at 1024x1024")
 
 
 def test_the_fastest_is_the_fastest_of_every_backend_not_the_last_read() -> None:
@@ -119,7 +133,7 @@ def test_nearest_shape_lends_its_configuration_and_is_named() -> None:
     near, far = _weight((4096, 1024), 4096, 2048), _weight((512, 512), 4096, 2048)
     assert est.sources == (((4096, 1024), pytest.approx(near / (near + far))), ((512, 512), pytest.approx(far / (near + far))))
     assert est.detail == f"{est.us:.1f} us modelled from 2 measured shapes (4096x1024 {near / (near + far):.0%}, 512x512 " \
-                         f"{far / (near + far):.0%})"
+                         f"{far / (near + far):.0%}), 1.00x the fastest as at 4096x1024"
 
 
 def test_a_modelled_estimate_names_its_three_largest_sources() -> None:
@@ -131,7 +145,7 @@ def test_a_modelled_estimate_names_its_three_largest_sources() -> None:
                                                                 (16384, 1024)]
     assert sum(share for _, share in est.sources) == pytest.approx(1.0)
     assert est.detail.endswith("(4096x1024 " + f"{est.sources[0][1]:.0%}, 2048x1024 {est.sources[1][1]:.0%}, "
-                               f"8192x1024 {est.sources[2][1]:.0%}, ...)")
+                               f"8192x1024 {est.sources[2][1]:.0%}, ...), 1.00x the fastest as at 4096x1024")
 
 
 def test_no_estimate_without_rows_at_the_bucket_or_for_the_backend() -> None:

@@ -9,26 +9,28 @@ changes much between releases, and any data beats none), and says so.
 
 * **measured**: the table has this shape at this bucket;
 * **model**: the shape was never measured. The estimate is the time of the fastest backend at
-  this shape and bucket, times this backend's standing relative to the fastest, each
-  interpolated over the measured shapes::
+  this shape and bucket, times this backend's standing relative to the fastest, each the weighted
+  median of its values at the measured shapes (in order of value, the first at which the weight
+  reaches half the total)::
 
-      log(best / floor) = sum_i w_i log(best_i / floor_i) / sum_i w_i
-      log(t / best)     = sum_j w_j log(t_j / best_j)    / sum_j w_j    (shapes j where this backend ran)
+      log(best / floor):  the weighted median of log(best_i / floor_i) over the shapes i measured at this bucket
+      log(t / best):      the weighted median of log(t_j / best_j) over the shapes j where this backend ran
       w = 1 / (d + 0.5)**2,   d = sqrt((log2(N'/N))**2 + (log2(K'/K))**2)
 
-  ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). The constants are the
-  ones that chose best on the H200 (``benchmarks/model_check.py``, which computes these figures
-  from measurements alone): with its table's 13 shapes each left out in turn (182 points),
-  choosing by the model came within 1.4% (geometric mean) of the fastest of the five backends,
-  10 points losing more than 8% (near ties at small M, shapes far from any measured one), the
-  worst 1.18x; on six other models' shapes (84 points, two timings) within 1.1%, 4 points over
-  8%, the worst 1.16x. Choosing between cuBLAS and Triton only (no vendors): within 1.1% and 8
-  points over 8% (the worst 1.43x) left out in turn, within 0.2% and 1 point (1.10x) on the
-  other models' shapes. The constants before (``(d + 0.25)**4``, N counted twice) lost more than
-  8% at 14, 6-7, 10 and 1 of those points.
-  A modelled estimate names the measured shapes its backend's standing came from, with their
-  shares of the weight (``sources``; the three largest in ``detail``, which ``explain --layer``
-  shows). Where that matters, measure: ``fp8select tune``, or ``FP8SELECT_TUNE=load`` at load time.
+  ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). A median, not a mean: a
+  backend's standing jumps irregularly between neighbouring shapes (Triton against cuBLAS at M 256:
+  1.56x at 5120x5120, 0.94x at 12288x4096), and one such neighbour moves a mean across a near tie but
+  not a median. ``benchmarks/model_check.py`` scores it from measurements alone: the H200 table's 36
+  shapes each left out in turn (504 points), choosing by the model came within 1.1% (geometric mean)
+  of the fastest of the five backends, 25 points losing more than 8%, the worst 1.34x (DeepGEMM for
+  Triton at M 32 of 512x7168, the smallest N); each model's shapes left out together, 1.1%, 28
+  points, 1.34x; six other models' shapes (84 points, another run's times) 1.0%, 4 points, 1.17x.
+  Between cuBLAS and Triton only: 0.9-1.0%, 25-26 points, the worst 1.26-1.29x, and 0.8%, 3 points,
+  1.49x. What else was tried, and the weighted mean before: docs/performance.md, "Shapes in no table".
+  A modelled estimate names the measured shapes its backend's standing came from, with their shares
+  of the weight (``sources``; the three largest in ``detail``, which ``explain --layer`` shows, with
+  the standing and the nearest shape where it was measured). Where that matters, measure: ``fp8select tune``,
+  or ``FP8SELECT_TUNE=load`` at load time.
   ``fp8select tune --shapes N,K`` measures a shape exactly; a launch configuration (Triton's) is
   borrowed from the nearest measured shape (the estimate says which: ``config_shape``), and the
   backend fits it to this one (:meth:`fp8select.backends.base.Backend.fit_config`).
@@ -39,6 +41,8 @@ priority order (:mod:`fp8select.plan`). Pure Python.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -145,25 +149,29 @@ class Measurements:
         if not train:
             return None
         shapes = [shape for (shape, b) in self._best if b == bucket]
-        best_eff, _ = _interpolate(n, k, [(shape, math.log(self._best[(shape, bucket)] / floor_us(*shape, bucket)))
-                                          for shape in shapes])
-        standing, shares = _interpolate(n, k, [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)]))
-                                               for shape in train])
+        best_eff, _, _ = _interpolate(n, k, [(shape, math.log(self._best[(shape, bucket)] / floor_us(*shape, bucket)))
+                                             for shape in shapes])
+        standing, shares, (mn, mk) = _interpolate(
+            n, k, [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)])) for shape in train])
         us = floor_us(n, k, bucket) * math.exp(best_eff + standing)
         sources = tuple(sorted(shares.items(), key=lambda item: (-item[1], item[0])))
         nearest = sources[0][0]
         named = ", ".join(f"{sn}x{sk} {share:.0%}" for (sn, sk), share in sources[:_NAMED])
-        detail = f"{us:.1f} us modelled from {len(train)} measured shapes ({named}{', ...' if len(sources) > _NAMED else ''}){note}"
+        detail = (f"{us:.1f} us modelled from {len(train)} measured shapes ({named}{', ...' if len(sources) > _NAMED else ''}),"
+                  f" {math.exp(standing):.2f}x the fastest as at {mn}x{mk}{note}")
         return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config, nearest, sources)
 
 def _distance(shape: tuple[int, int], n: int, k: int) -> float:
     return math.hypot(_N_WEIGHT * math.log2(shape[0] / n), math.log2(shape[1] / k))
 
 
-def _interpolate(n: int, k: int, points: list[tuple[tuple[int, int], float]]) -> tuple[float, dict[tuple[int, int], float]]:
-    """Inverse-distance weighted mean of the values at measured shapes (see the module docstring), and each
-    shape's share of the weight."""
-    weights = [1.0 / (_distance(shape, n, k) + _EPS) ** _POWER for shape, _ in points]
-    total = sum(weights)
-    mean = sum(w * v for w, (_, v) in zip(weights, points, strict=True)) / total
-    return mean, {shape: w / total for w, (shape, _) in zip(weights, points, strict=True)}
+def _interpolate(n: int, k: int, points: list[tuple[tuple[int, int], float]]
+                 ) -> tuple[float, dict[tuple[int, int], float], tuple[int, int]]:
+    """The inverse-distance weighted median of the values at measured shapes (see the module docstring), each
+    shape's share of the weight, and the nearest shape with that value."""
+    weights = {shape: 1.0 / (_distance(shape, n, k) + _EPS) ** _POWER for shape, _ in points}
+    ordered = sorted(points, key=lambda point: point[1])
+    reached = list(itertools.accumulate(weights[shape] for shape, _ in ordered))
+    _, median = ordered[bisect.bisect_left(reached, reached[-1] / 2)]
+    at = max((shape for shape, value in points if value == median), key=lambda shape: (weights[shape], shape))
+    return median, {shape: w / reached[-1] for shape, w in weights.items()}, at
