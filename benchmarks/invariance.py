@@ -18,9 +18,14 @@ Phases, one JSON report (``DIR/invariance.json``):
   whole op under CUDA graphs (:func:`fp8select.measure.timing.time_graphs`, replays interleaved,
   weights rotated past the L2); the geometric mean of invariant / normal over shapes x M, and the
   points where the invariant plan costs more than 10%.
+* ``moe-cost`` (no GPU): the same question for the MoE experts op, from the tuning table's MoE rows
+  and the records file (``--table``, ``--records``; the shipped H200 ones by default): per MoE shape,
+  the route a batch-invariant plan runs (the qualifying record whose route has the least summed log
+  time over the M buckets, as :mod:`fp8select.moe_plan` chooses; a Triton record only where the
+  table timed its configuration at every bucket) against the fastest measured route per bucket.
 
 Usage: ``python -m benchmarks.invariance --out DIR [--write-record FILE] [--shapes 7168,2048,...]
-[--m 1,2,...] [--phases rows,moe-rows,cost] [--moe-shapes deepseek-v3-e8,...]``.
+[--m 1,2,...] [--phases rows,moe-rows,cost,moe-cost] [--moe-shapes deepseek-v3-e8,...]``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
+from fp8select.measured.table import SHIPPED_DIR
 
 SHAPES = ((7168, 2048), (2112, 7168), (24576, 1536))
 MOE_SHAPES = ("deepseek-v3-e8", "qwen3-30b-a3b")
@@ -279,6 +285,46 @@ def measure_cost(selection: Any, records: Sequence[Any], shapes: Sequence[tuple[
             "costs_more_than_10_percent": [p for p in points if p.get("ratio", 0) > BUDGET]}
 
 
+def moe_table_cost(table: dict[str, Any], records: dict[str, Any]) -> dict[str, Any]:
+    """The batch-invariant MoE plans' time against the fastest route per M bucket, from measured rows
+    alone (the module docstring's ``moe-cost``)."""
+    from benchmarks.moe_model_check import table_truth
+    from fp8select.buckets import M_BUCKETS
+
+    timed: dict[tuple[str, tuple[int, ...]], dict[int, tuple[float, Any]]] = {}
+    for entry in table.get("moe", ()):
+        for key, rows in entry["shapes"].items():
+            shape = tuple(int(v) for v in key.split(","))
+            timed[(f"{entry['backend']}/{entry['layout']}", shape)] = {
+                int(b): (row["us"], row.get("config")) for b, row in rows.items()}
+    qualifying = [(f"{r['backend']}/{r['layout']}", r["schedule"][0]["config"]) for r in records.get("records", ())
+                  if r.get("layout") and r.get("invariant") and r["m"][0] <= 1 and r["m"][-1] >= M_BUCKETS[-1]
+                  and len(r["schedule"]) == 1]
+    shapes: dict[str, Any] = {}
+    ratios = []
+    truth = table_truth(table)
+    for shape in sorted({shape for (shape, _) in truth}):
+        best = {b: min(truth[(shape, b)].values()) for b in M_BUCKETS if (shape, b) in truth}
+        options = []
+        for route, config in qualifying:
+            rows = timed.get((route, shape), {})
+            if all(b in rows and rows[b][1] == config for b in best):
+                options.append((sum(math.log(rows[b][0] / best[b]) for b in best), route, config))
+        if not options:
+            shapes[",".join(map(str, shape))] = {"error": "no qualifying route timed at every bucket"}
+            continue
+        _, route, config = min(options, key=lambda o: o[0])
+        per = {b: timed[(route, shape)][b][0] / best[b] for b in best}
+        ratios += per.values()
+        shapes[",".join(map(str, shape))] = {
+            "invariant_route": route if config is None else f"{route} {config}",
+            "geomean_ratio": round(math.exp(sum(map(math.log, per.values())) / len(per)), 4),
+            "worst": [max(per, key=per.__getitem__), round(max(per.values()), 4)]}
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+    return {"shapes": shapes, "geomean_ratio": None if geomean is None else round(geomean, 4),
+            "within_budget": geomean is not None and geomean <= BUDGET}
+
+
 def functools_call(layer: Any, x: Any) -> Callable[[], object]:
     return lambda: layer(x)
 
@@ -309,16 +355,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=";".join(f"{n},{k}" for n, k in SHAPES), help="N,K pairs (; between)")
     parser.add_argument("--m", default=",".join(map(str, MS)), help="comma list of M (include 1 and 8192 for a record "
                                                                      "that qualifies)")
-    parser.add_argument("--phases", default="rows,moe-rows,cost", help="rows, moe-rows, cost (comma-separated)")
+    parser.add_argument("--phases", default="rows,moe-rows,cost", help="rows, moe-rows, cost, moe-cost (comma-separated)")
+    parser.add_argument("--table", default=str(SHIPPED_DIR / "tuning-nvidia-h200.json"), help="moe-cost: tuning table")
+    parser.add_argument("--records", default=str(SHIPPED_DIR / "invariance-nvidia-h200.json"),
+                        help="moe-cost: invariance records")
     parser.add_argument("--moe-shapes", default=",".join(MOE_SHAPES), help="named MoE shapes for moe-rows")
     args = parser.parse_args(argv)
+    phases = set(args.phases.split(","))
+    if phases == {"moe-cost"}:  # from measured rows alone: no GPU
+        report = {"moe_cost": moe_table_cost(json.loads(Path(args.table).read_text(encoding="utf-8")),
+                                             json.loads(Path(args.records).read_text(encoding="utf-8")))}
+        print(json.dumps(report, indent=1))
+        return 0
     require_cuda("invariance")
     from fp8select import resolve
     from fp8select.measure.bench import environment
 
     shapes = [(int(n), int(k)) for n, k in (p.split(",") for p in args.shapes.split(";") if p)]
     ms = sorted({int(m) for m in args.m.split(",") if m})
-    phases = set(args.phases.split(","))
     start = time.perf_counter()
     selection = resolve(plugins=False)
     report: dict[str, Any] = {"environment": environment(), "chain": [b.name for b in selection.chain],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,32 @@ def test_the_results_summarize_without_a_gpu(capsys: pytest.CaptureFixture[str])
     summarize_regret.main([str(BENCHMARKS / "results")])
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == list(summarize_regret.SETS)  # every set has its kept file
+
+
+def test_the_moe_invariant_cost_takes_the_cheapest_route_a_record_qualifies_for_every_bucket() -> None:
+    from benchmarks.invariance import moe_table_cost
+    from fp8select.buckets import M_BUCKETS
+
+    def rows(us: Callable[[int], float], config: dict[str, int] | None = None) -> dict[str, dict[str, object]]:
+        return {str(b): {"us": us(b)} | ({"config": config} if config else {}) for b in M_BUCKETS}
+
+    cfg = {"BLOCK_M": 16}
+    table = {"moe": [
+        {"backend": "cutlass", "layout": "offsets", "shapes": {"8,256,128,2": rows(lambda b: 2.0)}},
+        {"backend": "deepgemm", "layout": "masked", "shapes": {"8,256,128,2": rows(lambda b: 1.0)}},  # fastest, M <= 2048 only
+        {"backend": "triton", "layout": "sorted", "shapes": {"8,256,128,2": rows(lambda b: 1.5, cfg)}},
+    ]}
+    record = {"invariant": True, "m": [1, 8192]}
+    records = {"records": [
+        record | {"backend": "cutlass", "layout": "offsets", "schedule": [{"from_m": 1, "config": None}]},
+        record | {"backend": "deepgemm", "layout": "masked", "m": [1, 2048], "schedule": [{"from_m": 1, "config": None}]},
+        record | {"backend": "triton", "layout": "sorted", "schedule": [{"from_m": 1, "config": {"BLOCK_M": 32}}]},
+    ]}
+    cost = moe_table_cost(table, records)
+    # masked stops at 2048, Triton's record names a configuration the table never timed: CUTLASS, at 2x the fastest
+    assert cost["shapes"]["8,256,128,2"]["invariant_route"] == "cutlass/offsets"
+    assert cost["geomean_ratio"] == 2.0 and not cost["within_budget"]
+    records["records"][2]["schedule"][0]["config"] = cfg
+    cost = moe_table_cost(table, records)
+    assert cost["shapes"]["8,256,128,2"]["invariant_route"].startswith("triton/sorted")
+    assert cost["geomean_ratio"] == 1.5
