@@ -4,6 +4,7 @@ skipped, the ``moe`` rows of the table, and that a table's rows make a MoE layer
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -171,6 +172,12 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
         configs = tuning_configs(m, 8, 32)
         assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
         assert all(16 <= c.BLOCK_M <= 128 for c in configs)
+        # the rule keeps the fused gate-up; its split at 64 columns is second, inside tune's first six
+        assert not configs[0].split and configs[1] == replace(configs[0], GATE_UP_N=64)
+        assert {c.GATE_UP_N for c in configs} == {128, 64, 32}
+    prefill = tuning_configs(8192, 8, 32)
+    assert prefill[0].BLOCK_M == 64 and replace(prefill[0], GATE_UP_N=64) in prefill[:6]
+    assert replace(prefill[0], BLOCK_M=128, GATE_UP_N=64) in prefill
 
 
 def test_moe_triton_configs_without_gate_up_n_are_the_fused_kernel_and_round_trip() -> None:

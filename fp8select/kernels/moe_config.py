@@ -138,12 +138,20 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first: the rule's configuration, then its
-    neighbours one step away (the row tile halved and doubled, the other warp count, the other
-    quantization placement, one pipeline stage more or fewer), each distinct."""
+    neighbours one step away (the split gate-up at 64 columns, the row tile doubled and halved, the
+    other warp count, the other quantization placement, one pipeline stage more or fewer), then the
+    split at 32 columns and the doubled row tile split at 64, each distinct.
+
+    The split comes second, inside the first six that ``tune --moe --max-configs 6`` takes: the fused
+    gate-up's two 128-column accumulators give it half the programs of a plain grouped GEMM over
+    ``2I`` columns (about one per SM at decode, each streaming its weight tiles alone) and, at 64
+    rows, twice the registers per program; the split has not been timed yet, so the rule keeps 128.
+    """
     base = default_config(m, top_k, experts)
-    steps = [{"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
+    steps = [{"GATE_UP_N": 64}, {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
              {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
-             {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
+             {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1},
+             {"GATE_UP_N": 32}, {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64}]
     out = [base]
     for step in steps:
         try:
