@@ -28,6 +28,7 @@ from fp8select.grouped import grouped_gemm_contiguous, grouped_gemm_masked
 from fp8select.kernels import moe_triton, moe_triton_kernels
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config
 from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
+from fp8select.kernels.moe_routing import route
 
 if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
     rebuild("moe_triton_kernels", "moe_triton", force=True)
@@ -36,9 +37,9 @@ TOL = 1e-2
 CPU_TRITON = dataclasses.replace(MATRIX["cpu-only"][0], packages={"triton": "3.9.0"}, env={"TRITON_INTERPRET": "1"})
 
 
-def _cfg(block_m: int = 16, quant: int = 1, group_m: int = 1, block_n: int = 32) -> MoeTritonConfig:
+def _cfg(block_m: int = 16, quant: int = 1, group_m: int = 1, block_n: int = 32, gate_up_n: int = 128) -> MoeTritonConfig:
     return MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=group_m, num_warps=4, num_stages=2,
-                           QUANT_IN_KERNEL=quant)
+                           QUANT_IN_KERNEL=quant, GATE_UP_N=gate_up_n)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,10 @@ def problem():  # type: ignore[no-untyped-def]
     return random_moe(4, 256, 128, seed=0)
 
 
+@pytest.mark.parametrize("gate_up_n", [128, 64])  # fused, split
 @pytest.mark.parametrize(("config", "skew"), [(_cfg(16, 1), False), (_cfg(32, 0, group_m=8), True)])
-def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, skew) -> None:  # type: ignore[no-untyped-def]
+def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, skew, gate_up_n) -> None:  # type: ignore[no-untyped-def]
+    config = dataclasses.replace(config, GATE_UP_N=gate_up_n)
     experts = moe_triton.TritonExperts(*problem.weights())
     w, ids = random_routing(6, 2, 4, seed=1, skew=skew)
     ids[1, 0] = -1
@@ -56,12 +59,13 @@ def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, ske
     assert y.dtype == torch.bfloat16 and rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
 
 
-def test_partial_groups_and_fp32_input() -> None:
-    odd = random_moe(3, 200, 96, seed=2)  # H and I not multiples of 128: masked K and N tails
+@pytest.mark.parametrize("gate_up_n", [128, 64])
+def test_partial_groups_and_fp32_input(gate_up_n: int) -> None:
+    odd = random_moe(3, 200, 96, seed=2)  # H and I not multiples of 128 (nor I of 64): masked K and N tails
     experts = moe_triton.TritonExperts(*odd.weights())
     w, ids = random_routing(3, 2, 3, seed=3)
     x = torch.randn(3, 200)
-    y = experts(x, w, ids, _cfg(16, 0))
+    y = experts(x, w, ids, _cfg(16, 0, gate_up_n=gate_up_n))
     assert y.dtype == torch.float32 and rel_err(y, expected_moe(x, *odd.weights(), w, ids)) < 1e-5 * 100
 
 
@@ -75,6 +79,31 @@ def test_nan_token_row_and_the_layer_through_the_selection(problem) -> None:  # 
     assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
     x[1, 0] = 0.0
     assert rel_err(moe(x, w, ids), expected_moe(x, *problem.weights(), w, ids)) < TOL
+
+
+@pytest.mark.parametrize(("gate_up_n", "quant", "block_m"), [(64, 1, 16), (32, 0, 32)])
+def test_the_split_gate_up_quantizes_its_product_in_the_down_kernel(gate_up_n: int, quant: int, block_m: int) -> None:
+    """GATE_UP_N below 128: the gate-up kernel writes silu(gate) * up in fp32 ([BLOCK_M, GATE_UP_N] per
+    program) and the down kernel quantizes it per 1x128 group in its K loop. I = 320 is two and a half
+    groups (a partial group, and a last column tile past I at every GATE_UP_N); one expert idle, one
+    taking every token; a -1 id; M 0; a token with an inf gets a NaN row, the others keep theirs."""
+    p = random_moe(3, 256, 320, seed=6)
+    experts = moe_triton.TritonExperts(*p.weights())
+    config = _cfg(block_m, quant, gate_up_n=gate_up_n)
+    assert config.split
+    ids = torch.tensor([[0, 2], [2, -1], [2, 0], [0, 2], [2, 0]], dtype=torch.int32)  # expert 1 idle, 2 in every token
+    w = torch.rand(5, 2)
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    y = experts(x, w, ids, config)
+    assert rel_err(y, expected_moe(x, *p.weights(), w, ids)) < TOL
+    routing = route(ids, 3, block_m)
+    h, scale = experts.gate_up(x, routing, 2, config)
+    assert h.dtype == torch.float32 and h.shape == (routing.rows, 320) and scale is None
+    x[3, 7] = float("inf")
+    y = experts(x, w, ids, config)
+    assert torch.isnan(y[3]).all() and torch.isfinite(y[[0, 1, 2, 4]]).all()
+    empty = experts(x[:0], w[:0], ids[:0], config)
+    assert empty.shape == (0, 256) and empty.dtype == torch.bfloat16
 
 
 def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:

@@ -4,6 +4,7 @@ skipped, the ``moe`` rows of the table, and that a table's rows make a MoE layer
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -14,12 +15,12 @@ from matrix import MATRIX
 from fp8select import InvalidInputError, resolve
 from fp8select import moe_select as moe_select_module
 from fp8select.backends.moe import ReferenceMoe
-from fp8select.kernels.moe_config import default_config, tuning_configs
+from fp8select.kernels.moe_config import MoeTritonConfig, default_config, tuning_configs
 from fp8select.kernels.moe_routing import uniform_routing
 from fp8select.measure import timing, tune_moe
 from fp8select.measure.timing import Timing
 from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
-from fp8select.measured.table import merge_tables, new_table, validate_table
+from fp8select.measured.table import SHIPPED_DIR, merge_tables, new_table, validate_table
 from fp8select.moe_plan import MEASURED
 
 CPU = MATRIX["cpu-only"][0]
@@ -171,6 +172,38 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
         configs = tuning_configs(m, 8, 32)
         assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
         assert all(16 <= c.BLOCK_M <= 128 for c in configs)
+        # the rule keeps the fused gate-up; its split at 64 columns is second, inside tune's first six
+        assert not configs[0].split and configs[1] == replace(configs[0], GATE_UP_N=64)
+        assert {c.GATE_UP_N for c in configs} == {128, 64, 32}
+    prefill = tuning_configs(8192, 8, 32)
+    assert prefill[0].BLOCK_M == 64 and replace(prefill[0], GATE_UP_N=64) in prefill[:6]
+    assert replace(prefill[0], BLOCK_M=128, GATE_UP_N=64) in prefill
+
+
+def test_moe_triton_configs_without_gate_up_n_are_the_fused_kernel_and_round_trip() -> None:
+    """GATE_UP_N: 128 when a mapping lacks it (the rows and records written before it), left out of
+    to_dict at 128, so every shipped row and record reads back as it is written; validated like the
+    other fields."""
+    old = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
+    fused = MoeTritonConfig.from_dict(old)
+    assert fused.GATE_UP_N == 128 and not fused.split and fused.to_dict() == old
+    assert fused == MoeTritonConfig.from_dict({**old, "GATE_UP_N": 128}) and fused.describe() == "moe 16x128 w4 s4 qk"
+    split = MoeTritonConfig.from_dict({**old, "GATE_UP_N": 64})
+    assert split.split and split != fused and split.to_dict() == {**old, "GATE_UP_N": 64}
+    assert MoeTritonConfig.from_dict(split.to_dict()) == split and split.describe() == "moe 16x128 w4 s4 qk n64"
+    assert MoeTritonConfig(16, 128, 1, 4, 4, 1) == fused  # positional construction unchanged
+    for bad in (256, 8, 48, 0, True, 64.0):
+        with pytest.raises(ValueError, match="GATE_UP_N"):
+            MoeTritonConfig(**{**old, "GATE_UP_N": bad})
+    with pytest.raises(ValueError, match="unknown \\['GATE_UP'\\]"):
+        MoeTritonConfig.from_dict({**old, "GATE_UP": 64})
+    shipped = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text(encoding="utf-8"))
+    rows = [row["config"] for group in shipped["moe"] for buckets in group["shapes"].values()
+            for row in buckets.values() if row.get("config") is not None]
+    records = json.loads((SHIPPED_DIR / "invariance-nvidia-h200.json").read_text(encoding="utf-8"))["records"]
+    rows += [s["config"] for r in records if r.get("layout") and r["backend"] == "triton" for s in r["schedule"]]
+    assert rows and all(MoeTritonConfig.from_dict(c).to_dict() == c and not MoeTritonConfig.from_dict(c).split
+                        for c in rows)
 
 
 def test_uniform_routing_draws_distinct_experts() -> None:

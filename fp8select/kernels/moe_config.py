@@ -1,10 +1,18 @@
 """The launch configuration of fp8select's Triton MoE kernels: one value type, every field explicit.
 
 Pure Python (no torch, no triton). One :class:`MoeTritonConfig` serves the three launches of one
-experts call (:mod:`.moe_triton`): the gate-up GEMM (whose ``BLOCK_N`` is fixed to the 128-column
-scale group, for gate and up each, so that its epilogue can quantize ``silu(gate) * up`` per
-1x128 group in registers), the down GEMM and the weighted reduction. ``BLOCK_M`` is also the
-padding of each expert's rows in the sorted layout, so one routing serves both GEMMs.
+experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weighted reduction.
+``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
+both GEMMs. ``GATE_UP_N`` picks the gate-up structure:
+
+* 128 (the default, and what every measured row and record without the key means): each gate-up
+  program computes 128 columns of gate and the same 128 of up, one 1x128 scale group, so that its
+  epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate;
+* 64, 32 or 16 (split): each program computes ``GATE_UP_N`` columns of gate and of up (128 /
+  ``GATE_UP_N`` times the programs, each with that fraction of the weight to stream and of the
+  accumulators to hold) and writes ``silu(gate) * up`` unquantized in fp32; the down GEMM quantizes
+  its A tile per 1x128 group in its K loop (each K step is one group), so there is no extra launch.
+  The numerics are the same semantics: ``silu(gate) * up`` in fp32, quantized per 1x128 group.
 
 :func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
 (132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
@@ -25,6 +33,10 @@ GATE_UP_BLOCK_N = 128
 """Columns of gate (and of up) per gate-up program: one activation scale group."""
 
 _KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "num_warps", "num_stages", "QUANT_IN_KERNEL")
+_OPTIONAL = {"GATE_UP_N": GATE_UP_BLOCK_N}
+"""Keys a mapping may leave out (measured rows and records written before the key existed), with the
+value they then mean; :meth:`MoeTritonConfig.to_dict` leaves them out at that value, so those rows
+round-trip unchanged."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,8 @@ class MoeTritonConfig:
         QUANT_IN_KERNEL: 1 quantizes each token's 1x128 groups inside the gate-up GEMM's K loop (no
             fp8 copy of the activation in memory, one launch fewer: the decode choice), 0 runs the
             quantization kernel first (each token quantized once however many column tiles read it).
+        GATE_UP_N: columns of gate (and of up) per gate-up program: 128 quantizes ``silu(gate) * up``
+            in the gate-up epilogue (the default); 64, 32 or 16 split it (the module docstring).
     """
 
     BLOCK_M: int
@@ -49,41 +63,56 @@ class MoeTritonConfig:
     num_warps: int
     num_stages: int
     QUANT_IN_KERNEL: int
+    GATE_UP_N: int = GATE_UP_BLOCK_N
 
     def __post_init__(self) -> None:
-        for key in _KEYS:
+        for key in (*_KEYS, *_OPTIONAL):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "QUANT_IN_KERNEL" else 1):
                 raise ValueError(f"MoeTritonConfig {key!r} must be a positive int, got {value!r}")
-        for key in ("BLOCK_M", "BLOCK_N", "num_warps"):
+        for key in ("BLOCK_M", "BLOCK_N", "num_warps", "GATE_UP_N"):
             value = getattr(self, key)
             if value & (value - 1):
                 raise ValueError(f"MoeTritonConfig {key!r} must be a power of two, got {value}")
-        for key in ("BLOCK_M", "BLOCK_N"):
+        for key in ("BLOCK_M", "BLOCK_N", "GATE_UP_N"):
             if getattr(self, key) < 16:
                 raise ValueError(f"MoeTritonConfig {key!r} must be >= 16 (the tl.dot minimum), got {getattr(self, key)}")
         if self.QUANT_IN_KERNEL not in (0, 1):
             raise ValueError(f"MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 or 1, got {self.QUANT_IN_KERNEL!r}")
+        if self.GATE_UP_N > GATE_UP_BLOCK_N:
+            raise ValueError(f"MoeTritonConfig 'GATE_UP_N' must be at most {GATE_UP_BLOCK_N} (one scale group), "
+                             f"got {self.GATE_UP_N}")
+
+    @property
+    def split(self) -> bool:
+        """Whether the gate-up GEMM writes ``silu(gate) * up`` in fp32 for the down GEMM to quantize."""
+        return self.GATE_UP_N < GATE_UP_BLOCK_N
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MoeTritonConfig:
-        """Validate a mapping (a measured row's ``config``): every key required, none unknown."""
+        """Validate a mapping (a measured row's ``config``): every key of ``_KEYS`` required, ``GATE_UP_N``
+        optional (128 when absent), none unknown."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a MoeTritonConfig must come from a mapping, got {type(data).__name__}")
         missing = [key for key in _KEYS if key not in data]
-        unknown = sorted(str(key) for key in data if key not in _KEYS)
+        unknown = sorted(str(key) for key in data if key not in _KEYS and key not in _OPTIONAL)
         if missing or unknown:
-            raise ValueError(f"MoeTritonConfig keys must be {_KEYS}: missing {missing}, unknown {unknown}")
-        return cls(**{key: data[key] for key in _KEYS})
+            raise ValueError(f"MoeTritonConfig keys must be {_KEYS} (optional: {tuple(_OPTIONAL)}): "
+                             f"missing {missing}, unknown {unknown}")
+        return cls(**{key: data[key] for key in (*_KEYS, *(k for k in _OPTIONAL if k in data))})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, except an optional one at its default (so the rows written before it existed
+        read back equal)."""
+        return {key: value for key, value in asdict(self).items() if _OPTIONAL.get(key) != value}
 
     def describe(self) -> str:
-        """Short human form, e.g. ``moe 16x128 w4 s4 qk`` (``qk``: quantized in the kernel)."""
+        """Short human form, e.g. ``moe 16x128 w4 s4 qk`` (``qk``: quantized in the kernel; ``n64``: the
+        split gate-up at 64 columns of gate and of up per program)."""
         quant = " qk" if self.QUANT_IN_KERNEL else ""
         group = f" g{self.GROUP_M}" if self.GROUP_M != 1 else ""
-        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}"
+        split = f" n{self.GATE_UP_N}" if self.split else ""
+        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{split}"
 
 
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
@@ -109,12 +138,20 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first: the rule's configuration, then its
-    neighbours one step away (the row tile halved and doubled, the other warp count, the other
-    quantization placement, one pipeline stage more or fewer), each distinct."""
+    neighbours one step away (the split gate-up at 64 columns, the row tile doubled and halved, the
+    other warp count, the other quantization placement, one pipeline stage more or fewer), then the
+    split at 32 columns and the doubled row tile split at 64, each distinct.
+
+    The split comes second, inside the first six that ``tune --moe --max-configs 6`` takes: the fused
+    gate-up's two 128-column accumulators give it half the programs of a plain grouped GEMM over
+    ``2I`` columns (about one per SM at decode, each streaming its weight tiles alone) and, at 64
+    rows, twice the registers per program; the split has not been timed yet, so the rule keeps 128.
+    """
     base = default_config(m, top_k, experts)
-    steps = [{"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
+    steps = [{"GATE_UP_N": 64}, {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
              {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
-             {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
+             {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1},
+             {"GATE_UP_N": 32}, {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64}]
     out = [base]
     for step in steps:
         try:

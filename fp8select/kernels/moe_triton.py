@@ -3,11 +3,17 @@
 One experts call is: route (:func:`.moe_routing.route`, torch, no host synchronisation), quantize
 the activation (unless the gate-up kernel does it in its K loop), the gate-up GEMM with its fused
 ``silu(gate) * up`` and 1x128 quantization, the down GEMM writing each slot's row, and the
-weighted sum over each token's ``k`` rows. Sizes depend on M only, so a call captures into a CUDA
-graph. Inputs are checked by the caller (:mod:`fp8select.moe`); these functions check nothing.
+weighted sum over each token's ``k`` rows. With a split configuration (``GATE_UP_N`` below 128,
+:mod:`.moe_config`) the gate-up GEMM writes ``silu(gate) * up`` in fp32 and the down GEMM quantizes
+it per 1x128 group as it loads it: as many launches, a ``[rows, I]`` fp32 buffer in place of the fp8
+one and its scales. Sizes depend on M only, so a call captures into a CUDA graph. Inputs are
+checked by the caller (:mod:`fp8select.moe`); these functions check nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import triton
@@ -48,36 +54,46 @@ class TritonExperts:
         routing = route(topk_ids, self.experts, config.BLOCK_M)
         q, q_scale = self.gate_up(x, routing, k, config)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
-        _down(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, a_by_slot=False, config=config)
+        _down(self._kernels, q, q if q_scale is None else q_scale, self.w2, self.w2_scale, routing, out,
+              a_by_slot=False, config=config, a_quant=self._constexprs if q_scale is None else None)
         return weighted_sum(out, None, topk_ids, topk_weights, self.experts, x.dtype)
 
     def gate_up(self, x: torch.Tensor, routing: Routing, top_k: int,
-                config: MoeTritonConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fp8 ``silu(gate) * up`` ``[rows, I]`` at the sorted rows, with its row-major scales."""
+                config: MoeTritonConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``silu(gate) * up`` ``[rows, I]`` at the sorted rows: in fp8 with its row-major scales, or
+        with a split configuration in fp32 with None (the down kernel quantizes it)."""
         inter, groups = self.inter, _ceil_div(self.inter, 128)
-        q = torch.empty((routing.rows, inter), dtype=self.w2.dtype, device=self.device)
-        q_scale = torch.empty((routing.rows, groups), dtype=torch.float32, device=self.device)
+        if config.split:
+            q = torch.empty((routing.rows, inter), dtype=torch.float32, device=self.device)
+            q_scale = None
+        else:
+            q = torch.empty((routing.rows, inter), dtype=self.w2.dtype, device=self.device)
+            q_scale = torch.empty((routing.rows, groups), dtype=torch.float32, device=self.device)
         blocks = routing.rows // config.BLOCK_M
         if blocks == 0:
             return q, q_scale
+        out_scale = q if q_scale is None else q_scale  # (split: not read)
         if config.QUANT_IN_KERNEL:
-            a, a_scale = x, q_scale  # (the scale pointer is not read)
+            a, a_scale = x, out_scale  # (the scale pointer is not read)
         else:
             if self._quantizer is None:
                 self._quantizer = TritonQuantizer(self.hidden, dtype=self.w13.dtype, layout=ROW_MAJOR, device=self.device)
             a, a_scale = self._quantizer(x)
-        self._kernels._gate_up_kernel[(blocks * groups,)](
-            a, a_scale, self.w13, self.w13_scale, routing.slot_ids, routing.block_expert, q, q_scale,
+        self._kernels._gate_up_kernel[(blocks * _ceil_div(inter, config.GATE_UP_N),)](
+            a, a_scale, self.w13, self.w13_scale, routing.slot_ids, routing.block_expert, q, out_scale,
             routing.slots, blocks, self.hidden, inter,
             a.stride(0), a_scale.stride(0), self.w13.stride(0), self.w13.stride(1), self.w13_scale.stride(0),
-            self.w13_scale.stride(1), q.stride(0), q_scale.stride(0), DEFAULT_EPS,
+            self.w13_scale.stride(1), q.stride(0), out_scale.stride(0), DEFAULT_EPS,
             TOP_K=top_k, QUANT_IN_KERNEL=bool(config.QUANT_IN_KERNEL), BLOCK_M=config.BLOCK_M, GROUP_M=config.GROUP_M,
-            num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
+            GATE_UP_N=config.GATE_UP_N, num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
         return q, q_scale
 
 
 def _down(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-          routing: Routing, out: torch.Tensor, *, a_by_slot: bool, config: MoeTritonConfig) -> None:
+          routing: Routing, out: torch.Tensor, *, a_by_slot: bool, config: MoeTritonConfig,
+          a_quant: Mapping[str, Any] | None = None) -> None:
+    """The down kernel on ``a``: fp8 with scales ``a_scale``, or (``a_quant``: the fp8 constexprs of
+    ``w``'s type) fp32 quantized per 1x128 group in the kernel, ``a_scale`` not read."""
     blocks = routing.rows // config.BLOCK_M
     n, kdim = w.shape[1], w.shape[2]
     if blocks == 0:
@@ -86,9 +102,9 @@ def _down(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
         a, a_scale, w, w_scale, routing.slot_ids, routing.block_expert, out,
         routing.slots, blocks, n, kdim,
         a.stride(0), a_scale.stride(0), a_scale.stride(1), w.stride(0), w.stride(1), w_scale.stride(0),
-        w_scale.stride(1), out.stride(0),
+        w_scale.stride(1), out.stride(0), DEFAULT_EPS,
         A_BY_SLOT=a_by_slot, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        num_warps=config.num_warps, num_stages=config.num_stages, **({} if a_quant is None else {"A_QUANT": True, **a_quant}))
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
