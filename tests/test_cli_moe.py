@@ -119,19 +119,24 @@ def test_no_moe_backend_is_an_error_with_every_verdict(capsys: pytest.CaptureFix
 
 
 def test_explain_batch_invariant_says_which_moe_routes_qualify(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """At the shipped H200 records' versions the dense layers qualify; no MoE route has a record yet, so
-    each MoE plan asked for says why none runs it batch-invariant instead of printing an ordinary plan."""
+    """At the shipped H200 records' versions each MoE route says whether its record qualifies it (masked:
+    measured to M 2048 only), and the plan runs one qualifying route for every M, saying so."""
     caps = dataclasses.replace(DG_MOE, packages={**DG_MOE.packages, "deep_gemm": "2.6.1", "triton": "3.6.0"})
     path = tmp_path / "h200.json"
     path.write_text(caps.to_json())
     code, out, _ = run(capsys, "--capabilities", str(path), "--batch-invariant", "--moe", "deepseek-v3-e32")
     assert code == 0
     section = out[out.index("MoE batch-invariance"):]
-    assert "deepgemm/masked: not used: no batch-invariance record" in section
+    assert "deepgemm/contiguous: deepgemm/contiguous measured batch-invariant at M 1-8192" in section
+    assert "deepgemm/masked: not used: measured invariant only at M 1-2048" in section
     assert "reference/sorted: not used: invariant by construction, but the pure-torch path" in section
-    assert "MoE plan for E=32, H=7168, I=2048, k=8: no backend runs" in section
+    plan = section[section.index("MoE plan for E=32, H=7168, I=2048, k=8"):]
+    assert "batch-invariant: a token's output depends only on that token" in plan
+    assert "any M " in plan and "invariant one kernel for every M" in plan
     code, out, _ = run(capsys, "--capabilities", str(path), "--batch-invariant", "--moe", "deepseek-v3-e32", "--json")
-    assert "error" in json.loads(out)["moe"]["plans"][0]
+    routes = json.loads(out)["moe"]["plans"][0]["routes"]
+    assert len({(r["backend"], r["layout"], json.dumps(r["config"])) for r in routes}) == 1
+    assert {r["why"] for r in routes} == {"invariant"}
 
 
 @pytest.mark.parametrize(("snapshot", "backend", "layout", "chain"), [

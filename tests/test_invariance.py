@@ -59,16 +59,24 @@ def plain(name: str, **attrs: Any) -> Any:
 
 
 def test_the_shipped_h200_records_are_valid_and_qualify_every_backend_measured() -> None:
-    """benchmarks/invariance.py's records on the H200: every accepted backend (Triton at three
-    configurations) invariant at M 1-8192 in every position, so each qualifies at its versions."""
+    """benchmarks/invariance.py's records on the H200: every accepted dense backend (Triton at three
+    configurations) and every MoE route invariant at M 1-8192 in every position (DeepGEMM's masked layout
+    at M 1-2048, its gate's range), so each qualifies at its versions."""
     data = json.loads((SHIPPED_DIR / "invariance-nvidia-h200.json").read_text(encoding="utf-8"))
     assert validate_records(data) is None
     records = [Record.from_dict(r) for r in data["records"]]
-    assert {r.backend for r in records} == {"deepgemm", "flashinfer", "cutlass", "cuda-scaled-mm", "triton", "reference"}
-    assert sum(r.backend == "triton" for r in records) == 3
-    for r in records:
+    dense = [r for r in records if r.layout is None]
+    moe = [r for r in records if r.layout is not None]
+    assert {r.backend for r in dense} == {"deepgemm", "flashinfer", "cutlass", "cuda-scaled-mm", "triton", "reference"}
+    assert sum(r.backend == "triton" for r in dense) == 3
+    for r in dense:
         assert (r.m, r.positions, r.invariant) == ((1, 8192), ("first", "middle", "last"), True), r.backend
         assert r.shortfall() is None and (7168, 2048) in r.shapes
+    assert {(r.backend, r.layout) for r in moe} == {("deepgemm", "contiguous"), ("deepgemm", "masked"),
+                                                     ("triton", "sorted"), ("cutlass", "offsets")}
+    for r in moe:
+        assert r.invariant and r.positions == ("first", "middle", "last"), (r.backend, r.layout)
+        assert r.m == ((1, 2048) if r.layout == "masked" else (1, 8192)), (r.backend, r.layout)
     assert next(r for r in records if r.backend == "deepgemm").versions["deep_gemm"] == "2.6.1"
 
 
