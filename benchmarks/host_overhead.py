@@ -349,9 +349,26 @@ def _route_raw(layer: Any, m: int) -> Callable[[Any], object]:
     return lambda x: launch(x, None)
 
 
-def phase_stack(report: dict[str, Any]) -> None:
+def _stack_passes(layers: list[Any], m: int) -> tuple[Callable[[], None], Callable[[], None], list[Any]]:
+    """One eager pass over ``layers`` at ``m`` rows through fp8select, the same through each layer's raw
+    route (:func:`_route_raw`), and the inputs both take."""
     import torch
 
+    xs = [torch.randn(m, layer.k, device="cuda", dtype=torch.bfloat16) for layer in layers]
+    raws = [_route_raw(layer, m) for layer in layers]
+
+    def fp8select_pass() -> None:
+        for layer, x in zip(layers, xs, strict=True):
+            layer(x)
+
+    def raw_pass() -> None:
+        for raw, x in zip(raws, xs, strict=True):
+            raw(x)
+
+    return fp8select_pass, raw_pass, xs
+
+
+def phase_stack(report: dict[str, Any]) -> None:
     import fp8select
 
     auto = fp8select.resolve()
@@ -360,17 +377,7 @@ def phase_stack(report: dict[str, Any]) -> None:
     hand = _hand_written(weights)
     rows = []
     for m in STACK_M:
-        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, k in STACK]
-        raws = [_route_raw(layer, m) for layer in layers]
-
-        def fp8select_pass(xs: list[Any] = xs) -> None:
-            for layer, x in zip(layers, xs, strict=True):
-                layer(x)
-
-        def raw_pass(xs: list[Any] = xs, raws: list[Any] = raws) -> None:
-            for raw, x in zip(raws, xs, strict=True):
-                raw(x)
-
+        fp8select_pass, raw_pass, xs = _stack_passes(layers, m)
         row: dict[str, Any] = {"m": m, "plans": [layer.main_plan.route(m).backend for layer in layers]}
         passes = {"fp8select_eager_ms": fp8select_pass, "raw_routes_eager_ms": raw_pass}
         if hand is not None:
@@ -512,6 +519,10 @@ def phase_profile(report: dict[str, Any]) -> None:
         except Exception:  # noqa: BLE001 - a backend this machine lacks
             continue
         paths[f"layer {backend}"] = lambda layer=layer: layer(x)
+    # The eager stack at its smallest M, where the host sets the pace: fp8select's pass against its raw routes'.
+    auto = fp8select.resolve()
+    stack = [auto.prepare(*_weights(n, k, i)) for i, (n, k) in enumerate(STACK)]
+    paths[f"stack M {STACK_M[0]}"], paths[f"stack M {STACK_M[0]}, raw routes"], _ = _stack_passes(stack, STACK_M[0])
     out = {}
     for name, fn in paths.items():
         for _ in range(50):
