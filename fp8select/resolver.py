@@ -136,11 +136,9 @@ def resolve(capabilities: Capabilities | None = None, *, backend: str | None = N
         selection, later = _resolve_here(caps, backend, disable, order, plugins, verify, background=background)
         selection = _with_tuning(replace(selection, max_weight_copies=max_weight_copies), tuning, given)
         selection = _with_invariance(selection, invariant)
-        if not background:
+        if not background or later is None:
             return selection
-        if later is not None:
-            return later(selection)
-        return import_in_background(selection, get_logger())
+        return later(selection)
     from fp8select.distributed import agree
 
     outcome: Selection | BaseException
@@ -228,8 +226,9 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
     ``fp8select.resolved``.
 
     With ``background``, a chain on a CUDA (or CPU) device that is not all remembered is verified
-    on a side thread instead (:mod:`fp8select.verify_chain`): the second value starts that on the
-    finished selection and returns its future (None when verification is done or off)."""
+    on a side thread instead (:mod:`fp8select.verify_chain`), and one with nothing left to verify has
+    its vendors imported and warmed up there: the second value starts that on the finished selection
+    and returns its future (None without ``background``)."""
     if backend is not None and not isinstance(backend, str):
         raise InvalidDtypeError(f"backend: expected a backend name or None, found {backend!r}")
     timeout_s = plugin_timeout(caps.env) if plugins is not False and plugins is not None else None
@@ -273,6 +272,8 @@ def _resolve_here(caps: Capabilities, backend: str | None, disable: Iterable[str
         elif verify is None and caps.device_kind != "cpu":
             selection = replace(selection, notes=(*selection.notes, "not verified: the snapshot's device is not this "
                                                   "process's, or not usable here (verify=True runs the checks)"))
+        if background and later is None:  # nothing left to verify: import (and warm up) the vendors meanwhile
+            later = functools.partial(import_in_background, log=log, device=device)
     except (BackendRejectedError, NoBackendError) as exc:
         log.warning("fp8select.resolved", backend=None, source=explicit_source if explicit else "auto",
                     rejected={c.name: c.reason for c in exc.candidates if not c.accepted})

@@ -162,18 +162,24 @@ def verify_in_background(selection: D, explicit: str | None, explicit_source: st
     return _in_background(work, device, _VERIFY_THREAD)
 
 
-def import_in_background(selection: D, log: Any) -> Future[D]:
+def import_in_background(selection: D, log: Any, device: torch.device | None = None) -> Future[D]:
     """A future of ``selection`` once the vendor packages of its chain are imported, on a side thread:
     what ``resolve(..., background=True)`` returns when there is nothing left to verify (every pass
     remembered). Importing a vendor is most of a warm start's ``prepare`` (FlashInfer's registers its
     custom ops: about 1 s on the H200 host); an engine that loads its weights before taking
-    ``future.result()`` pays it meanwhile. A package that fails to import is logged
-    (``fp8select.import_failed``) and left to ``prepare``, which says why; the future never raises."""
+    ``future.result()`` pays it meanwhile. With ``device`` (this process's, where the chain would be
+    verified) each chain backend then warms up there (:meth:`~fp8select.backends.base.Backend.warm_up`:
+    DeepGEMM starts its JIT compiler). A package that fails to import, or a warm-up that fails, is
+    logged (``fp8select.import_failed``, ``fp8select.warm_up_failed``) and left to ``prepare``, which
+    says why; the future never raises."""
     import importlib
     import sys
 
+    from fp8select.backends.base import Backend
+
     modules = dict.fromkeys(m for b in selection.chain for m in getattr(b, "packages", ()) if m not in sys.modules)
-    if not modules:
+    warm = [b for b in selection.chain if device is not None and type(b).warm_up is not Backend.warm_up]
+    if not modules and not warm:
         done: Future[D] = Future()
         done.set_result(selection)
         return done
@@ -183,9 +189,13 @@ def import_in_background(selection: D, log: Any) -> Future[D]:
             outcome = call_foreign(importlib.import_module, module)  # a vendor's import may raise anything
             if outcome.error is not None:
                 log.warning("fp8select.import_failed", module=module, error=outcome.error)
+        for backend in warm:
+            warmed = call_foreign(backend.warm_up, selection.capabilities, device)
+            if warmed.error is not None:
+                log.warning("fp8select.warm_up_failed", backend=backend.name, error=warmed.error)
         return selection
 
-    return _in_background(work, torch.device("cpu"), _IMPORT_THREAD)
+    return _in_background(work, device if warm and device is not None else torch.device("cpu"), _IMPORT_THREAD)
 
 
 def _in_background(work: Callable[[], D], device: torch.device, name: str) -> Future[D]:

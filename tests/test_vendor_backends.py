@@ -603,3 +603,13 @@ def test_a_vendor_the_plan_does_not_use_is_never_imported(monkeypatch: pytest.Mo
     layer = selection.prepare(*random_problem(256, 512))
     assert layer.backends == ("reference",) and layer.candidates["deepgemm"].accepted
     assert "deep_gemm" not in imported and "deep_gemm" not in sys.modules
+
+
+def test_deepgemm_warms_up_by_building_its_smallest_layout_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up starts DeepGEMM's JIT compiler with one call of its public layout function on a tiny
+    row-major fp32 scale tensor (which its transpose kernel re-lays out), on the device given."""
+    fake = install(monkeypatch, "deep_gemm", arch="sm90")
+    DeepGemmBackend().warm_up(MATRIX["h200-deepgemm"][0], torch.device("cpu"))
+    (call,) = fake.calls_to("get_mn_major_tma_aligned_tensor")
+    sf = call.arguments["sf"]
+    assert sf.dtype == torch.float32 and sf.shape == (8, 4) and sf.stride() == (4, 1) and sf.device.type == "cpu"

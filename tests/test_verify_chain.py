@@ -249,3 +249,38 @@ def test_with_nothing_to_verify_the_future_imports_the_chains_vendors(tmp_path: 
     again = resolve(MATRIX["cpu-only"][0], plugins=[_plugin(Vendored(("fp8s_vendor_ok",)))], verify=False,
                     background=True)
     assert again.done()  # everything already imported: no thread
+
+
+class Warmed(Vendored):
+    """A vendored backend that records where its warm-up ran, or fails it."""
+
+    name = "warmed"
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__(())
+        self.fail = fail
+        self.warmed: list[tuple[str, torch.device]] = []
+
+    def warm_up(self, caps: Capabilities, device: torch.device) -> None:
+        self.warmed.append((threading.current_thread().name, device))
+        if self.fail:
+            raise RuntimeError("no compiler here")
+
+
+def test_with_a_device_the_future_warms_each_backend_up_there_and_a_failure_is_logged() -> None:
+    """After the imports, each chain backend's warm-up runs on the side thread, on the device the chain
+    would be verified on (DeepGEMM starts its JIT compiler there); a failing one is logged, not raised,
+    and without a device (verify=False, another machine's snapshot) nothing is warmed."""
+    ok, failing = Warmed(), Warmed(fail=True)
+    selection = resolve(MATRIX["cpu-only"][0], plugins=[_plugin(ok)], verify=False)
+    selection = replace(selection, chain=(*selection.chain, failing))
+    cpu = torch.device("cpu")
+    with capture_logs() as logs:
+        future = fp8select.verify_chain.import_in_background(selection, fp8select.resolver.get_logger(), cpu)
+        assert future.result(timeout=30) is selection
+    assert ok.warmed == [("fp8select-imports", cpu)] and failing.warmed == [("fp8select-imports", cpu)]
+    failed = [e for e in logs if e["event"] == "fp8select.warm_up_failed"]
+    assert [e["backend"] for e in failed] == ["warmed"] and "no compiler here" in failed[0]["error"]
+    idle = Warmed()
+    assert resolve(MATRIX["cpu-only"][0], plugins=[_plugin(idle)], verify=False, background=True).result(timeout=30)
+    assert idle.warmed == []

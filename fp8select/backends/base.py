@@ -155,6 +155,11 @@ class Backend:
         """Per-call gate on the number of rows; every M by default."""
         return Verdict.accept(f"any M (found {m})")
 
+    def warm_up(self, caps: Capabilities, device: torch.device) -> None:
+        """Once-per-process setup of this backend's vendor that its first call would otherwise pay,
+        done by ``resolve(background=True)`` on its side thread, on ``device``, while the engine loads
+        its weights (:func:`fp8select.verify_chain.import_in_background`). Nothing by default."""
+
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor, block_size: tuple[int, int],
                 caps: Capabilities) -> PreparedWeight:
         """Load-time layout work. The default keeps the checkpoint layout (no copy)."""
