@@ -120,6 +120,18 @@ def test_resolve_accepts_the_installed_vendor(backend: str) -> None:
     assert next(c for c in pinned.verdicts if c.name == backend).accepted
 
 
+def test_deepgemm_warms_up_on_the_gpu() -> None:
+    """Its warm-up (the side thread of a warm ``resolve(background=True)``) runs DeepGEMM's layout kernel,
+    which starts its JIT compiler, without error; a second one too."""
+    _require("deepgemm")
+    from fp8select.backends.deepgemm import DeepGemmBackend
+
+    backend = DeepGemmBackend()
+    for _ in range(2):
+        backend.warm_up(_capabilities(), torch.device("cuda", torch.cuda.current_device()))
+    torch.cuda.synchronize()
+
+
 # =============================================================================== numerics
 
 
