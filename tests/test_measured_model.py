@@ -176,3 +176,16 @@ def test_shapes_backends_and_describe_list_every_backend() -> None:
     assert meas.shapes("b") == ((512, 4096), (4096, 512)) and meas.shapes("c") == ()
     assert meas.describe().splitlines() == ["a: 1 shapes measured on cpu, installed versions",
                                             "b: 2 shapes measured on cpu, installed versions"]
+
+
+def test_an_estimate_is_computed_once_per_backend_shape_and_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's layers repeat a few shapes: the second layer of a shape reads the first one's estimates."""
+    shapes = [(512, 512), (4096, 1024), (1024, 7168)]
+    meas = _measurements(_group("a", {s: {16: _eff(*s, 16, 3.0), 32: _eff(*s, 32, 2.0)} for s in shapes}))
+    computed: list[tuple[str, int, int, int]] = []
+    compute = Measurements._estimate
+    monkeypatch.setattr(Measurements, "_estimate", lambda self, *key: computed.append(key) or compute(self, *key))
+    first = [meas.estimate("a", 2048, 2048, b) for b in (16, 32)] + [meas.estimate("b", 2048, 2048, 16)]
+    again = [meas.estimate("a", 2048, 2048, b) for b in (16, 32)] + [meas.estimate("b", 2048, 2048, 16)]
+    assert first == again and first[2] is None
+    assert computed == [("a", 2048, 2048, 16), ("a", 2048, 2048, 32), ("b", 2048, 2048, 16)]

@@ -90,7 +90,7 @@ class _BackendRows:
 
 
 class Measurements:
-    """The usable rows of one device's tables, per backend (immutable once built)."""
+    """The usable rows of one device's tables, per backend (immutable once built; estimates are remembered)."""
 
     def __init__(self, device_name: str, tables: Iterable[Mapping[str, Any]],
                  installed: Mapping[str, Mapping[str, str]]) -> None:
@@ -112,6 +112,7 @@ class Measurements:
             shapes = by_versions[key]
             by_bucket = {b: tuple(sorted(s for s, rows in shapes.items() if b in rows)) for b in M_BUCKETS}
             self._rows[backend] = _BackendRows(dict(key), exact, shapes, by_bucket)
+        self._memo: dict[tuple[str, int, int, int], Estimate | None] = {}  # estimate(), remembered
         # The fastest backend's time per (shape, bucket), over the rows used: what standings are relative to.
         self._best: dict[tuple[tuple[int, int], int], float] = {}
         for rows in self._rows.values():
@@ -137,7 +138,18 @@ class Measurements:
         return "\n".join(lines)
 
     def estimate(self, backend: str, n: int, k: int, bucket: int) -> Estimate | None:
-        """The expected whole-op time of ``backend`` at (N, K) and M bucket ``bucket``, or None."""
+        """The expected whole-op time of ``backend`` at (N, K) and M bucket ``bucket``, or None.
+
+        Remembered per argument: a modelled estimate interpolates over every measured shape (a few
+        milliseconds per layer shape with the H200 table's 36), and a model's layers repeat a few shapes.
+        The answer is a function of the rows alone, so a second thread computing it meanwhile writes
+        the same value."""
+        key = (backend, n, k, bucket)
+        if key not in self._memo:
+            self._memo[key] = self._estimate(backend, n, k, bucket)
+        return self._memo[key]
+
+    def _estimate(self, backend: str, n: int, k: int, bucket: int) -> Estimate | None:
         rows = self._rows.get(backend)
         if rows is None:
             return None
