@@ -84,7 +84,8 @@ def test_nan_token_row_and_the_layer_through_the_selection(problem) -> None:  # 
 @pytest.mark.parametrize(("gate_up_n", "quant", "block_m"), [(64, 1, 16), (32, 0, 32)])
 def test_the_split_gate_up_quantizes_its_product_in_the_down_kernel(gate_up_n: int, quant: int, block_m: int) -> None:
     """GATE_UP_N below 128: the gate-up kernel writes silu(gate) * up in fp32 ([BLOCK_M, GATE_UP_N] per
-    program) and the down kernel quantizes it per 1x128 group in its K loop. I = 320 is two and a half
+    program), which the down kernel quantizes per 1x128 group in its K loop (QUANT_IN_KERNEL 1) or the
+    quantization kernel between the GEMMs (0), to the same bits. I = 320 is two and a half
     groups (a partial group, and a last column tile past I at every GATE_UP_N); one expert idle, one
     taking every token; a -1 id; M 0; a token with an inf gets a NaN row, the others keep theirs."""
     p = random_moe(3, 256, 320, seed=6)
@@ -96,6 +97,7 @@ def test_the_split_gate_up_quantizes_its_product_in_the_down_kernel(gate_up_n: i
     x = torch.randn(5, 256).to(torch.bfloat16)
     y = experts(x, w, ids, config)
     assert rel_err(y, expected_moe(x, *p.weights(), w, ids)) < TOL
+    assert torch.equal(y, experts(x, w, ids, dataclasses.replace(config, QUANT_IN_KERNEL=1 - quant)))
     routing = route(ids, 3, block_m)
     h, scale = experts.gate_up(x, routing, 2, config)
     assert h.dtype == torch.float32 and h.shape == (routing.rows, 320) and scale is None

@@ -10,8 +10,10 @@ both GEMMs. ``GATE_UP_N`` picks the gate-up structure:
   epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate;
 * 64, 32 or 16 (split): each program computes ``GATE_UP_N`` columns of gate and of up (128 /
   ``GATE_UP_N`` times the programs, each with that fraction of the weight to stream and of the
-  accumulators to hold) and writes ``silu(gate) * up`` unquantized in fp32; the down GEMM quantizes
-  its A tile per 1x128 group in its K loop (each K step is one group), so there is no extra launch.
+  accumulators to hold) and writes ``silu(gate) * up`` unquantized in fp32. ``QUANT_IN_KERNEL`` says
+  where that is quantized, as it does for the activation: 1, the down GEMM quantizes its A tile per
+  1x128 group in its K loop (each K step is one group; no extra launch: decode), 0, the quantization
+  kernel between the GEMMs (each row quantized once however many column tiles read it: prefill).
   The numerics are the same semantics: ``silu(gate) * up`` in fp32, quantized per 1x128 group.
 
 :func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
@@ -52,7 +54,8 @@ class MoeTritonConfig:
         num_stages: software-pipeline depth of the GEMMs' K loops.
         QUANT_IN_KERNEL: 1 quantizes each token's 1x128 groups inside the gate-up GEMM's K loop (no
             fp8 copy of the activation in memory, one launch fewer: the decode choice), 0 runs the
-            quantization kernel first (each token quantized once however many column tiles read it).
+            quantization kernel first (each token quantized once however many column tiles read it);
+            with a split gate-up the same for the down GEMM's input.
         GATE_UP_N: columns of gate (and of up) per gate-up program: 128 quantizes ``silu(gate) * up``
             in the gate-up epilogue (the default); 64, 32 or 16 split it (the module docstring).
     """

@@ -46,13 +46,19 @@ class TritonExperts:
         self.inter = two_i // 2
         self.device = w13.device
         self._constexprs = {**fp8_constexprs(w13.dtype), "HW_RNE": hw_rne(kernels._gate_up_kernel, self.device, w13.dtype)}
-        self._quantizer: TritonQuantizer | None = None
+        self._quantizer: TritonQuantizer | None = None  # the activation's, [M, H]
+        self._inter_quantizer: TritonQuantizer | None = None  # a split gate-up's fp32 product's, [rows, I]
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  config: MoeTritonConfig) -> torch.Tensor:
         k = topk_ids.shape[1]
         routing = route(topk_ids, self.experts, config.BLOCK_M)
         q, q_scale = self.gate_up(x, routing, k, config)
+        if q_scale is None and not config.QUANT_IN_KERNEL:  # split: the quantization kernel between the GEMMs
+            if self._inter_quantizer is None:
+                self._inter_quantizer = TritonQuantizer(self.inter, dtype=self.w2.dtype, layout=ROW_MAJOR,
+                                                        device=self.device)
+            q, q_scale = self._inter_quantizer(q)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
         _down(self._kernels, q, q if q_scale is None else q_scale, self.w2, self.w2_scale, routing, out,
               a_by_slot=False, config=config, a_quant=self._constexprs if q_scale is None else None)
@@ -61,7 +67,8 @@ class TritonExperts:
     def gate_up(self, x: torch.Tensor, routing: Routing, top_k: int,
                 config: MoeTritonConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``silu(gate) * up`` ``[rows, I]`` at the sorted rows: in fp8 with its row-major scales, or
-        with a split configuration in fp32 with None (the down kernel quantizes it)."""
+        with a split configuration in fp32 with None (quantized next: :mod:`.moe_config`). The sorted
+        layout's padding rows are left unset; nothing reads them."""
         inter, groups = self.inter, _ceil_div(self.inter, 128)
         if config.split:
             q = torch.empty((routing.rows, inter), dtype=torch.float32, device=self.device)
