@@ -178,6 +178,7 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
     prefill = tuning_configs(8192, 8, 32)
     assert prefill[0].BLOCK_M == 64 and replace(prefill[0], GATE_UP_N=64) in prefill[:6]
     assert replace(prefill[0], BLOCK_M=128, GATE_UP_N=64) in prefill
+    assert prefill[-1] == replace(prefill[0], BLOCK_M=128, GATE_UP_N=64, num_warps=8)
 
 
 def test_moe_triton_configs_without_gate_up_n_are_the_fused_kernel_and_round_trip() -> None:

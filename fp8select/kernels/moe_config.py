@@ -143,7 +143,8 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first: the rule's configuration, then its
     neighbours one step away (the split gate-up at 64 columns, the row tile doubled and halved, the
     other warp count, the other quantization placement, one pipeline stage more or fewer), then the
-    split at 32 columns and the doubled row tile split at 64, each distinct.
+    split at 32 columns and the doubled row tile split at 64, with 4 and with 8 warps (at prefill a
+    128 x (64 + 64) tile: the shape of a dense GEMM's 128 x 128 wgmma tile), each distinct.
 
     The split comes second, inside the first six that ``tune --moe --max-configs 6`` takes: the fused
     gate-up's two 128-column accumulators give it half the programs of a plain grouped GEMM over
@@ -154,7 +155,8 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     steps = [{"GATE_UP_N": 64}, {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
              {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
              {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1},
-             {"GATE_UP_N": 32}, {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64}]
+             {"GATE_UP_N": 32}, {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64},
+             {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64, "num_warps": 8}]
     out = [base]
     for step in steps:
         try:
