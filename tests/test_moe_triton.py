@@ -134,6 +134,14 @@ def test_silu_mul_quant_of_a_masked_layout_computes_each_groups_used_rows() -> N
     for g, count in enumerate(counts.tolist()):
         used = slice(g * group_rows, g * group_rows + count)
         assert torch.equal(q[used].view(torch.uint8), full_q[used].view(torch.uint8)) and torch.equal(s[used], full_s[used])
+    # A bound on the counts launches programs for that many rows of each group: the used rows the same bits.
+    small = torch.tensor([0, 3, 17], dtype=torch.int32)
+    for most in (17, 20, 64):
+        q, s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, small, group_rows, most)
+        for g, count in enumerate(small.tolist()):
+            used = slice(g * group_rows, g * group_rows + count)
+            assert torch.equal(q[used].view(torch.uint8), full_q[used].view(torch.uint8)), (most, g)
+            assert torch.equal(s[used], full_s[used]), (most, g)
     with pytest.raises(ValueError, match="group_rows"):
         moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, counts, 24)
 

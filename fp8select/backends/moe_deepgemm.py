@@ -142,7 +142,7 @@ class DeepGemmMoe(MoeBackend):
             expected = max(1, -(-m * k // e))
             d1 = torch.empty((e, max_m, two_i), dtype=torch.bfloat16, device=device)
             experts.masked.fn(a, b13, d1, counts, expected)
-            q, q_s = silu_mul_quant(d1.view(e * max_m, two_i), w.w2.dtype, counts, max_m)  # the used rows only
+            q, q_s = silu_mul_quant(d1.view(e * max_m, two_i), w.w2.dtype, counts, max_m, m)  # the used rows only
             d2 = torch.empty((e, max_m, hidden), dtype=torch.bfloat16, device=device)
             experts.masked.fn((q.view(e, max_m, -1), _masked_scale(q_s, e, max_m)), b2, d2, counts, expected)
             return weighted_sum(d2.view(e * max_m, hidden), rows.clamp(max=e * max_m - 1), topk_ids, topk_weights, e,

@@ -83,9 +83,9 @@ def grouped_gemm_reference(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
 
 
 def silu_mul_quant_torch(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
-                         group_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                         group_rows: int = 0, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of ``[R, 2I]`` in fp32, quantized per 1x128 group (row-major scales).
-    ``counts``/``group_rows`` (the Triton version's, which skips a masked layout's unused rows) are
+    ``counts``/``group_rows``/``most`` (the Triton version's, which skips a masked layout's unused rows) are
     accepted and every row computed: rows past the counts are unspecified either way."""
     inter = h.shape[1] // 2
     hf = h.to(torch.float32)

@@ -149,12 +149,14 @@ SILU_BLOCK_R = 16
 
 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
-                   group_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   group_rows: int = 0, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of a ``[R, 2I]`` GEMM output, quantized per 1x128 group:
     ``(q [R, I] in dtype, row-major fp32 scales [R, ceil(I/128)])``. With ``counts`` (int32 ``[G]``) the
     rows are G groups of ``group_rows`` (a multiple of :data:`SILU_BLOCK_R`: a masked layout) and only
     each group's first ``counts[g]`` rows (rounded up to the program's rows) are computed; the others
-    are left unset."""
+    are left unset. ``most``: a bound on every count the caller knows (a masked layout's tokens: no
+    expert holds more), so that programs are launched for that many rows of each group only (the
+    sizes stay a function of the call's shapes: a CUDA graph captures them)."""
     from . import moe_triton_kernels as kernels
 
     rows, inter = h.shape[0], h.shape[1] // 2
@@ -165,8 +167,13 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
         return q, scale
     if counts is not None and (group_rows <= 0 or group_rows % SILU_BLOCK_R or rows % group_rows):
         raise ValueError(f"group_rows must be a positive multiple of {SILU_BLOCK_R} dividing {rows}, got {group_rows}")
-    kernels._silu_mul_quant_kernel[(_ceil_div(rows, SILU_BLOCK_R), groups)](
+    if counts is None:
+        group_blocks, programs = 1, _ceil_div(rows, SILU_BLOCK_R)
+    else:
+        group_blocks = _ceil_div(group_rows if most is None else max(min(most, group_rows), 1), SILU_BLOCK_R)
+        programs = rows // group_rows * group_blocks
+    kernels._silu_mul_quant_kernel[(programs, groups)](
         h, q, scale, scale if counts is None else counts, rows, inter, h.stride(0), q.stride(0), scale.stride(0),
-        max(group_rows, 1), DEFAULT_EPS, BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None,
+        max(group_rows, 1), group_blocks, DEFAULT_EPS, BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None,
         HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=4)
     return q, scale

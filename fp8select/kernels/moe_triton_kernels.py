@@ -192,21 +192,25 @@ def _weighted_sum_kernel(
     tl.store(y_ptr + token * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
-@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm", "GROUP_ROWS"])
+@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm", "GROUP_ROWS", "GROUP_BLOCKS"])
 def _silu_mul_quant_kernel(
-    h_ptr, q_ptr, s_ptr, counts_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS, eps,
+    h_ptr, q_ptr, s_ptr, counts_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS, GROUP_BLOCKS, eps,
     BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr,
     FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
 ):
     """``q[r, g] , s[r, g] = quant(silu(h[r, gate g]) * h[r, up g])`` for BLOCK_R rows and one 1x128 group of
     a ``[R, 2I]`` GEMM output (a vendor's grouped GEMM, which writes gate and up in bf16). With
-    ``HAS_COUNTS`` the rows are groups of ``GROUP_ROWS`` (a multiple of BLOCK_R) and a program whose rows
-    start at or past its group's ``counts`` returns at once (a masked layout's unused rows)."""
-    start = tl.program_id(0) * BLOCK_R
+    ``HAS_COUNTS`` the rows are groups of ``GROUP_ROWS`` (a multiple of BLOCK_R), of which the programs
+    cover the first ``GROUP_BLOCKS`` blocks of BLOCK_R rows each (a bound on every count), and a program
+    whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows)."""
     if HAS_COUNTS:
-        group_of_rows = start // GROUP_ROWS
-        if start - group_of_rows * GROUP_ROWS >= tl.load(counts_ptr + group_of_rows):
+        group_of_rows = tl.program_id(0) // GROUP_BLOCKS
+        start = (tl.program_id(0) % GROUP_BLOCKS) * BLOCK_R
+        if start >= tl.load(counts_ptr + group_of_rows):
             return
+        start += group_of_rows * GROUP_ROWS
+    else:
+        start = tl.program_id(0) * BLOCK_R
     rows = start + tl.arange(0, BLOCK_R)
     group = tl.program_id(1)
     cols = group * 128 + tl.arange(0, 128)
