@@ -147,3 +147,25 @@ def test_routing_kernel_writes_the_torch_paths_bits_and_replays(m: int, k: int, 
                 assert torch.equal(getattr(got, name), getattr(want, name)), (name, seed)
             assert torch.equal(row_of_slot(got), row_of_slot(want))
             assert torch.equal(masked_rows(got, e, m), masked_rows(want, e, m))
+
+
+@pytest.mark.parametrize(("gate_up_n", "quant", "block_m"), [(64, 1, 16), (32, 1, 16), (64, 0, 64)])
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_the_triton_split_gate_up_within_1e2_and_as_the_fused_kernel(problem, gate_up_n: int, quant: int,  # type: ignore[no-untyped-def]
+                                                                     block_m: int, m: int) -> None:
+    """The split gate-up (fp32 product, quantized in the down kernel or between the GEMMs) against fp64,
+    and against the fused kernel of the same tiles: a NaN token's row NaN, the others finite."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.moe_triton import TritonExperts
+
+    experts = TritonExperts(*_cuda(problem))
+    fused = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=3, QUANT_IN_KERNEL=quant)
+    split = MoeTritonConfig(**{**fused.to_dict(), "GATE_UP_N": gate_up_n})
+    x, w, ids = _inputs(m, seed=m)
+    ids[0, -1] = -1
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), split)
+    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
+    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), fused)) < 1e-3
+    x[m - 1, 5] = float("nan")
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), split).cpu()
+    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
