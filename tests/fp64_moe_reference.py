@@ -116,6 +116,16 @@ def random_routing(m: int, k: int, experts: int, *, seed: int = 0,
     return weights.to(torch.float32), ids.to(torch.int32)
 
 
+def with_minus_ones(ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` with two experts on other ranks (-1, expert parallelism) where there are two tokens or more:
+    the second token's second and the last token's first (the one place the vendor MoE tests mark them)."""
+    m = ids.shape[0]
+    if m > 1:
+        ids[1, 1] = -1
+        ids[m - 1, 0] = -1
+    return ids
+
+
 def assert_minus_one_and_nan_rows(run, hidden: int, top_k: int, experts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
     """A launch ``run(x, topk_weights, topk_ids)``: every id -1 gives zeros; a NaN in one token's input makes
     that token's row NaN and leaves the others finite. Returns ``(x, weights, ids)`` for further checks."""

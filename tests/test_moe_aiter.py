@@ -15,7 +15,14 @@ import pytest
 import torch
 from fakes import install
 from fakes.aiter_moe import ActivationType, QuantType
-from fp64_moe_reference import assert_minus_one_and_nan_rows, expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import (
+    assert_minus_one_and_nan_rows,
+    expected_moe,
+    random_moe,
+    random_routing,
+    rel_err,
+    with_minus_ones,
+)
 from matrix import MATRIX
 
 from fp8select import resolve
@@ -85,9 +92,7 @@ def test_the_layer_matches_fp64_with_minus_one_ids_idle_experts_and_m0(monkeypat
     assert moe.main_plan.summary() == "any M: aiter/fused"
     for m, skew in ((1, False), (6, True), (300, False)):
         w, ids = random_routing(m, K, E, seed=m, skew=skew)
-        if m > 1:
-            ids[1, 1] = -1
-            ids[m - 1, 0] = -1
+        with_minus_ones(ids)
         x = _x(m, seed=m)
         _check(moe(x, w, ids), problem, x, w, ids, fp8)
     call = fake.last("fused_moe").arguments

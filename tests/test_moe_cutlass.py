@@ -15,7 +15,14 @@ import dataclasses
 import pytest
 import torch
 from fakes import install
-from fp64_moe_reference import assert_minus_one_and_nan_rows, expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import (
+    assert_minus_one_and_nan_rows,
+    expected_moe,
+    random_moe,
+    random_routing,
+    rel_err,
+    with_minus_ones,
+)
 from matrix import MATRIX
 
 from fp8select import resolve
@@ -52,9 +59,7 @@ def test_matches_fp64_with_minus_one_ids(monkeypatch, problem, m: int, k: int, s
     fake = install(monkeypatch, "sgl_kernel")
     run = _launch(problem)
     w, ids = random_routing(m, k, E, seed=m, skew=skew)
-    if m > 1:
-        ids[1, 1] = -1
-        ids[m - 1, 0] = -1
+    with_minus_ones(ids)
     x = torch.randn(m, H, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     y = run(x, w, ids)
     _check(y, problem, x, w, ids)
