@@ -280,9 +280,7 @@ def measure_cost(selection: Any, records: Sequence[Any], shapes: Sequence[tuple[
                            "ratio": round(t["invariant"].median_us / t["normal"].median_us, 4), "plans": plans})
         print(f"cost {n}x{k}: {plans}", flush=True)
     ratios = [p["ratio"] for p in points if "ratio" in p]
-    overall = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
-    return {"points": points, "geomean_ratio": None if overall is None else round(overall, 4),
-            "within_budget": overall is not None and overall <= BUDGET,
+    return {"points": points, **_against_budget(ratios),
             "costs_more_than_10_percent": [p for p in points if p.get("ratio", 0) > BUDGET]}
 
 
@@ -320,8 +318,13 @@ def moe_table_cost(table: dict[str, Any], records: dict[str, Any]) -> dict[str, 
             "invariant_route": route if config is None else f"{route} {config}",
             "geomean_ratio": geomean(per.values()),
             "worst": [max(per, key=per.__getitem__), round(max(per.values()), 4)]}
+    return {"shapes": shapes, **_against_budget(ratios)}
+
+
+def _against_budget(ratios: Sequence[float]) -> dict[str, Any]:
+    """The geometric mean of invariant / normal ratios (None without any) and whether it is within :data:`BUDGET`."""
     overall = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
-    return {"shapes": shapes, "geomean_ratio": None if overall is None else round(overall, 4),
+    return {"geomean_ratio": None if overall is None else round(overall, 4),
             "within_budget": overall is not None and overall <= BUDGET}
 
 
