@@ -539,6 +539,37 @@ def phase_profile(report: dict[str, Any]) -> None:
         out[name] = text.getvalue().splitlines()[4:]
         print(name, "\n".join(out[name]), sep="\n", flush=True)
     report["profile"] = out
+    report["stack_gpu_timeline"] = {name: _gpu_timeline(paths[name]) for name in paths if name.startswith("stack")}
+    print(json.dumps(report["stack_gpu_timeline"]), flush=True)
+
+
+def _gpu_timeline(fn: Callable[[], object], passes: int = 50) -> dict[str, Any]:
+    """What the GPU does during ``passes`` eager passes (torch's profiler, CUDA activity): per pass, the
+    kernels launched, their summed time, and the wall time from the first kernel's start to the last's end
+    (the difference is the GPU waiting between launches), with the kernels by name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"error": "no CUDA events recorded"}
+    start = min(e.time_range.start for e in kernels)
+    end = max(e.time_range.end for e in kernels)
+    busy = sum(e.time_range.elapsed_us() for e in kernels)
+    names: dict[str, int] = {}
+    for e in kernels:
+        names[e.name[:60]] = names.get(e.name[:60], 0) + 1
+    return {"kernels_per_pass": round(len(kernels) / passes, 2), "busy_us_per_pass": round(busy / passes, 1),
+            "span_us_per_pass": round((end - start) / passes, 1),
+            "idle_fraction": round(1 - busy / max(end - start, 1e-9), 3),
+            "kernels": dict(sorted(names.items(), key=lambda kv: -kv[1])[:16])}
 
 
 PHASES = {"profile": phase_profile, "host": phase_host, "compile": phase_compile, "stack": phase_stack, "startup": phase_startup}
