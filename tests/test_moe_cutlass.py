@@ -93,7 +93,8 @@ def test_the_layer_plans_cutlass_and_m0_launches_nothing(monkeypatch, problem) -
     assert [b.name for b in moe_chain(sel)][:2] == ["triton", "cutlass"]  # not run on a GPU yet: after Triton
     # a shape no table holds: modelled from the shipped H200 rows, where CUTLASS is the fastest at most points
     plan = sel.prepare_moe(*problem.weights(), top_k=2).main_plan
-    assert plan.summary() == "any M: cutlass/offsets" and {r.why for r in plan.routes} == {"model"}
+    assert {r.why for r in plan.routes} == {"model"} and set(plan.backends) <= {"cutlass", "triton"}
+    assert sum(r.backend == "cutlass" for r in plan.routes) > len(plan.routes) // 2
     assert sel.prepare_moe(*problem.weights(), top_k=2, measured={}).main_plan.summary() == "any M: triton/sorted"
     moe = resolve(H200_MOE, plugins=False, verify=False, backend="cutlass").prepare_moe(*problem.weights(), top_k=2)
     assert moe.main_plan.summary() == "any M: cutlass/offsets"
@@ -111,8 +112,8 @@ def test_deepgemm_stays_first_and_explicit_picks_cutlass() -> None:
     sel = resolve(both, plugins=False, verify=False)
     assert [b.name for b in moe_chain(sel)][:3] == ["deepgemm", "triton", "cutlass"]
     assert sel.moe_plan_for(32, 7168, 2048, 8, measured={}).backends == ("deepgemm",)  # no rows: the rule
-    # the shipped H200 table's rows of this shape: CUTLASS where it measured fastest, DeepGEMM elsewhere
-    assert set(sel.moe_plan_for(32, 7168, 2048, 8).backends) == {"cutlass", "deepgemm"}
+    # the shipped H200 table's rows of this shape: CUTLASS where it measured fastest, DeepGEMM and Triton elsewhere
+    assert {"cutlass", "deepgemm"} <= set(sel.moe_plan_for(32, 7168, 2048, 8).backends) <= {"cutlass", "deepgemm", "triton"}
     explicit = resolve(both, plugins=False, verify=False, backend="sgl_kernel")
     assert explicit.moe_plan_for(32, 7168, 2048, 8).summary() == "any M: cutlass/offsets"
 

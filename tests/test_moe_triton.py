@@ -185,7 +185,7 @@ def test_public_grouped_gemms_check_their_arguments() -> None:
 def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
     tiles = [default_config(m, 8, 32).BLOCK_M for m in (1, 64, 128, 1024, 8192)]  # 1-2048 tokens per expert
     assert tiles == sorted(tiles) and tiles[0] == 16 and tiles[-1] == 64  # no 128-row tile (moe_config says why)
-    assert default_config(1, 8, 8).QUANT_IN_KERNEL == 1 and default_config(4096, 8, 8).QUANT_IN_KERNEL == 0
+    assert {default_config(m, 8, 8).QUANT_IN_KERNEL for m in (1, 64, 4096)} == {0}  # measured slower in the GEMM
     with pytest.raises(ValueError, match="BLOCK_M"):
         MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
     with pytest.raises(ValueError, match="missing"):

@@ -53,9 +53,10 @@ class MoeTritonConfig:
         num_warps: warps per GEMM program, a power of two.
         num_stages: software-pipeline depth of the GEMMs' K loops.
         QUANT_IN_KERNEL: 1 quantizes each token's 1x128 groups inside the gate-up GEMM's K loop (no
-            fp8 copy of the activation in memory, one launch fewer: the decode choice), 0 runs the
-            quantization kernel first (each token quantized once however many column tiles read it);
-            with a split gate-up the same for the down GEMM's input.
+            fp8 copy of the activation in memory, one launch fewer; on the H200 slower at every M
+            measured, :func:`default_config`), 0 runs the quantization kernel first (each token
+            quantized once however many column tiles read it); with a split gate-up the same for the
+            down GEMM's input.
         GATE_UP_N: columns of gate (and of up) per gate-up program: 128 quantizes ``silu(gate) * up``
             in the gate-up epilogue (the default); 64, 32 or 16 split it (the module docstring).
     """
@@ -122,8 +123,10 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
     ``tokens per expert = m * top_k / experts`` (uniform routing) picks the row tile: 16 up to 16
-    tokens, 32 up to 32, 64 above. The activation is quantized inside the gate-up GEMM while ``m`` is
-    at most 64 (decode: re-reading a few tokens per column tile costs less than a launch).
+    tokens, 32 up to 32, 64 above. The activation is quantized by its own kernel first at every
+    ``m``: on the H200 quantizing it inside the gate-up GEMM's K loop doubled that op's time at every
+    decode point measured (DeepSeek-V3, 8 and 32 local experts, Qwen3-30B-A3B, M 1-64: 140 us
+    against 282 at 32 experts and M 1), more than the launch it saves.
 
     No 128-row tile: the gate-up program holds gate and up accumulators (2 x 128 columns), and on the
     H200 (DeepSeek-V3, 32 local experts) the 128-row tile took 28.4 ms at M 4096 where the 64-row one
@@ -131,7 +134,7 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     (``benchmarks/results/moe.json``); the 64-row tile has not been timed at M 4096 yet.
     """
     per_expert = -(-m * top_k // max(experts, 1))
-    quant = 1 if m <= 64 else 0
+    quant = 0
     if per_expert <= 16:
         return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
     if per_expert <= 32:
