@@ -1,7 +1,8 @@
 """Warm-up: run every kernel a layer's plan can use once, so CUDA-graph capture and serving never compile.
 
 DeepGEMM and FlashInfer compile a kernel the first time they see a shape (2-5 s each on the
-H200), Triton the first time it sees a launch configuration. :func:`warmup` calls each
+H200), Triton the first time it sees a launch configuration; with ``processes`` the dense layers'
+compilers run in that many worker processes at once first (:mod:`fp8select.jit_processes`). :func:`warmup` calls each
 distinct layer (same shape, dtype, device and plan: the kernels are the same) with the
 activation sizes of every route of its plan: by default both ends of each M bucket, or the
 ``ms`` an engine will capture. It logs ``fp8select.warmup_progress`` every few seconds on long
@@ -43,6 +44,7 @@ class WarmupReport:
     distinct: int  # distinct (shape, dtype, device, plan): the ones actually run
     calls: int
     seconds: float
+    workers: tuple[dict[str, Any], ...] = ()  # with processes: each worker's job and seconds or error
 
 
 Layer = Fp8Linear | Fp8MoE
@@ -111,11 +113,17 @@ def _default_ms(layer: Layer) -> list[int]:
 
 
 def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype = torch.bfloat16,
-           progress: Callable[[str], None] | None = None, every_s: float = 5.0) -> WarmupReport:
+           progress: Callable[[str], None] | None = None, every_s: float = 5.0, processes: int = 0) -> WarmupReport:
     """Call every distinct layer of ``target`` at each M of ``ms`` (default: both ends of every M bucket
-    its plan routes) with ``dtype`` activations; returns what was run and how long it took."""
+    its plan routes) with ``dtype`` activations; returns what was run and how long it took.
+
+    ``processes`` > 0: first compile the dense calls' JIT kernels (DeepGEMM, FlashInfer, Triton) in up
+    to that many worker processes at once (:mod:`fp8select.jit_processes`; for cold caches), then
+    make the calls here, which load them from the caches."""
     if ms is not None and (not ms or not all(isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms)):
         raise InvalidInputError(f"ms: expected positive integers, found {ms!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+        raise InvalidInputError(f"processes: expected an int >= 0, found {processes!r}")
     layers = _layers(target)
     if ms is not None:
         for layer in layers:
@@ -126,6 +134,14 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
     todo = [(layer, m) for layer in distinct.values() for m in (ms or _default_ms(layer))]
     log = get_logger()
     start = last = time.perf_counter()
+    workers: tuple[dict[str, Any], ...] = ()
+    if processes:
+        from fp8select.jit_processes import compile_in_processes, jit_jobs
+
+        jobs = jit_jobs(((layer, m) for layer, m in todo if isinstance(layer, Fp8Linear)), dtype)
+        workers = tuple(compile_in_processes(jobs, processes))
+        log.info("fp8select.warmup_workers", jobs=len(jobs), failed=sum("error" in w for w in workers),
+                 seconds=round(time.perf_counter() - start, 3))
     rows: dict[tuple[int, str], int] = {}
     for layer, m in todo:
         key = (_width(layer), str(layer.device))
@@ -151,7 +167,7 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
                 progress(f"warm-up: {done}/{len(todo)} calls, {now - start:.1f} s")
     if todo and todo[0][0].device.type == "cuda":
         torch.cuda.synchronize()
-    report = WarmupReport(len(layers), len(distinct), len(todo), time.perf_counter() - start)
+    report = WarmupReport(len(layers), len(distinct), len(todo), time.perf_counter() - start, workers)
     log.info("fp8select.warmup", layers=report.layers, distinct=report.distinct, calls=report.calls,
              seconds=round(report.seconds, 3))
     return report

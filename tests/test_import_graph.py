@@ -21,13 +21,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fp8select.measured*",),                                            # the measured data plans read
     ("fp8select.inputs", "fp8select.routes", "fp8select.plan",
      "fp8select.moe_plan"),                                              # typed checks; per layer: a route per M bucket
-    ("fp8select.ops", "fp8select.layer", "fp8select.warmup",
+    ("fp8select.ops", "fp8select.layer", "fp8select.warmup", "fp8select.jit_processes",
      "fp8select.moe_ops", "fp8select.moe", "fp8select.grouped"),         # the call path
     ("fp8select.distributed", "fp8select.moe_select", "fp8select.selection"),  # ranks agreeing; the facade
     ("fp8select.verify", "fp8select.verify_chain"),                      # verification of a chain
     ("fp8select.measure*",),                                             # timing, bench, tune, load-time measuring
     ("fp8select.resolver",),                                             # resolve(): facts to a settled Selection
-    ("fp8select.nn", "fp8select.integrations*"),                         # modules that resolve when not given one
+    ("fp8select.nn", "fp8select.integrations*", "fp8select.jit_worker"),  # modules that resolve when not given one
     ("fp8select.cli", "fp8select.cli_moe", "fp8select.cli_files", "fp8select.__main__", "fp8select._docs",
      "fp8select"),                                                       # the command line, the package
 )

@@ -87,6 +87,9 @@ class Backend:
     packages: ClassVar[tuple[str, ...]] = ()
     """Import names of the packages whose versions this backend's speed depends on (besides torch,
     CUDA/HIP and Triton): measurements are kept per backend at these versions."""
+    jit: ClassVar[bool] = False
+    """Whether its first call at a new shape compiles a kernel into an on-disk cache that other
+    processes read (``warmup(..., processes=N)`` compiles those in worker processes)."""
 
     def check(self, caps: Capabilities) -> Verdict:
         """Device-level gate: every probe in ``requires``, then whether compute exists."""

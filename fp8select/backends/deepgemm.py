@@ -90,6 +90,7 @@ class DeepGemmEntryPoint(Probe):
 
 class DeepGemmBackend(Backend):
     name = "deepgemm"
+    jit = True
     summary = "DeepGEMM fp8_gemm_nt (JIT CUDA kernels), sm90 and sm100 only"
     requires: ClassVar[tuple[Probe, ...]] = (
         DeviceKind(("cuda",)),

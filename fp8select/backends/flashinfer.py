@@ -90,6 +90,7 @@ def kernel_for(caps: Capabilities) -> str | None:
 
 class FlashInferBackend(Backend):
     name = "flashinfer"
+    jit = True
     summary = ("FlashInfer gemm_fp8_nt_groupwise (sm100/103 trtllm, sm120/121 cutlass) "
                "or fp8_blockscale_gemm_sm90 (sm90)")
     requires: ClassVar[tuple[Probe, ...]] = (DeviceKind(("cuda",)), Package("flashinfer"), FLASHINFER_KERNELS)

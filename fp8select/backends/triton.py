@@ -33,6 +33,7 @@ TRITON_DEVICES = AnyOf((
 
 class TritonBackend(Backend):
     name = "triton"
+    jit = True
     summary = "fp8select's Triton block-FP8 GEMM, fused activation quantization for small M"
     requires: ClassVar[tuple[Probe, ...]] = (Package("triton"), TRITON_DEVICES)
     out_dtypes = (torch.bfloat16, torch.float16, torch.float32)

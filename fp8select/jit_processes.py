@@ -1,0 +1,96 @@
+"""A plan's JIT kernels compiled in worker processes, side by side: ``warmup(..., processes=N)``.
+
+DeepGEMM, FlashInfer and Triton compile a kernel the first time a process calls it at a new shape
+(2-5 s each for the vendors on the H200) and keep it in an on-disk cache that later processes read
+(``DG_JIT_CACHE_DIR``, FlashInfer's workspace, ``TRITON_CACHE_DIR``). One process compiles one kernel
+after another; worker processes, one per (backend, layer shape, M), run their compilers at once on
+separate cores, and the caller's own warm-up then loads what they wrote. Each worker
+(:mod:`fp8select.jit_worker`) resolves with that backend pinned, prepares a random weight of the
+layer's shape and calls it at that M, with the caller's environment, so the same caches. A worker that fails
+or times out costs only its time: the caller's warm-up compiles what is missing itself.
+
+Worth it on cold caches only (a new deployment, new shapes): on warm ones each worker is a process
+start (importing torch and the vendors, a CUDA context) for nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from fp8select.problem import dtype_name
+
+__all__ = ["JitJob", "compile_in_processes", "jit_jobs"]
+
+_POLL_S = 0.05
+WORKER = "fp8select.jit_worker"
+"""The module a worker process runs (it resolves, so it sits above this one and is named, not imported)."""
+
+
+@dataclass(frozen=True)
+class JitJob:
+    """One worker's call: ``backend`` pinned, a ``[n, k]`` weight, ``m`` rows of ``act_dtype`` on ``device``."""
+
+    backend: str
+    n: int
+    k: int
+    m: int
+    act_dtype: str
+    device: str
+
+
+def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype) -> list[JitJob]:
+    """The jobs of warm-up ``calls`` (``(layer, m)`` of dense layers) whose route's backend compiles
+    kernels just in time (:attr:`~fp8select.backends.base.Backend.jit`), each distinct once; e4m3fn
+    weights only (what a worker's random weight is)."""
+    jobs: dict[JitJob, None] = {}
+    for layer, m in calls:
+        if layer.weight_dtype != torch.float8_e4m3fn or layer.main_plan.route(m).backend is None:
+            continue
+        backend = layer.backend_for(m, act_dtype)
+        if backend.jit:
+            jobs[JitJob(backend.name, layer.n, layer.k, m, dtype_name(act_dtype), str(layer.device))] = None
+    return list(jobs)
+
+
+def compile_in_processes(jobs: Sequence[JitJob], processes: int, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """Run ``jobs``, at most ``processes`` at once, each in a fresh ``python -m fp8select.jit_worker``;
+    per job, in order, its fields and ``seconds``, and ``error`` when it failed (the worker's exit status
+    and last line, or its time-out: then it is killed)."""
+    pending = list(enumerate(jobs))
+    running: list[tuple[int, JitJob, subprocess.Popen[bytes], Any, float]] = []
+    results: dict[int, dict[str, Any]] = {}
+    while pending or running:
+        while pending and len(running) < max(processes, 1):
+            index, job = pending.pop(0)
+            log = tempfile.TemporaryFile()
+            worker = subprocess.Popen([sys.executable, "-m", WORKER, json.dumps(asdict(job))],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+            running.append((index, job, worker, log, time.monotonic()))
+        time.sleep(_POLL_S)
+        for entry in list(running):
+            index, job, worker, log, started = entry
+            seconds = round(time.monotonic() - started, 2)
+            if worker.poll() is None and seconds < timeout_s:
+                continue
+            running.remove(entry)
+            if worker.returncode is None:
+                worker.kill()
+                worker.wait()
+                results[index] = {**asdict(job), "seconds": seconds, "error": f"timed out after {timeout_s:.0f} s"}
+            elif worker.returncode == 0:
+                results[index] = {**asdict(job), "seconds": seconds}
+            else:
+                log.seek(0)
+                last = (log.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+                results[index] = {**asdict(job), "seconds": seconds, "error": f"exit {worker.returncode}: {last[-300:]}"}
+            log.close()
+    return [results[index] for index in range(len(jobs))]
