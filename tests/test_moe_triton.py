@@ -146,6 +146,18 @@ def test_silu_mul_quant_of_a_masked_layout_computes_each_groups_used_rows() -> N
         moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, counts, 24)
 
 
+def test_silu_mul_quant_of_a_sorted_layout_computes_the_rows_holding_a_slot() -> None:
+    """With slot_ids (the sorted layout's), the rows holding a slot are the same bits as without; the
+    padding rows (slot_ids == slots) are left unset, whole programs of them skipped."""
+    routing = route(torch.tensor([[2, 0], [2, -1], [2, 2]], dtype=torch.int32), 3, 16)
+    h = (torch.randn(routing.rows, 2 * 200) * 3).to(torch.bfloat16)
+    full_q, full_s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn)
+    q, s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, slot_ids=routing.slot_ids, slots=routing.slots)
+    used = routing.slot_ids < routing.slots
+    assert 0 < int(used.sum()) < routing.rows - 16  # partial blocks, and a block (program) of padding alone
+    assert torch.equal(q[used].view(torch.uint8), full_q[used].view(torch.uint8)) and torch.equal(s[used], full_s[used])
+
+
 def _rows(e: int, n: int, k: int, rows: int, seed: int = 5):  # type: ignore[no-untyped-def]
     p = random_moe(e, k, n // 2, seed=seed)  # w13 [E, n, k]
     a_q, a_s = quantize_groups(torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)))

@@ -149,14 +149,17 @@ SILU_BLOCK_R = 16
 
 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
-                   group_rows: int = 0, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   group_rows: int = 0, most: int | None = None, *, slot_ids: torch.Tensor | None = None,
+                   slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of a ``[R, 2I]`` GEMM output, quantized per 1x128 group:
     ``(q [R, I] in dtype, row-major fp32 scales [R, ceil(I/128)])``. With ``counts`` (int32 ``[G]``) the
     rows are G groups of ``group_rows`` (a multiple of :data:`SILU_BLOCK_R`: a masked layout) and only
     each group's first ``counts[g]`` rows (rounded up to the program's rows) are computed; the others
     are left unset. ``most``: a bound on every count the caller knows (a masked layout's tokens: no
     expert holds more), so that programs are launched for that many rows of each group only (the
-    sizes stay a function of the call's shapes: a CUDA graph captures them)."""
+    sizes stay a function of the call's shapes: a CUDA graph captures them). With ``slot_ids`` (a
+    sorted layout's, :class:`.moe_routing.Routing`) the rows whose entry is ``slots`` or more are
+    padding: skipped, left unset."""
     from . import moe_triton_kernels as kernels
 
     rows, inter = h.shape[0], h.shape[1] // 2
@@ -173,7 +176,8 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
         group_blocks = _ceil_div(group_rows if most is None else max(min(most, group_rows), 1), SILU_BLOCK_R)
         programs = rows // group_rows * group_blocks
     kernels._silu_mul_quant_kernel[(programs, groups)](
-        h, q, scale, scale if counts is None else counts, rows, inter, h.stride(0), q.stride(0), scale.stride(0),
-        max(group_rows, 1), group_blocks, DEFAULT_EPS, BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None,
+        h, q, scale, scale if counts is None else counts, scale if slot_ids is None else slot_ids, rows, inter,
+        h.stride(0), q.stride(0), scale.stride(0), max(group_rows, 1), group_blocks, slots, DEFAULT_EPS,
+        BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None, HAS_SLOTS=slot_ids is not None,
         HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=4)
     return q, scale

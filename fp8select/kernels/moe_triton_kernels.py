@@ -192,17 +192,20 @@ def _weighted_sum_kernel(
     tl.store(y_ptr + token * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
-@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm", "GROUP_ROWS", "GROUP_BLOCKS"])
+@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm", "GROUP_ROWS", "GROUP_BLOCKS", "slots"])
 def _silu_mul_quant_kernel(
-    h_ptr, q_ptr, s_ptr, counts_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS, GROUP_BLOCKS, eps,
-    BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr,
-    FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+    h_ptr, q_ptr, s_ptr, counts_ptr, slot_ids_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS,
+    GROUP_BLOCKS, slots, eps,
+    BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_SLOTS: tl.constexpr, FP8_MAX: tl.constexpr,
+    FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
 ):
     """``q[r, g] , s[r, g] = quant(silu(h[r, gate g]) * h[r, up g])`` for BLOCK_R rows and one 1x128 group of
     a ``[R, 2I]`` GEMM output (a vendor's grouped GEMM, which writes gate and up in bf16). With
     ``HAS_COUNTS`` the rows are groups of ``GROUP_ROWS`` (a multiple of BLOCK_R), of which the programs
     cover the first ``GROUP_BLOCKS`` blocks of BLOCK_R rows each (a bound on every count), and a program
-    whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows)."""
+    whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows).
+    With ``HAS_SLOTS`` the rows are the sorted layout's: a row whose ``slot_ids`` entry is ``slots`` or
+    more (padding) is skipped, and a program with none used returns at once."""
     if HAS_COUNTS:
         group_of_rows = tl.program_id(0) // GROUP_BLOCKS
         start = (tl.program_id(0) % GROUP_BLOCKS) * BLOCK_R
@@ -212,9 +215,13 @@ def _silu_mul_quant_kernel(
     else:
         start = tl.program_id(0) * BLOCK_R
     rows = start + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    if HAS_SLOTS:
+        row_ok = row_ok & (tl.load(slot_ids_ptr + rows, mask=row_ok, other=slots) < slots)
+        if tl.max(row_ok.to(tl.int32), axis=0) == 0:
+            return
     group = tl.program_id(1)
     cols = group * 128 + tl.arange(0, 128)
-    row_ok = rows < R
     mask = row_ok[:, None] & (cols < INTER)[None, :]
     base = h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :]
     gate = tl.load(base, mask=mask, other=0.0).to(tl.float32)
