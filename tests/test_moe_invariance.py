@@ -104,24 +104,24 @@ def test_on_a_gpu_a_moe_route_needs_its_own_record() -> None:
     assert "not measured at 8x7168x2048x8" in recorded.moe_plan_for(8, 7168, 2048, 8).invariant
 
 
-def test_a_triton_record_written_before_gate_up_n_still_names_the_fused_kernel() -> None:
-    """A triton/sorted record's configuration has no GATE_UP_N: it is the fused gate-up (128) and matches
-    the rows of that configuration; a faster row of its split (GATE_UP_N 64, which no record names) is
-    never planned, nor counted as the record's time."""
+def test_a_triton_record_written_before_fused_act_still_names_the_fused_kernel() -> None:
+    """A triton/sorted record's configuration has no FUSED_ACT: it is the fused gate-up (1) and matches
+    the rows of that configuration; a faster row of the plain gate-up with the same tiles (FUSED_ACT 0,
+    which no record names) is never planned, nor counted as the record's time."""
     from fp8select.kernels.moe_config import MoeTritonConfig
 
     caps = MATRIX["h200-torch2.9"][0]
     sel = resolve(caps, plugins=False, verify=False)
     triton = next(b for b in moe_chain(sel) if b.name == "triton")
-    old = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
+    old = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 0}
     record = Record("triton", backend_versions(caps, triton.packages), ((1, old),), ((32, 7168, 2048, 8),),
                     (1, M_BUCKET_MAX), POSITIONS, True, layout="sorted")
     recorded = replace(sel, batch_invariant=True, invariance=Invariance(
         caps, sel.chain, [("test", merge_records(None, [record], caps.device_name or ""))]))
-    split = {**old, "GATE_UP_N": 64}
-    measured = {"triton/sorted": {1: {"us": 10.0, "config": split}, 2: {"us": 50.0, "config": old}}}
+    plain = {**old, "FUSED_ACT": 0}
+    measured = {"triton/sorted": {1: {"us": 10.0, "config": plain}, 2: {"us": 50.0, "config": old}}}
     plan = recorded.moe_plan_for(32, 7168, 2048, 8, measured=measured)
     assert plan.summary() == "any M: triton/sorted (batch-invariant)"
-    assert {r.config for r in plan.routes} == {MoeTritonConfig.from_dict(old)} and plan.routes[0].config.GATE_UP_N == 128
+    assert {r.config for r in plan.routes} == {MoeTritonConfig.from_dict(old)} and plan.routes[0].config.FUSED_ACT == 1
     assert plan.routes[0].us is None and "no time measured" in plan.routes[0].detail
     assert plan.routes[1].us == 50.0

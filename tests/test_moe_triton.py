@@ -37,9 +37,9 @@ TOL = 1e-2
 CPU_TRITON = dataclasses.replace(MATRIX["cpu-only"][0], packages={"triton": "3.9.0"}, env={"TRITON_INTERPRET": "1"})
 
 
-def _cfg(block_m: int = 16, quant: int = 1, group_m: int = 1, block_n: int = 32, gate_up_n: int = 128) -> MoeTritonConfig:
+def _cfg(block_m: int = 16, quant: int = 1, group_m: int = 1, block_n: int = 32, fused: int = 1) -> MoeTritonConfig:
     return MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=group_m, num_warps=4, num_stages=2,
-                           QUANT_IN_KERNEL=quant, GATE_UP_N=gate_up_n)
+                           QUANT_IN_KERNEL=quant if fused else 0, FUSED_ACT=fused)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +47,10 @@ def problem():  # type: ignore[no-untyped-def]
     return random_moe(4, 256, 128, seed=0)
 
 
-@pytest.mark.parametrize("gate_up_n", [128, 64])  # fused, split
+@pytest.mark.parametrize("fused", [1, 0])
 @pytest.mark.parametrize(("config", "skew"), [(_cfg(16, 1), False), (_cfg(32, 0, group_m=8), True)])
-def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, skew, gate_up_n) -> None:  # type: ignore[no-untyped-def]
-    config = dataclasses.replace(config, GATE_UP_N=gate_up_n)
+def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, skew, fused) -> None:  # type: ignore[no-untyped-def]
+    config = dataclasses.replace(config, FUSED_ACT=fused, QUANT_IN_KERNEL=config.QUANT_IN_KERNEL * fused)
     experts = moe_triton.TritonExperts(*problem.weights())
     w, ids = random_routing(6, 2, 4, seed=1, skew=skew)
     ids[1, 0] = -1
@@ -59,13 +59,13 @@ def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, ske
     assert y.dtype == torch.bfloat16 and rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
 
 
-@pytest.mark.parametrize("gate_up_n", [128, 64])
-def test_partial_groups_and_fp32_input(gate_up_n: int) -> None:
-    odd = random_moe(3, 200, 96, seed=2)  # H and I not multiples of 128 (nor I of 64): masked K and N tails
+@pytest.mark.parametrize("fused", [1, 0])
+def test_partial_groups_and_fp32_input(fused: int) -> None:
+    odd = random_moe(3, 200, 96, seed=2)  # H and I not multiples of 128: masked K and N tails
     experts = moe_triton.TritonExperts(*odd.weights())
     w, ids = random_routing(3, 2, 3, seed=3)
     x = torch.randn(3, 200)
-    y = experts(x, w, ids, _cfg(16, 0, gate_up_n=gate_up_n))
+    y = experts(x, w, ids, _cfg(16, 0, fused=fused))
     assert y.dtype == torch.float32 and rel_err(y, expected_moe(x, *odd.weights(), w, ids)) < 1e-5 * 100
 
 
@@ -81,31 +81,76 @@ def test_nan_token_row_and_the_layer_through_the_selection(problem) -> None:  # 
     assert rel_err(moe(x, w, ids), expected_moe(x, *problem.weights(), w, ids)) < TOL
 
 
-@pytest.mark.parametrize(("gate_up_n", "quant", "block_m"), [(64, 1, 16), (32, 0, 32)])
-def test_the_split_gate_up_quantizes_its_product_in_the_down_kernel(gate_up_n: int, quant: int, block_m: int) -> None:
-    """GATE_UP_N below 128: the gate-up kernel writes silu(gate) * up in fp32 ([BLOCK_M, GATE_UP_N] per
-    program), which the down kernel quantizes per 1x128 group in its K loop (QUANT_IN_KERNEL 1) or the
-    quantization kernel between the GEMMs (0), to the same bits. I = 320 is two and a half
-    groups (a partial group, and a last column tile past I at every GATE_UP_N); one expert idle, one
-    taking every token; a -1 id; M 0; a token with an inf gets a NaN row, the others keep theirs."""
+@pytest.mark.parametrize(("block_m", "block_n", "group_m"), [(16, 32, 1), (32, 128, 8)])
+def test_the_plain_gate_up_is_the_fused_kernels_bits(block_m: int, block_n: int, group_m: int) -> None:
+    """FUSED_ACT 0: the grouped GEMM over the 2I columns of w13 (token rows in, fp32 at the sorted rows),
+    then silu(gate) * up quantized per 1x128 group by its own kernel. The same fp32 sums and the same
+    quantizer as the fused kernel: the same fp8 intermediate and scales at every used row, the same
+    output. I = 320 is two and a half groups (a column tile across gate and up at BLOCK_N 128); one
+    expert idle, one taking every token; a -1 id; M 0; a token with an inf gets a NaN row."""
     p = random_moe(3, 256, 320, seed=6)
     experts = moe_triton.TritonExperts(*p.weights())
-    config = _cfg(block_m, quant, gate_up_n=gate_up_n)
-    assert config.split
+    plain = _cfg(block_m, 0, group_m, block_n, fused=0)
+    fused = dataclasses.replace(plain, FUSED_ACT=1)
     ids = torch.tensor([[0, 2], [2, -1], [2, 0], [0, 2], [2, 0]], dtype=torch.int32)  # expert 1 idle, 2 in every token
-    w = torch.rand(5, 2)
-    x = torch.randn(5, 256).to(torch.bfloat16)
-    y = experts(x, w, ids, config)
+    w = torch.rand(5, 2, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    y = experts(x, w, ids, plain)
     assert rel_err(y, expected_moe(x, *p.weights(), w, ids)) < TOL
-    assert torch.equal(y, experts(x, w, ids, dataclasses.replace(config, QUANT_IN_KERNEL=1 - quant)))
+    assert torch.equal(y, experts(x, w, ids, fused))
     routing = route(ids, 3, block_m)
-    h, scale = experts.gate_up(x, routing, 2, config)
-    assert h.dtype == torch.float32 and h.shape == (routing.rows, 320) and scale is None
+    used = routing.slot_ids < routing.slots
+    (q, scale), (fq, fscale) = experts.gate_up(x, routing, 2, plain), experts.gate_up(x, routing, 2, fused)
+    assert q.shape == fq.shape == (routing.rows, 320) and q.dtype == fq.dtype == torch.float8_e4m3fn
+    assert torch.equal(q[used].view(torch.uint8), fq[used].view(torch.uint8)) and torch.equal(scale[used], fscale[used])
     x[3, 7] = float("inf")
-    y = experts(x, w, ids, config)
+    y = experts(x, w, ids, plain)
     assert torch.isnan(y[3]).all() and torch.isfinite(y[[0, 1, 2, 4]]).all()
-    empty = experts(x[:0], w[:0], ids[:0], config)
+    empty = experts(x[:0], w[:0], ids[:0], plain)
     assert empty.shape == (0, 256) and empty.dtype == torch.bfloat16
+
+
+def test_the_plain_gate_up_with_every_token_on_one_expert_and_every_id_minus_one(problem) -> None:  # type: ignore[no-untyped-def]
+    """40 tokens on expert 1 alone: three blocks of 16 rows of one expert (the last half padding), the
+    other experts idle; then every id -1: zeros."""
+    experts = moe_triton.TritonExperts(*problem.weights())
+    config = _cfg(16, 0, 8, 64, fused=0)
+    ids = torch.ones((40, 1), dtype=torch.int32)
+    w = torch.rand(40, 1, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    y = experts(x, w, ids, config)
+    assert rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
+    assert torch.equal(y, experts(x, w, ids, dataclasses.replace(config, FUSED_ACT=1)))
+    assert torch.equal(experts(x, w, torch.full_like(ids, -1), config), torch.zeros_like(x))
+
+
+class _NanEmpty:
+    """``torch`` for :mod:`.moe_triton` with every float buffer it allocates filled with NaN."""
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args, **kwargs) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        t = torch.empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("fused", [1, 0])
+def test_nan_in_the_padding_rows_never_reaches_an_output(problem, monkeypatch, fused: int) -> None:  # type: ignore[no-untyped-def]
+    """Every buffer the op allocates starts as NaN: the rows it leaves unset (the sorted layout's padding,
+    and with the plain gate-up their fp32 sums, silu and quantization) stay out of every output."""
+    experts = moe_triton.TritonExperts(*problem.weights())
+    config = _cfg(16, 0, fused=fused)
+    w, ids = random_routing(6, 2, 4, seed=7)
+    ids[2, 1] = -1
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    want = experts(x, w, ids, config)
+    monkeypatch.setattr(moe_triton, "torch", _NanEmpty())
+    got = experts(x, w, ids, config)
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    h, _ = experts.gate_up(x, route(ids, 4, 16), 2, config)
+    assert h.float().isnan().any()  # the padding rows were NaN indeed
 
 
 def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:
@@ -144,6 +189,18 @@ def test_silu_mul_quant_of_a_masked_layout_computes_each_groups_used_rows() -> N
             assert torch.equal(s[used], full_s[used]), (most, g)
     with pytest.raises(ValueError, match="group_rows"):
         moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, counts, 24)
+
+
+def test_silu_mul_quant_of_a_sorted_layout_computes_the_rows_holding_a_slot() -> None:
+    """With slot_ids (the sorted layout's), the rows holding a slot are the same bits as without; the
+    padding rows (slot_ids == slots) are left unset, whole programs of them skipped."""
+    routing = route(torch.tensor([[2, 0], [2, -1], [2, 2]], dtype=torch.int32), 3, 16)
+    h = (torch.randn(routing.rows, 2 * 200) * 3).to(torch.bfloat16)
+    full_q, full_s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn)
+    q, s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn, slot_ids=routing.slot_ids, slots=routing.slots)
+    used = routing.slot_ids < routing.slots
+    assert 0 < int(used.sum()) < routing.rows - 16  # partial blocks, and a block (program) of padding alone
+    assert torch.equal(q[used].view(torch.uint8), full_q[used].view(torch.uint8)) and torch.equal(s[used], full_s[used])
 
 
 def _rows(e: int, n: int, k: int, rows: int, seed: int = 5):  # type: ignore[no-untyped-def]

@@ -171,39 +171,41 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
     for m in (1, 64, 512, 8192):
         configs = tuning_configs(m, 8, 32)
         assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
-        assert all(16 <= c.BLOCK_M <= 128 for c in configs)
-        # the rule keeps the fused gate-up; its split at 64 columns is second, inside tune's first six
-        assert not configs[0].split and configs[1] == replace(configs[0], GATE_UP_N=64)
-        assert {c.GATE_UP_N for c in configs} == {128, 64, 32}
+        assert all(16 <= c.BLOCK_M <= 128 for c in configs) and len(configs) <= 10
+        # the rule keeps the fused gate-up; the plain one with the same tiles is second
+        assert configs[0].FUSED_ACT == 1 and configs[1] == replace(configs[0], FUSED_ACT=0)
+        assert all(c.QUANT_IN_KERNEL == 0 for c in configs if not c.FUSED_ACT)
     prefill = tuning_configs(8192, 8, 32)
-    assert prefill[0].BLOCK_M == 64 and replace(prefill[0], GATE_UP_N=64) in prefill[:6]
-    assert replace(prefill[0], BLOCK_M=128, GATE_UP_N=64) in prefill
-    assert prefill[-1] == replace(prefill[0], BLOCK_M=128, GATE_UP_N=64, num_warps=8)
+    assert prefill[0].BLOCK_M == 64 and replace(prefill[0], FUSED_ACT=0, num_stages=4) in prefill
+    assert prefill[-1] == replace(prefill[0], BLOCK_M=128, FUSED_ACT=0, num_warps=8)
+    assert [c for c in tuning_configs(1, 8, 32) if not c.FUSED_ACT] == [replace(default_config(1, 8, 32), FUSED_ACT=0)]
 
 
-def test_moe_triton_configs_without_gate_up_n_are_the_fused_kernel_and_round_trip() -> None:
-    """GATE_UP_N: 128 when a mapping lacks it (the rows and records written before it), left out of
-    to_dict at 128, so every shipped row and record reads back as it is written; validated like the
-    other fields."""
+def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:
+    """FUSED_ACT: 1 when a mapping lacks it (the rows and records written before it), left out of to_dict
+    at 1, so every shipped row and record reads back as it is written; validated like the other fields;
+    the plain gate-up (0) reads the quantized activation only."""
     old = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
     fused = MoeTritonConfig.from_dict(old)
-    assert fused.GATE_UP_N == 128 and not fused.split and fused.to_dict() == old
-    assert fused == MoeTritonConfig.from_dict({**old, "GATE_UP_N": 128}) and fused.describe() == "moe 16x128 w4 s4 qk"
-    split = MoeTritonConfig.from_dict({**old, "GATE_UP_N": 64})
-    assert split.split and split != fused and split.to_dict() == {**old, "GATE_UP_N": 64}
-    assert MoeTritonConfig.from_dict(split.to_dict()) == split and split.describe() == "moe 16x128 w4 s4 qk n64"
+    assert fused.FUSED_ACT == 1 and fused.to_dict() == old
+    assert fused == MoeTritonConfig.from_dict({**old, "FUSED_ACT": 1}) and fused.describe() == "moe 16x128 w4 s4 qk"
+    plain = MoeTritonConfig.from_dict({**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": 0})
+    assert plain != replace(fused, QUANT_IN_KERNEL=0) and plain.to_dict() == {**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": 0}
+    assert MoeTritonConfig.from_dict(plain.to_dict()) == plain and plain.describe() == "moe 16x128 w4 s4 plain"
     assert MoeTritonConfig(16, 128, 1, 4, 4, 1) == fused  # positional construction unchanged
-    for bad in (256, 8, 48, 0, True, 64.0):
-        with pytest.raises(ValueError, match="GATE_UP_N"):
-            MoeTritonConfig(**{**old, "GATE_UP_N": bad})
-    with pytest.raises(ValueError, match="unknown \\['GATE_UP'\\]"):
-        MoeTritonConfig.from_dict({**old, "GATE_UP": 64})
+    for bad in (2, -1, True, 1.0):
+        with pytest.raises(ValueError, match="FUSED_ACT"):
+            MoeTritonConfig(**{**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": bad})
+    with pytest.raises(ValueError, match=r"QUANT_IN_KERNEL.*FUSED_ACT 0"):
+        MoeTritonConfig(**{**old, "FUSED_ACT": 0})
+    with pytest.raises(ValueError, match="unknown \\['GATE_UP_N'\\]"):
+        MoeTritonConfig.from_dict({**old, "GATE_UP_N": 64})  # the split gate-up, removed
     shipped = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text(encoding="utf-8"))
     rows = [row["config"] for group in shipped["moe"] for buckets in group["shapes"].values()
             for row in buckets.values() if row.get("config") is not None]
     records = json.loads((SHIPPED_DIR / "invariance-nvidia-h200.json").read_text(encoding="utf-8"))["records"]
     rows += [s["config"] for r in records if r.get("layout") and r["backend"] == "triton" for s in r["schedule"]]
-    assert rows and all(MoeTritonConfig.from_dict(c).to_dict() == c and not MoeTritonConfig.from_dict(c).split
+    assert rows and all(MoeTritonConfig.from_dict(c).to_dict() == c and MoeTritonConfig.from_dict(c).FUSED_ACT
                         for c in rows)
 
 

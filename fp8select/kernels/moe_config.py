@@ -3,18 +3,17 @@
 Pure Python (no torch, no triton). One :class:`MoeTritonConfig` serves the three launches of one
 experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weighted reduction.
 ``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
-both GEMMs. ``GATE_UP_N`` picks the gate-up structure:
+both GEMMs. ``FUSED_ACT`` picks the gate-up structure:
 
-* 128 (the default, and what every measured row and record without the key means): each gate-up
-  program computes 128 columns of gate and the same 128 of up, one 1x128 scale group, so that its
-  epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate;
-* 64, 32 or 16 (split): each program computes ``GATE_UP_N`` columns of gate and of up (128 /
-  ``GATE_UP_N`` times the programs, each with that fraction of the weight to stream and of the
-  accumulators to hold) and writes ``silu(gate) * up`` unquantized in fp32. ``QUANT_IN_KERNEL`` says
-  where that is quantized, as it does for the activation: 1, the down GEMM quantizes its A tile per
-  1x128 group in its K loop (each K step is one group; no extra launch: decode), 0, the quantization
-  kernel between the GEMMs (each row quantized once however many column tiles read it: prefill).
-  The numerics are the same semantics: ``silu(gate) * up`` in fp32, quantized per 1x128 group.
+* 1 (fused; the default, and what every measured row and record without the key means): each
+  gate-up program computes 128 columns of gate and the same 128 of up, one 1x128 scale group, so
+  that its epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate;
+* 0 (plain): the gate-up runs the down projection's grouped GEMM kernel over all ``2I`` columns
+  (``BLOCK_N`` per program, one accumulator), writing fp32 ``[rows, 2I]``; a second kernel quantizes
+  ``silu(gate) * up`` per 1x128 group. One launch and an fp32 round trip more; at ``BLOCK_N`` 128
+  twice the programs, each holding one accumulator where the fused program holds two.
+
+Both compute ``silu(gate) * up`` in fp32 from the same fp32 sums and quantize it per 1x128 group.
 
 :func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
 (132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
@@ -29,16 +28,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["GATE_UP_BLOCK_N", "MoeTritonConfig", "default_config", "tuning_configs"]
-
-GATE_UP_BLOCK_N = 128
-"""Columns of gate (and of up) per gate-up program: one activation scale group."""
+__all__ = ["MoeTritonConfig", "default_config", "tuning_configs"]
 
 _KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "num_warps", "num_stages", "QUANT_IN_KERNEL")
-_OPTIONAL = {"GATE_UP_N": GATE_UP_BLOCK_N}
+_OPTIONAL = {"FUSED_ACT": 1}
 """Keys a mapping may leave out (measured rows and records written before the key existed), with the
 value they then mean; :meth:`MoeTritonConfig.to_dict` leaves them out at that value, so those rows
 round-trip unchanged."""
+_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT")
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,8 @@ class MoeTritonConfig:
 
     Attributes:
         BLOCK_M: sorted rows per program and the per-expert padding, a power of two >= 16.
-        BLOCK_N: output columns per down-GEMM program, a power of two >= 16.
+        BLOCK_N: output columns per program of the down GEMM (and of the plain gate-up), a power of
+            two >= 16.
         GROUP_M: row blocks that share each weight column tile in launch order (prefill: an expert's
             blocks are neighbours, so its weight tile stays in L2 across them).
         num_warps: warps per GEMM program, a power of two.
@@ -55,10 +53,8 @@ class MoeTritonConfig:
         QUANT_IN_KERNEL: 1 quantizes each token's 1x128 groups inside the gate-up GEMM's K loop (no
             fp8 copy of the activation in memory, one launch fewer; on the H200 slower at every M
             measured, :func:`default_config`), 0 runs the quantization kernel first (each token
-            quantized once however many column tiles read it); with a split gate-up the same for the
-            down GEMM's input.
-        GATE_UP_N: columns of gate (and of up) per gate-up program: 128 quantizes ``silu(gate) * up``
-            in the gate-up epilogue (the default); 64, 32 or 16 split it (the module docstring).
+            quantized once however many column tiles read it). The plain gate-up takes 0 only.
+        FUSED_ACT: 1, the fused gate-up (the default); 0, the plain one (the module docstring).
     """
 
     BLOCK_M: int
@@ -67,35 +63,31 @@ class MoeTritonConfig:
     num_warps: int
     num_stages: int
     QUANT_IN_KERNEL: int
-    GATE_UP_N: int = GATE_UP_BLOCK_N
+    FUSED_ACT: int = 1
 
     def __post_init__(self) -> None:
         for key in (*_KEYS, *_OPTIONAL):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "QUANT_IN_KERNEL" else 1):
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key in _FLAGS else 1):
                 raise ValueError(f"MoeTritonConfig {key!r} must be a positive int, got {value!r}")
-        for key in ("BLOCK_M", "BLOCK_N", "num_warps", "GATE_UP_N"):
+        for key in ("BLOCK_M", "BLOCK_N", "num_warps"):
             value = getattr(self, key)
             if value & (value - 1):
                 raise ValueError(f"MoeTritonConfig {key!r} must be a power of two, got {value}")
-        for key in ("BLOCK_M", "BLOCK_N", "GATE_UP_N"):
+        for key in ("BLOCK_M", "BLOCK_N"):
             if getattr(self, key) < 16:
                 raise ValueError(f"MoeTritonConfig {key!r} must be >= 16 (the tl.dot minimum), got {getattr(self, key)}")
-        if self.QUANT_IN_KERNEL not in (0, 1):
-            raise ValueError(f"MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 or 1, got {self.QUANT_IN_KERNEL!r}")
-        if self.GATE_UP_N > GATE_UP_BLOCK_N:
-            raise ValueError(f"MoeTritonConfig 'GATE_UP_N' must be at most {GATE_UP_BLOCK_N} (one scale group), "
-                             f"got {self.GATE_UP_N}")
-
-    @property
-    def split(self) -> bool:
-        """Whether the gate-up GEMM writes ``silu(gate) * up`` in fp32 for the down GEMM to quantize."""
-        return self.GATE_UP_N < GATE_UP_BLOCK_N
+        for key in _FLAGS:
+            if getattr(self, key) not in (0, 1):
+                raise ValueError(f"MoeTritonConfig {key!r} must be 0 or 1, got {getattr(self, key)!r}")
+        if not self.FUSED_ACT and self.QUANT_IN_KERNEL:
+            raise ValueError("MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 with FUSED_ACT 0 (the plain gate-up "
+                             "reads the quantized activation)")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MoeTritonConfig:
-        """Validate a mapping (a measured row's ``config``): every key of ``_KEYS`` required, ``GATE_UP_N``
-        optional (128 when absent), none unknown."""
+        """Validate a mapping (a measured row's ``config``): every key of ``_KEYS`` required, ``FUSED_ACT``
+        optional (1 when absent), none unknown."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a MoeTritonConfig must come from a mapping, got {type(data).__name__}")
         missing = [key for key in _KEYS if key not in data]
@@ -111,12 +103,12 @@ class MoeTritonConfig:
         return {key: value for key, value in asdict(self).items() if _OPTIONAL.get(key) != value}
 
     def describe(self) -> str:
-        """Short human form, e.g. ``moe 16x128 w4 s4 qk`` (``qk``: quantized in the kernel; ``n64``: the
-        split gate-up at 64 columns of gate and of up per program)."""
+        """Short human form, e.g. ``moe 16x128 w4 s4 qk`` (``qk``: quantized in the kernel; ``plain``:
+        the plain gate-up)."""
         quant = " qk" if self.QUANT_IN_KERNEL else ""
         group = f" g{self.GROUP_M}" if self.GROUP_M != 1 else ""
-        split = f" n{self.GATE_UP_N}" if self.split else ""
-        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{split}"
+        plain = "" if self.FUSED_ACT else " plain"
+        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}"
 
 
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
@@ -143,28 +135,30 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
-    """What ``tune --moe`` times at ``m`` tokens, most likely first: the rule's configuration, then its
-    neighbours one step away (the split gate-up at 64 columns, the row tile doubled and halved, the
-    other warp count, the other quantization placement, one pipeline stage more or fewer), then the
-    split at 32 columns and the doubled row tile split at 64, with 4 and with 8 warps (at prefill a
-    128 x (64 + 64) tile: the shape of a dense GEMM's 128 x 128 wgmma tile), each distinct.
+    """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct: the rule's
+    configuration; the plain gate-up with the same tiles; the rule's neighbours one step away (the row
+    tile doubled and halved, the other warp count, the other quantization placement, one pipeline
+    stage more or fewer); at prefill (64-row tiles) the plain gate-up at 64 x 128 with 4 stages and at
+    128 x 128 with 8 warps (a dense GEMM's tile: the plain program holds one accumulator).
 
-    The split comes second, inside the first six that ``tune --moe --max-configs 6`` takes: the fused
-    gate-up's two 128-column accumulators give it half the programs of a plain grouped GEMM over
-    ``2I`` columns (about one per SM at decode, each streaming its weight tiles alone) and, at 64
-    rows, twice the registers per program; the split has not been timed yet, so the rule keeps 128.
+    The plain structure comes second: the fused gate-up's two 128-column accumulators give it half
+    the programs of a plain grouped GEMM over ``2I`` columns and twice the registers per program, and
+    the down GEMM, plain, reached 0.98 of its weights' HBM floor at decode on the H200. It has not
+    been timed on a GPU yet, so the rule keeps the fused kernel.
     """
     base = default_config(m, top_k, experts)
-    steps = [{"GATE_UP_N": 64}, {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
-             {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
-             {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1},
-             {"GATE_UP_N": 32}, {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64},
-             {"BLOCK_M": base.BLOCK_M * 2, "GATE_UP_N": 64, "num_warps": 8}]
+    steps: list[dict[str, int]] = [
+        {"FUSED_ACT": 0}, {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
+        {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
+        {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
+    if base.BLOCK_M >= 64:
+        steps += [{"FUSED_ACT": 0, "QUANT_IN_KERNEL": 0, "BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4},
+                  {"FUSED_ACT": 0, "QUANT_IN_KERNEL": 0, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}]
     out = [base]
     for step in steps:
         try:
             config = MoeTritonConfig(**{**base.to_dict(), **step})
-        except ValueError:  # a step past a bound (BLOCK_M below 16)
+        except ValueError:  # a step past a bound (BLOCK_M below 16; the plain gate-up quantizing in its K loop)
             continue
         if config.BLOCK_M <= 128 and config not in out:  # 128 rows: tune may time it, the rule leaves it out
             out.append(config)

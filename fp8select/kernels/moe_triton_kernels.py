@@ -6,21 +6,20 @@ holds slot ``slot_ids[r]`` (token ``slot // TOP_K``; ``slots`` marks a padding r
 BLOCK_K is the 128-element scale group, so each K step is one fp8 ``tl.dot`` rescaled into an fp32
 accumulator by the activation's per-row scale times the weight's per-block scale.
 
-* ``_gate_up_kernel``: ``[BLOCK_M, GATE_UP_N]`` of gate and the same columns of up per program (two
-  accumulators), then ``silu(gate) * up`` in fp32. At ``GATE_UP_N`` 128 (fused) it is quantized per
-  1x128 group in registers (the tile is exactly one group): the fp8 intermediate and its scales are
-  written at the sorted row. Below 128 (split: 128 / GATE_UP_N times the programs, each holding that
-  fraction of the accumulators) the fp32 product itself is written at the sorted row.
-* ``_grouped_down_kernel``: the grouped GEMM on fp8 rows (the intermediate, or a caller's rows in
-  the public contiguous and masked forms), each output row written at its slot; with ``A_QUANT``
-  on the split path's fp32 rows, each K step's ``[BLOCK_M, 128]`` A tile quantized per 1x128 group
-  as it is loaded (the same :func:`.triton_quant.fp8_group_quantize` as the fused epilogue).
+* ``_gate_up_kernel`` (the fused structure): ``[BLOCK_M, 128]`` of gate and the same columns of up
+  per program (two accumulators), then ``silu(gate) * up`` in fp32 quantized per 1x128 group in
+  registers (the tile is exactly one group): the fp8 intermediate and its scales are written at the
+  sorted row.
+* ``_grouped_gemm_kernel``: the plain grouped GEMM on fp8 rows, one ``[BLOCK_M, BLOCK_N]``
+  accumulator. ``A_ROWS`` says which row of ``a_ptr`` a sorted row reads (the sorted row itself, its
+  slot, or its token ``slot // TOP_K``), ``OUT_SORTED`` where its output goes (its slot, or the sorted
+  row). It runs the down GEMM (sorted rows in, slots out), the plain structure's gate-up over all
+  ``2I`` columns (tokens in, sorted rows out, fp32) and the public grouped GEMMs (slots in and out).
 * ``_weighted_sum_kernel``: ``y[t] = sum_j w[t, j] * out[row(t * k + j)]`` over the slots routed
   somewhere, in fp32, cast once.
 
 Non-finite activations follow :mod:`.quant`: a NaN or inf in a token's group makes its scale and
-values NaN, so the token's gate-up rows, their quantized product (split: the fp32 product, then
-its quantization in the down kernel) and its output row are NaN.
+values NaN, so the token's gate-up rows, their quantized product and its output row are NaN.
 """
 
 from __future__ import annotations
@@ -52,19 +51,17 @@ def _gate_up_kernel(
     eps,
     TOP_K: tl.constexpr, QUANT_IN_KERNEL: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr,
-    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr, GATE_UP_N: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
 ):
-    """``q[r, n] = quant(silu(x_r @ W_gate.T) * (x_r @ W_up.T))`` for one block and 128 columns, or
-    (``GATE_UP_N`` below 128) the unquantized fp32 product for one block and GATE_UP_N columns.
+    """``q[r, n] = quant(silu(x_r @ W_gate.T) * (x_r @ W_up.T))`` for one block and 128 columns.
 
     ``x_ptr``: the bf16/fp16/fp32 activation ``[M, H]`` (``QUANT_IN_KERNEL``: quantized here, per K
     step) or its fp8 quantization with row-major scales ``xs_ptr``. ``w_ptr``: ``[E, 2I, H]`` fp8,
     K-contiguous; ``ws_ptr``: ``[E, ceil(2I/128), ceil(H/128)]`` with unit stride along K blocks.
-    ``q_ptr``: ``[rows, I]`` fp8 with scales ``qs_ptr`` ``[rows, ceil(I/128)]`` (fused), or fp32
-    (split; ``qs_ptr`` is not read).
+    ``q_ptr``: ``[rows, I]`` fp8 with scales ``qs_ptr`` ``[rows, ceil(I/128)]``.
     """
     pid = tl.program_id(0)
-    num_n = tl.cdiv(INTER, GATE_UP_N)
+    num_n = tl.cdiv(INTER, 128)
     block, pid_n = _block_tile(pid, num_blocks, num_n, GROUP_M)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
@@ -74,7 +71,7 @@ def _gate_up_kernel(
     row_ok = slot < slots
     token = tl.where(row_ok, slot // TOP_K, 0).to(tl.int64)
     lane = tl.arange(0, 128)
-    cols = pid_n * GATE_UP_N + tl.arange(0, GATE_UP_N)
+    cols = pid_n * 128 + lane
     col_ok = cols < INTER
     gate_rows = tl.where(col_ok, cols, 0).to(tl.int64)
     up_rows = gate_rows + INTER
@@ -82,8 +79,8 @@ def _gate_up_kernel(
     ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
     gate_scale_rows = ws_base + (gate_rows // 128) * stride_wsn
     up_scale_rows = ws_base + (up_rows // 128) * stride_wsn
-    acc_gate = tl.zeros((BLOCK_M, GATE_UP_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, GATE_UP_N), dtype=tl.float32)
+    acc_gate = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
     for kb in range(0, tl.cdiv(H, 128)):
         offs_k = kb * 128 + lane
         k_ok = offs_k < H
@@ -102,34 +99,27 @@ def _gate_up_kernel(
         acc_gate += tl.dot(a, wg) * (a_scale[:, None] * sg[None, :])
         acc_up += tl.dot(a, wu) * (a_scale[:, None] * su[None, :])
     act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+    act = tl.where(col_ok[None, :], act, 0.0)  # padding lanes are 0, as the group quantizer requires
+    q, q_scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
+                                    FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
     rows64 = offs_r.to(tl.int64)
-    if GATE_UP_N == 128:
-        act = tl.where(col_ok[None, :], act, 0.0)  # padding lanes are 0, as the group quantizer requires
-        q, q_scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
-                                        FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
-        tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q, mask=row_ok[:, None] & col_ok[None, :])
-        tl.store(qs_ptr + rows64 * stride_qsm + pid_n, q_scale, mask=row_ok)
-    else:  # split: the down kernel quantizes each 1x128 group of these fp32 values
-        tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], act, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(qs_ptr + rows64 * stride_qsm + pid_n, q_scale, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=_NOT_SPECIALIZED)
-def _grouped_down_kernel(
+def _grouped_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, slot_ids_ptr, block_expert_ptr, out_ptr,
     slots, num_blocks, N, K,
-    stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om, eps,
-    A_BY_SLOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-    A_QUANT: tl.constexpr = False, FP8_MAX: tl.constexpr = 0.0, FP8_MANT_BITS: tl.constexpr = 0,
-    FP8_MIN_EXP_BIASED: tl.constexpr = 0, FP8_NAN_BITS: tl.constexpr = 0, HW_RNE: tl.constexpr = False,
+    stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
+    A_ROWS: tl.constexpr, OUT_SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1,
 ):
-    """``out[slot] = dequant(a_row) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
+    """``out[o] = dequant(a[i]) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
 
-    ``a_row`` is the sorted row itself (the gate-up kernel's intermediate), or with ``A_BY_SLOT`` the
-    slot's own row of ``a_ptr`` (the public grouped GEMMs, whose rows are the slots). With ``A_QUANT``
-    ``a_ptr`` holds fp32 rows (the split gate-up's product) quantized here per 1x128 group, one group
-    per K step, in ``w_ptr``'s fp8 type (the ``FP8_*`` and ``HW_RNE`` constexprs describe it, as for
-    the gate-up kernel; ``as_ptr`` is not read); without it they are fp8 with fp32 scales ``as_ptr``
-    and those constexprs are not read.
+    ``a_ptr``: fp8 ``[*, K]``, K-contiguous, with fp32 scales ``as_ptr`` (one per 1x128 group). For
+    sorted row ``r`` holding slot ``s``: ``i`` is ``r`` (``A_ROWS`` 0), ``s`` (1) or ``s // TOP_K``
+    (2), and ``o`` is ``s``, or ``r`` with ``OUT_SORTED``. Padding rows load zeros and store nothing.
     """
     pid = tl.program_id(0)
     block, pid_n = _block_tile(pid, num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -139,10 +129,12 @@ def _grouped_down_kernel(
     offs_r = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(slot_ids_ptr + offs_r)
     row_ok = slot < slots
-    if A_BY_SLOT:
+    if A_ROWS == 0:
+        a_rows = offs_r.to(tl.int64)
+    elif A_ROWS == 1:
         a_rows = tl.where(row_ok, slot, 0).to(tl.int64)
     else:
-        a_rows = offs_r.to(tl.int64)
+        a_rows = tl.where(row_ok, slot // TOP_K, 0).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
@@ -157,14 +149,13 @@ def _grouped_down_kernel(
                     other=0.0)
         b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
-        if A_QUANT:  # padding lanes and rows were loaded as 0, as the group quantizer requires
-            a, a_scale = fp8_group_quantize(a, eps, b.dtype, False, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
-                                            FP8_NAN_BITS, HW_RNE)
-        else:
-            a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
+        a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
         b_scale = tl.load(scale_rows + kb)
         acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
-    out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
+    if OUT_SORTED:
+        out_rows = offs_r.to(tl.int64)
+    else:
+        out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
     tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
@@ -192,17 +183,20 @@ def _weighted_sum_kernel(
     tl.store(y_ptr + token * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
-@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm", "GROUP_ROWS", "GROUP_BLOCKS"])
+@triton.jit(do_not_specialize=["R", "stride_hm", "stride_qm", "stride_sm", "GROUP_ROWS", "GROUP_BLOCKS", "slots"])
 def _silu_mul_quant_kernel(
-    h_ptr, q_ptr, s_ptr, counts_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS, GROUP_BLOCKS, eps,
-    BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr,
-    FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+    h_ptr, q_ptr, s_ptr, counts_ptr, slot_ids_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS,
+    GROUP_BLOCKS, slots, eps,
+    BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_SLOTS: tl.constexpr, FP8_MAX: tl.constexpr,
+    FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
 ):
     """``q[r, g] , s[r, g] = quant(silu(h[r, gate g]) * h[r, up g])`` for BLOCK_R rows and one 1x128 group of
     a ``[R, 2I]`` GEMM output (a vendor's grouped GEMM, which writes gate and up in bf16). With
     ``HAS_COUNTS`` the rows are groups of ``GROUP_ROWS`` (a multiple of BLOCK_R), of which the programs
     cover the first ``GROUP_BLOCKS`` blocks of BLOCK_R rows each (a bound on every count), and a program
-    whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows)."""
+    whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows).
+    With ``HAS_SLOTS`` the rows are the sorted layout's: a row whose ``slot_ids`` entry is ``slots`` or
+    more (padding) is skipped, and a program with none used returns at once."""
     if HAS_COUNTS:
         group_of_rows = tl.program_id(0) // GROUP_BLOCKS
         start = (tl.program_id(0) % GROUP_BLOCKS) * BLOCK_R
@@ -212,9 +206,13 @@ def _silu_mul_quant_kernel(
     else:
         start = tl.program_id(0) * BLOCK_R
     rows = start + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    if HAS_SLOTS:
+        row_ok = row_ok & (tl.load(slot_ids_ptr + rows, mask=row_ok, other=slots) < slots)
+        if tl.max(row_ok.to(tl.int32), axis=0) == 0:
+            return
     group = tl.program_id(1)
     cols = group * 128 + tl.arange(0, 128)
-    row_ok = rows < R
     mask = row_ok[:, None] & (cols < INTER)[None, :]
     base = h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :]
     gate = tl.load(base, mask=mask, other=0.0).to(tl.float32)
