@@ -5,13 +5,14 @@ experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weigh
 ``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
 both GEMMs. ``FUSED_ACT`` picks the gate-up structure:
 
-* 1 (fused; the default, and what every measured row and record without the key means): each
-  gate-up program computes 128 columns of gate and the same 128 of up, one 1x128 scale group, so
-  that its epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate;
-* 0 (plain): the gate-up runs the down projection's grouped GEMM kernel over all ``2I`` columns
-  (``BLOCK_N`` per program, one accumulator), writing fp32 ``[rows, 2I]``; a second kernel quantizes
-  ``silu(gate) * up`` per 1x128 group. One launch and an fp32 round trip more; at ``BLOCK_N`` 128
-  twice the programs, each holding one accumulator where the fused program holds two.
+* 0 (plain; the rule's, :func:`default_config`): the gate-up runs the down projection's grouped
+  GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one accumulator), writing fp32
+  ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128 group. One launch and an
+  fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs, each holding one
+  accumulator: faster at every point measured on the H200;
+* 1 (fused; what a measured row or record without the key means: the only structure before plain):
+  each gate-up program computes 128 columns of gate and the same 128 of up, one 1x128 scale group,
+  so that its epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate.
 
 Both compute ``silu(gate) * up`` in fp32 from the same fp32 sums and quantize it per 1x128 group.
 
@@ -114,52 +115,46 @@ class MoeTritonConfig:
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
-    ``tokens per expert = m * top_k / experts`` (uniform routing) picks the row tile: 16 up to 16
-    tokens, 32 up to 32, 64 above. The activation is quantized by its own kernel first at every
-    ``m``: on the H200 quantizing it inside the gate-up GEMM's K loop doubled that op's time at every
-    decode point measured (DeepSeek-V3, 8 and 32 local experts, Qwen3-30B-A3B, M 1-64: 140 us
-    against 282 at 32 experts and M 1), more than the launch it saves.
-
-    No 128-row tile: the gate-up program holds gate and up accumulators (2 x 128 columns), and on the
-    H200 (DeepSeek-V3, 32 local experts) the 128-row tile took 28.4 ms at M 4096 where the 64-row one
-    took 1.6 ms at M 512: 8.8x and 1.8x the time of DeepGEMM's contiguous layout there
-    (``benchmarks/results/moe.json``); the 64-row tile has not been timed at M 4096 yet.
+    The plain gate-up (``FUSED_ACT`` 0) at every ``m``, the activation quantized by its own kernel
+    first, ``BLOCK_N`` 128. ``tokens per expert = m * top_k / experts`` (uniform routing) picks the
+    row tile: 16 up to 16 tokens, 32 up to 32, 64 above. Measured on the H200 (``tune --moe``,
+    DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B, M 1-4096): the plain gate-up was the fastest
+    candidate at all 12 points, with these tiles, 1.06-1.53x faster than the fused one (M 4096 at 32
+    experts: 6.5 ms against 9.9; M 1: 111 us against 139); quantizing the activation inside the
+    gate-up K loop had doubled the fused op's time at decode.
     """
     per_expert = -(-m * top_k // max(experts, 1))
-    quant = 0
     if per_expert <= 16:
-        return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
+        return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                               FUSED_ACT=0)
     if per_expert <= 32:
-        return MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=quant)
-    return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=quant)
+        return MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                               FUSED_ACT=0)
+    return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=0,
+                           FUSED_ACT=0)
 
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct: the rule's
-    configuration; the plain gate-up with the same tiles; the rule's neighbours one step away (the row
-    tile doubled and halved, the other warp count, the other quantization placement, one pipeline
-    stage more or fewer); at prefill (64-row tiles) the plain gate-up at 64 x 128 with 4 stages and at
-    128 x 128 with 8 warps (a dense GEMM's tile: the plain program holds one accumulator).
-
-    The plain structure comes second: the fused gate-up's two 128-column accumulators give it half
-    the programs of a plain grouped GEMM over ``2I`` columns and twice the registers per program, and
-    the down GEMM, plain, reached 0.98 of its weights' HBM floor at decode on the H200. It has not
-    been timed on a GPU yet, so the rule keeps the fused kernel.
-    """
+    configuration; its neighbours one step away (the row tile doubled and halved, half the columns
+    per program, the other warp count, one pipeline stage more or fewer); at prefill (64-row tiles)
+    64 x 128 with 4 stages and a dense GEMM's 128 x 128 tile with 8 warps; then the fused gate-up
+    with the rule's tiles, and quantizing its activation in the K loop (both measured slower on the
+    H200, :func:`default_config`, kept for other devices)."""
     base = default_config(m, top_k, experts)
     steps: list[dict[str, int]] = [
-        {"FUSED_ACT": 0}, {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2},
-        {"num_warps": 8 if base.num_warps == 4 else 4}, {"QUANT_IN_KERNEL": 1 - base.QUANT_IN_KERNEL},
+        {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2}, {"BLOCK_N": base.BLOCK_N // 2},
+        {"num_warps": 8 if base.num_warps == 4 else 4},
         {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
     if base.BLOCK_M >= 64:
-        steps += [{"FUSED_ACT": 0, "QUANT_IN_KERNEL": 0, "BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4},
-                  {"FUSED_ACT": 0, "QUANT_IN_KERNEL": 0, "BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}]
+        steps += [{"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4}, {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}]
+    steps += [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:
         try:
             config = MoeTritonConfig(**{**base.to_dict(), **step})
-        except ValueError:  # a step past a bound (BLOCK_M below 16; the plain gate-up quantizing in its K loop)
+        except ValueError:  # a step past a bound (BLOCK_M below 16)
             continue
-        if config.BLOCK_M <= 128 and config not in out:  # 128 rows: tune may time it, the rule leaves it out
+        if config.BLOCK_M <= 128 and config not in out:
             out.append(config)
     return out
