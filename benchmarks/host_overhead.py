@@ -475,7 +475,7 @@ for layer, (n, k) in zip(layers, shapes):
         calls.append([n, k, m, layer.backend_for(m).name, round(time.perf_counter() - start, 3)])
 t5 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "result_wait_s": wait_s, "prepare_s": t4 - t3 - wait_s,
-                  "warmup_s": warmup_s, "workers": [[w["backend"], w["n"], w["k"], w["m"], w.get("error", w["seconds"])]
+                  "warmup_s": warmup_s, "workers": [[w["backend"], w["n"], w["k"], w["ms"], w.get("error", w["seconds"])]
                                                     for w in workers],
                   "first_calls_s": t5 - t4 - warmup_s, "to_first_outputs_s": (t5 - t0) - (t3 - t2),
                   "after_loading_s": t5 - t3, "plans": [l.main_plan.summary() for l in layers],

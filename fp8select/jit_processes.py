@@ -37,27 +37,28 @@ WORKER = "fp8select.jit_worker"
 
 @dataclass(frozen=True)
 class JitJob:
-    """One worker's call: ``backend`` pinned, a ``[n, k]`` weight, ``m`` rows of ``act_dtype`` on ``device``."""
+    """One worker's calls: ``backend`` pinned, a ``[n, k]`` weight, called with each of ``ms`` rows of
+    ``act_dtype`` on ``device`` in turn."""
 
     backend: str
     n: int
     k: int
-    m: int
+    ms: tuple[int, ...]
     act_dtype: str
     device: str
 
 
 def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype) -> list[JitJob]:
     """The jobs of warm-up ``calls`` (``(layer, m)`` of dense layers) whose route's backend compiles
-    kernels just in time (:attr:`~fp8select.backends.base.Backend.jit`), each distinct once; e4m3fn
-    weights only (what a worker's random weight is)."""
+    kernels just in time (:attr:`~fp8select.backends.base.Backend.jit`), one per distinct call (the
+    most workers at once); e4m3fn weights only (what a worker's random weight is)."""
     jobs: dict[JitJob, None] = {}
     for layer, m in calls:
         if layer.weight_dtype != torch.float8_e4m3fn or layer.main_plan.route(m).backend is None:
             continue
         backend = layer.backend_for(m, act_dtype)
         if backend.jit:
-            jobs[JitJob(backend.name, layer.n, layer.k, m, dtype_name(act_dtype), str(layer.device))] = None
+            jobs[JitJob(backend.name, layer.n, layer.k, (m,), dtype_name(act_dtype), str(layer.device))] = None
     return list(jobs)
 
 

@@ -31,12 +31,12 @@ def _layer(backend: str, n: int = 256, k: int = 256) -> fp8select.Fp8Linear:
 def test_jobs_are_the_distinct_jit_calls(interpreted: None) -> None:
     triton = _layer("triton")
     calls = [(triton, 1), (triton, 1), (triton, 64), (_layer("reference"), 1)]
-    assert jit_jobs(calls, torch.bfloat16) == [JitJob("triton", 256, 256, 1, "bfloat16", "cpu"),
-                                               JitJob("triton", 256, 256, 64, "bfloat16", "cpu")]
+    assert jit_jobs(calls, torch.bfloat16) == [JitJob("triton", 256, 256, (1,), "bfloat16", "cpu"),
+                                               JitJob("triton", 256, 256, (64,), "bfloat16", "cpu")]
 
 
 def test_workers_run_their_calls_and_failures_are_reported_not_raised(interpreted: None) -> None:
-    jobs = [JitJob("triton", 256, 256, 3, "bfloat16", "cpu"), JitJob("deepgemm", 256, 256, 3, "bfloat16", "cpu")]
+    jobs = [JitJob("triton", 256, 256, (3, 40), "bfloat16", "cpu"), JitJob("deepgemm", 256, 256, (3,), "bfloat16", "cpu")]
     ok, failed = compile_in_processes(jobs, processes=2)
     assert ok["backend"] == "triton" and "error" not in ok and ok["seconds"] > 0
     assert failed["backend"] == "deepgemm" and failed["error"].startswith("exit 1:") and "deepgemm" in failed["error"]
@@ -47,7 +47,7 @@ def test_workers_run_their_calls_and_failures_are_reported_not_raised(interprete
 def test_warmup_with_processes_compiles_first_then_calls(interpreted: None) -> None:
     layer = _layer("triton")
     report = warmup(layer, ms=[2, 17], processes=2)
-    assert report.calls == 2 and sorted(w["m"] for w in report.workers) == [2, 17]
+    assert report.calls == 2 and sorted(w["ms"] for w in report.workers) == [(2,), (17,)]
     assert all("error" not in w for w in report.workers)
     assert warmup(layer, ms=[2]).workers == ()  # none unless asked
     with pytest.raises(InvalidInputError, match="processes"):
