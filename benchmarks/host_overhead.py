@@ -13,11 +13,10 @@ Phases (``--phases``, default all but startup), one JSON report:
   fp8select auto; the same plan's backends called raw (what each layer's route runs, without
   fp8select around it); a hand-written dispatch over the vendors (FlashInfer below M 32, else
   sgl_kernel's quantizer + DeepGEMM); and fp8select under a CUDA graph (its GPU time, the floor).
-* ``startup``: time to first outputs in fresh processes (three DeepSeek-V3 shapes, M 1/64/4096),
-  with empty JIT caches (the first calls compiling, or ``warmup(..., processes=8)`` compiling
-  them in worker processes first) and warm, auto and pinned to DeepGEMM and to FlashInfer; and warm with
-  ``resolve(background=True)`` taken after :data:`STARTUP_LOAD_S` seconds of weight loading (its side
-  thread imports the vendors meanwhile): ``after_loading_s`` is what is left to first outputs.
+* ``profile``: where the host time goes: cProfile of each path's calls (the quantizer, the layer
+  pinned, the eager stack at M 16 against its raw routes) and the stack's GPU timeline (torch's
+  profiler: kernels, busy time and span per pass).
+* ``startup``: time to first outputs in fresh processes (:mod:`benchmarks._startup`).
 
 Usage: ``python -m benchmarks.host_overhead --out DIR [--phases host,compile,stack,startup]``.
 """
@@ -26,27 +25,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
+from benchmarks._startup import phase_startup
 
 HOST_SHAPES = ((1024, 1024), (7168, 2048))
 HOST_M = 16
 STACK = ((7168, 2048), (4096, 7168), (24576, 1536), (7168, 16384), (4608, 7168), (2112, 7168), (32768, 512),
          (7168, 18432))
 STACK_M = (16, 128, 512, 4096)
-STARTUP_SHAPES = ((7168, 2048), (4096, 7168), (24576, 1536))
-STARTUP_M = (1, 64, 4096)
-STARTUP_LOAD_S = 2.0
-STARTUP_PROCESSES = 8  # the "empty caches, warmup in worker processes" rows: warmup(..., processes=8)
 """The weight loading an engine does between ``resolve(background=True)`` and ``result()`` in the
 background start-up state (far less than a DeepSeek-V3 checkpoint takes): what the side thread's
 vendor imports overlap with."""
@@ -428,83 +421,6 @@ def _hand_written(weights: list[tuple[Any, Any]]) -> Callable[[int], list[Callab
             out.append(dg)
         return out
     return calls
-
-
-_STARTUP_CHILD = r"""
-import json, sys, time
-t0 = time.perf_counter()
-import torch
-torch.cuda.init()
-import fp8select
-from fp8select import quantize_weight
-backend = sys.argv[1] or None
-shapes = json.loads(sys.argv[2]); ms = json.loads(sys.argv[3])
-load_s = float(sys.argv[5])  # > 0: resolve(background=True), then an engine's weight loading of load_s seconds
-processes = int(sys.argv[6])  # > 0: warmup(layers, ms=ms, processes=...) before the first calls
-t1 = time.perf_counter()
-future = fp8select.resolve(backend=backend, background=True) if load_s else None
-sel = fp8select.resolve(backend=backend) if future is None else None
-t2 = time.perf_counter()
-gen = torch.Generator(device="cuda").manual_seed(0)
-ws = [quantize_weight(torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.05) for n, k in shapes]
-torch.cuda.synchronize()
-time.sleep(max(0.0, load_s - (time.perf_counter() - t2)))  # (the weights' loading, its time on the clock)
-t3 = time.perf_counter()
-if future is not None:
-    sel = future.result()
-wait_s = time.perf_counter() - t3
-import cProfile, io, pstats
-profile = cProfile.Profile() if sys.argv[4] == "profile" else None
-if profile is not None:
-    profile.enable()
-layers = [sel.prepare(w, s) for w, s in ws]
-if profile is not None:
-    profile.disable()
-t4 = time.perf_counter()
-workers = fp8select.warmup(layers, ms=ms, processes=processes).workers if processes else ()
-warmup_s = time.perf_counter() - t4
-text = io.StringIO()
-if profile is not None:
-    pstats.Stats(profile, stream=text).sort_stats("cumtime").print_stats(25)
-calls = []
-for layer, (n, k) in zip(layers, shapes):
-    for m in ms:
-        start = time.perf_counter()
-        layer(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-        torch.cuda.synchronize()
-        calls.append([n, k, m, layer.backend_for(m).name, round(time.perf_counter() - start, 3)])
-t5 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "result_wait_s": wait_s, "prepare_s": t4 - t3 - wait_s,
-                  "warmup_s": warmup_s, "workers": [[w["backend"], w["n"], w["k"], w["ms"], w.get("error", w["seconds"])]
-                                                    for w in workers],
-                  "first_calls_s": t5 - t4 - warmup_s, "to_first_outputs_s": (t5 - t0) - (t3 - t2),
-                  "after_loading_s": t5 - t3, "plans": [l.main_plan.summary() for l in layers],
-                  "first_calls": calls, "prepare_profile": text.getvalue().splitlines()[4:]}))
-"""
-
-
-def phase_startup(report: dict[str, Any]) -> None:
-    rows = []
-    for backend in (b if b != "auto" else "" for b in report["startup_backends"]):
-        states = ("empty", f"empty, warmup in {STARTUP_PROCESSES} processes", "warm", "warm, prepare profiled",
-                  f"warm, background, {STARTUP_LOAD_S} s of loading")
-        for state in states:
-            if state.startswith("empty"):  # a fresh cache folder: every JIT compiles
-                cache = tempfile.mkdtemp(prefix="fp8select-startup-")
-                env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton", "DG_JIT_CACHE_DIR": f"{cache}/dg",
-                       "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "XDG_CACHE_HOME": f"{cache}/xdg",
-                       "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
-            load = str(STARTUP_LOAD_S) if "background" in state else "0"
-            processes = str(STARTUP_PROCESSES) if "processes" in state else "0"
-            done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(STARTUP_SHAPES),
-                                   json.dumps(STARTUP_M), "profile" if "profiled" in state else "", load, processes],
-                                  env=env, capture_output=True, text=True, timeout=240)
-            line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
-            row = {"backend": backend or "auto", "caches": state, **(json.loads(line) if line else
-                                                                      {"error": done.stderr[-600:]})}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    report["startup"] = rows
 
 
 def phase_profile(report: dict[str, Any]) -> None:
