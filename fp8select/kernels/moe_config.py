@@ -138,7 +138,8 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct: the rule's
     configuration; its neighbours one step away (the row tile doubled and halved, half the columns
     per program, the other warp count, one pipeline stage more or fewer); at prefill (64-row tiles)
-    64 x 128 with 4 stages and a dense GEMM's 128 x 128 tile with 8 warps; then the fused gate-up
+    64 x 128 with 4 stages, a dense GEMM's 128 x 128 tile with 8 warps, and 32 row blocks sharing each
+    weight tile (vLLM's tuned H200 prefill configurations take 16-64; untimed here); then the fused gate-up
     with the rule's tiles, and quantizing its activation in the K loop (both measured slower on the
     H200, :func:`default_config`, kept for other devices)."""
     base = default_config(m, top_k, experts)
@@ -147,7 +148,8 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         {"num_warps": 8 if base.num_warps == 4 else 4},
         {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
     if base.BLOCK_M >= 64:
-        steps += [{"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4}, {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}]
+        steps += [{"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4}, {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8},
+                  {"GROUP_M": 32}]
     steps += [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:
