@@ -3,8 +3,8 @@
 DeepGEMM, FlashInfer and Triton compile a kernel the first time a process calls it at a new shape
 (2-5 s each for the vendors on the H200) and keep it in an on-disk cache that later processes read
 (``DG_JIT_CACHE_DIR``, FlashInfer's workspace, ``TRITON_CACHE_DIR``). One process compiles one kernel
-after another; worker processes, one per (backend, layer shape, M), run their compilers at once on
-separate cores, and the caller's own warm-up then loads what they wrote. Each worker
+after another; worker processes, one per backend and layer shape (split by M while processes
+would idle: :func:`jit_jobs`), run their compilers at once on separate cores, and the caller's own warm-up then loads what they wrote. Each worker
 (:mod:`fp8select.jit_worker`) resolves with that backend pinned, prepares a random weight of the
 layer's shape and calls it at that M, with the caller's environment, so the same caches. A worker that fails
 or times out costs only its time: the caller's warm-up compiles what is missing itself.
@@ -48,18 +48,25 @@ class JitJob:
     device: str
 
 
-def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype) -> list[JitJob]:
+def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype, processes: int) -> list[JitJob]:
     """The jobs of warm-up ``calls`` (``(layer, m)`` of dense layers) whose route's backend compiles
-    kernels just in time (:attr:`~fp8select.backends.base.Backend.jit`), one per distinct call (the
-    most workers at once); e4m3fn weights only (what a worker's random weight is)."""
-    jobs: dict[JitJob, None] = {}
+    kernels just in time (:attr:`~fp8select.backends.base.Backend.jit`); e4m3fn weights only (what a
+    worker's random weight is). One job per backend and shape, holding its Ms (each worker start,
+    a few seconds, paid once per shape), then the jobs with the most Ms split in halves while there
+    are fewer jobs than ``processes`` (every process busy)."""
+    groups: dict[tuple[str, int, int, str], dict[int, None]] = {}
     for layer, m in calls:
         if layer.weight_dtype != torch.float8_e4m3fn or layer.main_plan.route(m).backend is None:
             continue
         backend = layer.backend_for(m, act_dtype)
         if backend.jit:
-            jobs[JitJob(backend.name, layer.n, layer.k, (m,), dtype_name(act_dtype), str(layer.device))] = None
-    return list(jobs)
+            groups.setdefault((backend.name, layer.n, layer.k, str(layer.device)), {})[m] = None
+    parts = [(key, tuple(ms)) for key, ms in groups.items()]
+    while len(parts) < processes and any(len(ms) > 1 for _, ms in parts):
+        key, ms = max(parts, key=lambda part: len(part[1]))
+        parts.remove((key, ms))
+        parts += [(key, ms[: len(ms) // 2]), (key, ms[len(ms) // 2:])]
+    return [JitJob(name, n, k, ms, dtype_name(act_dtype), device) for (name, n, k, device), ms in parts]
 
 
 def compile_in_processes(jobs: Sequence[JitJob], processes: int, timeout_s: float = 600.0) -> list[dict[str, Any]]:

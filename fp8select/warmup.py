@@ -138,7 +138,7 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
     if processes:
         from fp8select.jit_processes import compile_in_processes, jit_jobs
 
-        jobs = jit_jobs(((layer, m) for layer, m in todo if isinstance(layer, Fp8Linear)), dtype)
+        jobs = jit_jobs(((layer, m) for layer, m in todo if isinstance(layer, Fp8Linear)), dtype, processes)
         workers = tuple(compile_in_processes(jobs, processes))
         log.info("fp8select.warmup_workers", jobs=len(jobs), failed=sum("error" in w for w in workers),
                  seconds=round(time.perf_counter() - start, 3))

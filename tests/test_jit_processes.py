@@ -28,11 +28,13 @@ def _layer(backend: str, n: int = 256, k: int = 256) -> fp8select.Fp8Linear:
     return fp8select.resolve(backend=backend, plugins=False, verify=False).prepare(w, s)
 
 
-def test_jobs_are_the_distinct_jit_calls(interpreted: None) -> None:
-    triton = _layer("triton")
-    calls = [(triton, 1), (triton, 1), (triton, 64), (_layer("reference"), 1)]
-    assert jit_jobs(calls, torch.bfloat16) == [JitJob("triton", 256, 256, (1,), "bfloat16", "cpu"),
-                                               JitJob("triton", 256, 256, (64,), "bfloat16", "cpu")]
+def test_jobs_are_the_jit_calls_one_per_shape_split_while_processes_are_idle(interpreted: None) -> None:
+    triton, other = _layer("triton"), _layer("triton", n=128)
+    calls = [(triton, 1), (triton, 1), (triton, 64), (triton, 300), (other, 8), (_layer("reference"), 1)]
+    job = JitJob("triton", 256, 256, (1, 64, 300), "bfloat16", "cpu")
+    assert jit_jobs(calls, torch.bfloat16, processes=1) == [job, JitJob("triton", 128, 256, (8,), "bfloat16", "cpu")]
+    assert sorted(j.ms for j in jit_jobs(calls, torch.bfloat16, processes=3)) == [(1,), (8,), (64, 300)]
+    assert sorted(j.ms for j in jit_jobs(calls, torch.bfloat16, processes=8)) == [(1,), (8,), (64,), (300,)]
 
 
 def test_workers_run_their_calls_and_failures_are_reported_not_raised(interpreted: None) -> None:
