@@ -20,9 +20,10 @@ from benchmarks._cuda import require_cuda
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fp8select.buckets import M_BUCKET_MAX, M_BUCKETS, bucket_ends
+    from fp8select.buckets import M_BUCKETS
     from fp8select.jit_processes import JitJob, compile_in_processes
     from fp8select.measure.bench import parse_shapes
+    from fp8select.warmup import bucket_ms
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="deepseek-v3")
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     require_cuda("jit_warm")
-    ms = tuple(sorted({M_BUCKET_MAX} | {m for bucket in M_BUCKETS for m in bucket_ends(bucket)}))  # as warmup's
+    ms = tuple(bucket_ms(M_BUCKETS))
     jobs = [JitJob(b, n, k, ms, "bfloat16", "cuda") for b in args.backends.split(",") if b
             for n, k in parse_shapes(args.shapes)]
     start = time.perf_counter()

@@ -4,10 +4,11 @@ DeepGEMM, FlashInfer and Triton compile a kernel the first time a process calls 
 (2-5 s each for the vendors on the H200) and keep it in an on-disk cache that later processes read
 (``DG_JIT_CACHE_DIR``, FlashInfer's workspace, ``TRITON_CACHE_DIR``). One process compiles one kernel
 after another; worker processes, one per backend and layer shape (split by M while processes
-would idle: :func:`jit_jobs`), run their compilers at once on separate cores, and the caller's own warm-up then loads what they wrote. Each worker
-(:mod:`fp8select.jit_worker`) resolves with that backend pinned, prepares a random weight of the
-layer's shape and calls it at that M, with the caller's environment, so the same caches. A worker that fails
-or times out costs only its time: the caller's warm-up compiles what is missing itself.
+would idle: :func:`jit_jobs`), run their compilers at once on separate cores, and the caller's own
+warm-up then loads what they wrote. Each worker (:mod:`fp8select.jit_worker`) resolves with that
+backend pinned, prepares a random weight of the layer's shape and calls it at each of its Ms, with
+the caller's environment, so the same caches. A worker that fails or times out costs only its time:
+the caller's warm-up compiles what is missing itself.
 
 Worth it on cold caches only (a new deployment, new shapes): on warm ones each worker is a process
 start (importing torch and the vendors, a CUDA context) for nothing.

@@ -1,8 +1,8 @@
 """A worker process of :mod:`fp8select.jit_processes`: ``python -m fp8select.jit_worker JOB_JSON``.
 
 Resolves with the job's backend pinned, prepares a random e4m3fn weight of the job's shape and calls
-it once at each of the job's Ms: the backend compiles those calls' kernels into its on-disk cache. Exit status 0
-when done; otherwise 1, with the reason as the last line of stderr.
+it once at each of the job's Ms: the backend compiles those calls' kernels into its on-disk cache.
+Exit status 0 when done; otherwise 1, with the reason as the last line of stderr.
 """
 
 from __future__ import annotations

@@ -102,14 +102,17 @@ def _width(layer: Layer) -> int:
     return layer.hidden if isinstance(layer, Fp8MoE) else layer.k
 
 
-def _default_ms(layer: Layer) -> list[int]:
+def bucket_ms(buckets: Iterable[int]) -> list[int]:
+    """The sizes a warm-up calls for ``buckets``: both ends of each (the last, unbounded one at its key)."""
     ms: set[int] = set()
-    for route in layer.main_plan.routes:
-        if route.backend is None:
-            continue
-        lo, hi = bucket_range(route.bucket)
-        ms.update((lo, hi if hi is not None else route.bucket))
+    for bucket in buckets:
+        lo, hi = bucket_range(bucket)
+        ms.update((lo, hi if hi is not None else bucket))
     return sorted(ms)
+
+
+def _default_ms(layer: Layer) -> list[int]:
+    return bucket_ms(route.bucket for route in layer.main_plan.routes if route.backend is not None)
 
 
 def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype = torch.bfloat16,
