@@ -36,7 +36,7 @@ from fp8select.backends.moe import (
     gather_rows,
 )
 from fp8select.capabilities import Capabilities
-from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
+from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot, token_of_row
 from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout, empty_scale
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
 
@@ -113,7 +113,7 @@ class DeepGemmMoe(MoeBackend):
         def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             routing = route(topk_ids, e, experts.alignment)
-            token = (routing.slot_ids.to(torch.int64) // k).clamp(max=m - 1)  # padding rows read token m-1
+            token = token_of_row(routing, k, m)  # padding rows read token m-1
             x_q, x_s = quantize(x)
             a = (gather_rows(x_q, token), _mn_major(x_s.index_select(0, token)))
             layout_rows = routing.block_expert.repeat_interleave(experts.alignment)

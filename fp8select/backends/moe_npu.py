@@ -55,7 +55,7 @@ from fp8select.backends.moe import (
 )
 from fp8select.backends.npu import AscendArch35
 from fp8select.capabilities import Capabilities
-from fp8select.kernels.moe_routing import route, row_of_slot
+from fp8select.kernels.moe_routing import route, row_of_slot, token_of_row
 from fp8select.probes import DeviceKind, EnvFlag, Package, Probe
 from fp8select.verdict import Verdict
 
@@ -121,7 +121,7 @@ class NpuMoe(MoeBackend):
         def launch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             routing = route(topk_ids, experts, 1)  # one row per slot: the routed ones by expert, the others last
-            token = (routing.slot_ids.to(torch.int64) // k).clamp(max=m - 1)  # unrouted rows: past every group
+            token = token_of_row(routing, k, m)  # unrouted rows: past every group
             counts = routing.counts.to(torch.int64)
             x_q, x_s = quant(x, dst_type=fp8, row_block_size=1, col_block_size=128)
             h = gemm(gather_rows(x_q, token), x_s.index_select(0, token).contiguous(), p.b13, counts)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["KERNEL_MAX_EXPERTS", "KERNEL_MAX_SLOTS", "Routing", "block_capacity", "kernel_fits", "masked_rows", "route",
-           "row_of_slot", "uniform_routing"]
+           "row_of_slot", "token_of_row", "uniform_routing"]
 
 KERNEL_MAX_SLOTS = 4096
 """Most slots (``M * k``) the routing kernel takes: its one program sorts them all in registers
@@ -157,6 +157,13 @@ def row_of_slot(routing: Routing) -> torch.Tensor:
     rows.scatter_(0, routing.slot_ids.to(torch.int64),
                   torch.arange(routing.rows, dtype=torch.int64, device=rows.device))
     return rows[: routing.slots]
+
+
+def token_of_row(routing: Routing, top_k: int, tokens: int) -> torch.Tensor:
+    """int64 ``[rows]``: the token whose activation each sorted row reads (its slot ``// top_k``); a row
+    holding no slot (padding, or a slot routed nowhere) reads the last token, whose results there are
+    never read back."""
+    return (routing.slot_ids.to(torch.int64) // top_k).clamp(max=tokens - 1)
 
 
 def masked_rows(routing: Routing, experts: int, max_m: int) -> torch.Tensor:
