@@ -458,6 +458,27 @@ def test_flashinfer_sm90_blockscale_gemm(monkeypatch: pytest.MonkeyPatch, proble
         fp8_blockscale_gemm_sm90(x, problem.w_q, None, problem.w_scale)
 
 
+def test_flashinfer_sm90_runner_wants_its_workspace(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
+    install(monkeypatch, "flashinfer", compute_capability=(9, 0))
+    from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90
+
+    runner = get_fp8_blockscale_gemm_runner_sm90()
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="Workspace not configured"):
+        runner.run_gemm(problem.x, problem.w_q, out, None, problem.w_scale)
+    small = runner.get_workspace_size(1, N, K)
+    runner.configure_workspace(torch.empty(small, dtype=torch.uint8))
+    assert runner.get_workspace_size(M, N, K) > small  # sized by the largest M asked about so far
+    with pytest.raises(RuntimeError, match="the kernels write"):
+        runner.run_gemm(problem.x, problem.w_q, out, None, problem.w_scale)
+    assert runner.get_workspace_size(1, N, K) == runner.get_workspace_size(M, N, K)
+    runner.configure_workspace(torch.empty(runner.get_workspace_size(M, N, K), dtype=torch.uint8))
+    runner.run_gemm(problem.x, problem.w_q, out, None, problem.w_scale)
+    assert close(out, problem.x.double() @ dequantize_blockwise(problem.w_q, problem.w_scale, 128, 128).T, 3e-2)
+    with pytest.raises(RuntimeError, match="scales_b shape mismatch"):
+        runner.run_gemm(problem.x, problem.w_q, out, None, problem.w_scale.t())
+
+
 def test_flashinfer_sm90_writes_bf16_bits_whatever_out_dtype(monkeypatch: pytest.MonkeyPatch, problem: BlockFP8Problem) -> None:
     install(monkeypatch, "flashinfer", compute_capability=(9, 0))
     from flashinfer.gemm import fp8_blockscale_gemm_sm90

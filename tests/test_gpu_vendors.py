@@ -148,6 +148,20 @@ def test_pinned_backend_runs_every_m_and_matches_the_reference(backend: str, n: 
         assert rel_err(out, expected(x, w, s, BLOCK, bias)) < TOL, (backend, n, k, m)
 
 
+def test_flashinfer_bound_launch_equals_the_public_function() -> None:
+    """After a route's first call the launch calls FlashInfer's sm90 runner directly: the same bits as
+    ``fp8_blockscale_gemm_sm90``, at Ms going up and down (the runner sizes its workspace by the largest M)."""
+    _require("flashinfer")
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    n, k = SHAPES["flashinfer"][0]
+    layer, w, s = _layer("flashinfer", n, k)
+    for m in (1, 5, 31, 200, 2, 31, 1024, 16):  # Ms the other tests compile too
+        x = _randn(m, k, seed=m)
+        for _ in range(2):  # the route's first call, then the direct one
+            assert torch.equal(layer(x), fp8_blockscale_gemm_sm90(x, w, None, s, out_dtype=torch.bfloat16)), m
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_leading_dims_and_row_strided_inputs(backend: str) -> None:
     _require(backend)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -276,10 +277,31 @@ def test_flashinfer_sm90_small_m_by_rule_any_m_when_measured(monkeypatch: pytest
     _run_and_compare(layer, w, s, (1, 5, 31, 32, 40))
     _run_and_compare(layer, w, s, (2,), dtype=torch.float16)  # the kernel quantizes bf16 only: another backend
     _all_ok(fake)
+    # A route's first call goes through the public function (which builds the runner), later ones
+    # straight to the runner it calls: M 32 shares M 31's bucket, the 3-D call (6 rows) M 5's.
     calls = fake.calls_to("fp8_blockscale_gemm_sm90")
-    assert [c.arguments["input"].shape[0] for c in calls] == [1, 5, 31, 32, 6]
+    assert [c.arguments["input"].shape[0] for c in calls] == [1, 5, 31]
     assert calls[0].arguments["input"].dtype == torch.bfloat16 and calls[0].arguments["input_scale"] is None
     assert calls[0].arguments["weight_scale"] is s
+    runs = fake.calls_to("run_gemm")
+    assert [c.arguments["input"].shape[0] for c in runs] == [1, 5, 31, 32, 6]
+    assert all(c.arguments["scales_b"] is s and c.arguments["scales_a"] is None for c in runs)
+    sizes = fake.calls_to("get_workspace_size")
+    assert [c.arguments["shape_m"] for c in sizes] == [1, 5, 31, 32, 6] and len(fake.calls_to("configure_workspace")) == 5
+
+
+@pytest.mark.parametrize("runner", ["missing", "incomplete"])
+def test_flashinfer_sm90_without_the_runner_calls_the_public_function(monkeypatch: pytest.MonkeyPatch, runner: str) -> None:
+    fake = install(monkeypatch, "flashinfer", compute_capability=(9, 0), runner_factory=runner != "missing")
+    asked = []
+    if runner == "incomplete":  # a release whose runner lacks a function this one calls
+        monkeypatch.setattr(fake.modules["flashinfer.gemm.gemm_base"], "get_fp8_blockscale_gemm_runner_sm90",
+                            lambda: asked.append(1) or SimpleNamespace(run_gemm=fake.impl.runner.run_gemm))
+    layer, w, s = _layer("h200-flashinfer", "flashinfer", 256, 512, seed=5)
+    _run_and_compare(layer, w, s, (3, 3, 4))
+    _all_ok(fake)
+    assert [c.arguments["input"].shape[0] for c in fake.calls_to("fp8_blockscale_gemm_sm90")] == [3, 3, 4, 6]
+    assert len(asked) == (2 if runner == "incomplete" else 0)  # once per route (M 3-4, 5-8), at its first call
 
 
 def test_flashinfer_wrong_layouts_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:

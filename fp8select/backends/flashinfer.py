@@ -22,7 +22,10 @@ flashinfer/gemm/gemm_base.py at commit 00054844 and the 0.2.9 - 0.6 releases):
   only: the binding writes bf16 whatever ``out_dtype`` says. Any M (a swapAB kernel below 32);
   SGLang uses it only for M < 32 (above that its non-swapAB kernel was slower than DeepGEMM),
   which the plan applies as a speed rule where nothing was measured
-  (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise.
+  (:meth:`FlashInferBackend.preferred_m`); measured routes decide otherwise. A bound launch
+  calls, after the first call, the runner that function calls (``gemm_base.
+  get_fp8_blockscale_gemm_runner_sm90()``: ``get_workspace_size``, ``configure_workspace``,
+  ``run_gemm``), skipping its Python checks (:meth:`FlashInferBackend.bind`).
 
 None of these take a bias, so it is added afterwards. sm107 is accepted by FlashInfer main
 and 0.7.2.post1 (its requirement lists) but no sm107 kernel was run, so it is not gated in. N and K not multiples of 128 are unverified
@@ -31,7 +34,8 @@ for the groupwise kernels and go to the fallback.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -40,6 +44,7 @@ from fp8select.backends._vendor import (
     add_bias,
     dtypes_ok,
     entry_points_gate,
+    lookup,
     multiple_of,
     pad_rows,
     quantized_input,
@@ -47,6 +52,7 @@ from fp8select.backends._vendor import (
 )
 from fp8select.backends.base import Backend, BLOCK_128x128, Launch, PreparedWeight, block_pair
 from fp8select.capabilities import Capabilities
+from fp8select.guard import call_foreign
 from fp8select.kernels.quant import M_MAJOR, ScaleLayout
 from fp8select.probes import AllOf, AnyOf, ComputeCapability, DeviceKind, Package, Probe
 from fp8select.probes.core import PackageSymbols
@@ -71,6 +77,11 @@ SM90_MAX_M = 31  # SGLang's bound for fp8_blockscale_gemm_sm90; a speed rule (pr
 CUTLASS_M_MULTIPLE = 4
 CUTLASS_SCALE_MAJOR_MODE = "MN"  # as SGLang calls it: both scales transposed-contiguous
 
+# What ``fp8_blockscale_gemm_sm90`` calls after its argument checks (0.7.2.post1): a bound launch calls it directly.
+RUNNER_MODULE = "flashinfer.gemm.gemm_base"
+RUNNER_FACTORY = "get_fp8_blockscale_gemm_runner_sm90"
+RUNNER_FUNCTIONS = ("get_workspace_size", "configure_workspace", "run_gemm")
+
 _GROUPWISE_RELEASE = "gemm_fp8_nt_groupwise with backend= since 0.2.9"
 FLASHINFER_KERNELS = AnyOf((
     AllOf((ComputeCapability(allowed=((10, 0), (10, 3))), Package("flashinfer", ">=0.2.9", _GROUPWISE_RELEASE),
@@ -80,6 +91,25 @@ FLASHINFER_KERNELS = AnyOf((
     AllOf((ComputeCapability(allowed=((9, 0),)), Package("flashinfer", ">=0.6.0", HOPPER_GEMM),
            PackageSymbols("flashinfer", (HOPPER_GEMM,)))),
 ))
+
+
+class _Runner(NamedTuple):
+    """FlashInfer's sm90 runner and the three of its functions ``fp8_blockscale_gemm_sm90`` calls."""
+
+    module: Any  # kept alive: the functions are bound to it
+    workspace_size: Callable[[int, int, int], int]
+    configure_workspace: Callable[[torch.Tensor], None]
+    run_gemm: Callable[..., None]
+
+
+def _runner(factory: EntryPoint) -> _Runner | None:
+    """The runner ``factory`` returns (once FlashInfer's own call has built it), or None when it is
+    not what 0.7.2.post1's ``fp8_blockscale_gemm_sm90`` calls: then the public function stays."""
+    made = call_foreign(factory.fn)
+    functions: list[Any] = [getattr(made.value, name, None) for name in RUNNER_FUNCTIONS] if made.error is None else []
+    if len(functions) != len(RUNNER_FUNCTIONS) or not all(callable(f) for f in functions):
+        return None
+    return _Runner(made.value, *functions)
 
 
 def kernel_for(caps: Capabilities) -> str | None:
@@ -160,14 +190,35 @@ class FlashInferBackend(Backend):
                               extra={"gemm": gemm, "kernel": kernel})
 
     def bind(self, prepared: PreparedWeight, *, caps: Capabilities, config: Any, out_dtype: torch.dtype) -> Launch:
-        """sm90: the entry point and weight bound once (the kernel quantizes); the others call :meth:`run`."""
+        """sm90: the weight bound once (the kernel quantizes). The first call runs the public
+        ``fp8_blockscale_gemm_sm90``, which builds its runner; later ones call the runner's three
+        functions as that function does after its argument checks (checks this layer made at
+        prepare time and on every call). Where the runner
+        is not found as 0.7.2.post1 has it, every call takes the public function. The other
+        kernels call :meth:`run`."""
         if prepared.extra["kernel"] != SM90:
             return super().bind(prepared, caps=caps, config=config, out_dtype=out_dtype)
         gemm = prepared.extra["gemm"].fn
         weight, scale = prepared.weight, prepared.scale
+        n, k = prepared.n, prepared.k
+        factory = lookup(RUNNER_MODULE, (RUNNER_FACTORY,))
+        runner: _Runner | None = None
+        tried = isinstance(factory, Verdict)  # without the factory, every call takes the public function
 
         def launch(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-            out = gemm(x, weight, None, scale, out_dtype=out_dtype)
+            nonlocal runner, tried
+            if runner is not None:  # what the public function runs after its checks, which prepare made
+                m = x.shape[0]
+                out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+                size = runner.workspace_size(m, n, k)  # (it also records the largest M in the runner)
+                if size > 0:
+                    runner.configure_workspace(torch.empty(size, dtype=torch.uint8, device=x.device))
+                runner.run_gemm(x, weight, out, None, scale)
+            else:
+                out = gemm(x, weight, None, scale, out_dtype=out_dtype)  # builds and loads the runner
+                if not tried:
+                    tried = True
+                    runner = _runner(factory)  # type: ignore[arg-type]
             return out if bias is None else add_bias(out, bias)
 
         return launch

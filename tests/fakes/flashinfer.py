@@ -1,7 +1,9 @@
 """Fake ``flashinfer`` (flashinfer-ai/flashinfer, package ``flashinfer-python``) for CPU tests.
 
 Emulates ``flashinfer.gemm.gemm_fp8_nt_groupwise`` (CUTLASS and TRT-LLM backends) and
-``flashinfer.gemm.fp8_blockscale_gemm_sm90``, with ``flashinfer.utils.BackendSupportedError``.
+``flashinfer.gemm.fp8_blockscale_gemm_sm90`` with the runner it calls
+(``flashinfer.gemm.gemm_base.get_fp8_blockscale_gemm_runner_sm90``), with
+``flashinfer.utils.BackendSupportedError``.
 
 Read against the real flashinfer-python 0.7.2.post1: ``flashinfer/gemm/gemm_base.py``
 (``gemm_fp8_nt_groupwise``, its ``backend_requirement`` checks, ``fp8_blockscale_gemm_sm90``),
@@ -33,6 +35,9 @@ What ``fp8_blockscale_gemm_sm90`` does there, and the fake with it:
 Knobs (on ``fake.impl``; ``set_compute_capability`` / ``reset`` are also module functions):
 
 * ``compute_capability``: ``(major, minor)`` of the emulated GPU, default ``(10, 0)``.
+* ``runner_factory``: whether ``flashinfer.gemm.gemm_base`` has
+  ``get_fp8_blockscale_gemm_runner_sm90`` (:class:`FakeSm90Runner`), default True; False
+  emulates a release without it (``fp8_blockscale_gemm_sm90`` still runs).
 * ``version``: the emulated ``flashinfer.__version__`` (fixed at install), default
   ``"0.7.2.post1"``: below ``0.2.9`` ``gemm_fp8_nt_groupwise`` has no ``backend`` parameter (and
   ``scale_major_mode`` defaults to ``"MN"``); below ``0.6.0`` ``fp8_blockscale_gemm_sm90`` does
@@ -48,6 +53,7 @@ FlashInfer's checks, kernel-side ``TORCH_CHECK`` failures ``RuntimeError``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -118,8 +124,11 @@ def _quantize_rows(x: torch.Tensor, block_rows: int) -> torch.Tensor:
 class FakeFlashInfer:
     """State and behaviour of one installed fake ``flashinfer``."""
 
-    def __init__(self, *, compute_capability: tuple[int, int] = (10, 0), version: str = "0.7.2.post1") -> None:
+    def __init__(self, *, compute_capability: tuple[int, int] = (10, 0), version: str = "0.7.2.post1",
+                 runner_factory: bool = True) -> None:
         self.version = Version(version)
+        self.runner_factory = runner_factory
+        self.runner: Any = FakeSm90Runner()  # build() puts its functions' recorded forms in its place
         self._initial: tuple[int, int] = (int(compute_capability[0]), int(compute_capability[1]))
         self.compute_capability: tuple[int, int] = self._initial
 
@@ -348,23 +357,83 @@ class FakeFlashInfer:
             if out_dtype not in _OUT_DTYPES:
                 raise ValueError(f"Output dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
             out = torch.empty(m, n, dtype=out_dtype)
+        size = self.runner.get_workspace_size(m, n, k)
+        if size > 0:
+            self.runner.configure_workspace(torch.empty(size, dtype=torch.uint8))
+        self.runner.run_gemm(input, weight, out, input_scale, weight_scale)
+        return out
+
+
+class FakeSm90Runner:
+    """The sm90 runner ``gemm_base.get_fp8_blockscale_gemm_runner_sm90()`` returns (one per process),
+    as ``fp8_blockscale_gemm_sm90_binding.cu`` defines it: what the public function calls after its
+    Python checks.
+
+    * ``get_workspace_size(m, n, k)``: the largest of its three runners' workspaces; each
+      remembers the largest M (rounded up to 4) it was asked about, so the size, and where the
+      kernels place their parts, follow the largest M so far. The fake returns a size of the same
+      form (quantized activation and weight, their scales), not byte-exact.
+    * ``configure_workspace(ws)``: keeps ``ws``'s pointer, which later calls write through.
+    * ``run_gemm(input, weight, output, scales_a, scales_b)``: the C++ checks (null input at M 0,
+      K match, N and K multiples of 16, a weight scale per token or per block, a workspace
+      configured), then the GEMM into ``output``'s memory as bf16. The fake also rejects what
+      the kernel would silently misread or overrun: non-contiguous tensors, an output not [M, N],
+      a workspace smaller than the last size asked for.
+    """
+
+    def __init__(self) -> None:
+        self.max_m4 = 0
+        self.needed = 0
+        self.workspace: torch.Tensor | None = None
+
+    def get_workspace_size(self, shape_m: int, shape_n: int, shape_k: int) -> int:
+        self.max_m4 = max(self.max_m4, ceil_div(shape_m, 4) * 4)
+        m32 = ceil_div(self.max_m4, 32) * 32
+        self.needed = self.max_m4 * shape_k + m32 * ceil_div(shape_k, 128) * 4 + shape_n * shape_k \
+            + ceil_div(shape_n, 128) * ceil_div(shape_k, 128) * 4
+        return self.needed
+
+    def configure_workspace(self, workspace: torch.Tensor) -> None:
+        self.workspace = workspace
+
+    def run_gemm(self, input: torch.Tensor, weight: torch.Tensor, output: torch.Tensor,
+                 scales_a: torch.Tensor | None, scales_b: torch.Tensor | None) -> None:
+        m, k = input.shape
+        n = weight.shape[0]
         if m == 0:
             raise RuntimeError("Check failed: (input_ptr != nullptr) is false: input is null")
+        if weight.shape[1] != k:
+            raise RuntimeError("Check failed: (shape_k == weight.size(1)) is false: K dimension mismatch")
+        if k % 16 or n % 16:
+            raise RuntimeError(f"N must be a multiple of 16, (K={k}, N={n})")
+        input_fp8 = input.dtype == torch.float8_e4m3fn
+        weight_fp8 = weight.dtype == torch.float8_e4m3fn
+        if input_fp8 and scales_a is None:
+            raise RuntimeError("scales_a is required for FP8 input")
+        per_token_shape, per_block_shape = (n, ceil_div(k, 128)), (ceil_div(n, 128), ceil_div(k, 128))
+        if weight_fp8 and (scales_b is None or tuple(scales_b.shape) not in (per_token_shape, per_block_shape)):
+            raise RuntimeError(f"scales_b shape mismatch: expected {per_token_shape} for per-token or {per_block_shape} "
+                               f"for per-block, got {None if scales_b is None else tuple(scales_b.shape)}")
+        if self.workspace is None:
+            raise RuntimeError("Workspace not configured. Call configure_workspace first.")
+        if self.workspace.numel() < self.needed:
+            raise RuntimeError(f"fake: the workspace holds {self.workspace.numel()} bytes, the kernels write {self.needed}")
         if not (input.is_contiguous() and weight.is_contiguous()):
             raise RuntimeError("input and weight must be contiguous row-major (M, K) and (N, K) tensors")
-        if input_scale is not None:
-            x = dequantize_blockwise(input, input_scale, 1, 128)
+        if tuple(output.shape) != (m, n) or not output.is_contiguous() or output.element_size() != 2:
+            raise RuntimeError(f"fake: output must be a contiguous 16-bit ({m}, {n}) tensor (written through its pointer), "
+                               f"got {output.dtype} {tuple(output.shape)} strides {tuple(output.stride())}")
+        if scales_a is not None:
+            x = dequantize_blockwise(input, scales_a, 1, 128)
         else:
             x = dequantize_blockwise(*quantize_1x128_like_flashinfer(input), 1, 128)
         if weight_fp8:
-            assert weight_scale is not None
-            rows = 1 if tuple(weight_scale.shape) == per_token_shape else 128
-            w = dequantize_blockwise(weight, weight_scale, rows, 128)
+            assert scales_b is not None
+            rows = 1 if tuple(scales_b.shape) == per_token_shape else 128
+            w = dequantize_blockwise(weight, scales_b, rows, 128)
         else:
             w = _quantize_rows(weight, 128)
-        result = (x @ w.T).to(torch.bfloat16)
-        out.view(torch.bfloat16).copy_(result)  # the binding writes bf16 whatever out's dtype
-        return out
+        output.view(torch.bfloat16).copy_((x @ w.T).to(torch.bfloat16))  # the binding writes bf16 whatever the dtype
 
 
 def build(log: list[Call], **options: Any) -> tuple[FakeFlashInfer, dict[str, Any]]:
@@ -375,9 +444,18 @@ def build(log: list[Call], **options: Any) -> tuple[FakeFlashInfer, dict[str, An
         gemm_attrs["gemm_fp8_nt_groupwise"] = recorded(log, "flashinfer", "gemm_fp8_nt_groupwise", impl.gemm_fp8_nt_groupwise)
     elif impl.version >= Version("0.2.6"):
         gemm_attrs["gemm_fp8_nt_groupwise"] = recorded(log, "flashinfer", "gemm_fp8_nt_groupwise", impl.gemm_fp8_nt_groupwise_legacy)
+    base_attrs: dict[str, Any] = {}
     if impl.version >= Version("0.6.0"):
         gemm_attrs["fp8_blockscale_gemm_sm90"] = recorded(log, "flashinfer", "fp8_blockscale_gemm_sm90", impl.fp8_blockscale_gemm_sm90)
-    gemm = make_vendor_module("flashinfer.gemm", gemm_attrs)
+        runner = impl.runner
+        impl.runner = SimpleNamespace(**{name: recorded(log, "flashinfer", name, getattr(runner, name))
+                                         for name in ("get_workspace_size", "configure_workspace", "run_gemm")})
+        base_attrs["fp8_blockscale_gemm_sm90"] = gemm_attrs["fp8_blockscale_gemm_sm90"]
+        if impl.runner_factory:
+            base_attrs["get_fp8_blockscale_gemm_runner_sm90"] = recorded(
+                log, "flashinfer", "get_fp8_blockscale_gemm_runner_sm90", lambda: impl.runner)
+    gemm_base = make_vendor_module("flashinfer.gemm.gemm_base", base_attrs)
+    gemm = make_vendor_module("flashinfer.gemm", {**gemm_attrs, "gemm_base": gemm_base})
     utils = make_vendor_module(
         "flashinfer.utils",
         {"BackendSupportedError": BackendSupportedError, "GPUArchitectureError": GPUArchitectureError},
@@ -394,4 +472,5 @@ def build(log: list[Call], **options: Any) -> tuple[FakeFlashInfer, dict[str, An
         },
         __doc__ or "",
     )
-    return impl, {"flashinfer": top, "flashinfer.gemm": gemm, "flashinfer.utils": utils}
+    return impl, {"flashinfer": top, "flashinfer.gemm": gemm, "flashinfer.gemm.gemm_base": gemm_base,
+                  "flashinfer.utils": utils}
