@@ -38,6 +38,7 @@ from fp8select.verdict import Candidate
 CheckedRun = Callable[..., torch.Tensor]
 """A route's ``run`` with its prepared weight bound: what the checked path calls (any input a backend takes)."""
 _STRIDED = torch.strided
+_IS_COMPILING = torch.compiler.is_compiling  # (dynamo knows the function, not the name it is called by)
 _TENSOR = torch.Tensor
 _LAST_BUCKET = BUCKET_INDEX[-1]
 _BIAS_DTYPES = frozenset((torch.bfloat16, torch.float16, torch.float32))
@@ -227,7 +228,7 @@ class Fp8Linear:
         weight's device, no gradient, a fitting bias) goes straight to its bucket's bound
         launch; anything else takes :meth:`_checked_forward`, which checks every argument.
         """
-        if torch.compiler.is_compiling():
+        if _IS_COMPILING():
             return ops.compiled_call(self, x, bias, input_scale)
         if (input_scale is None and type(x) is _TENSOR and not x.requires_grad and x.layout is _STRIDED
                 and x.is_contiguous() and x.device == self.device and (bias is None or self._bias_fits(bias))):
