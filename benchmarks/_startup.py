@@ -87,7 +87,8 @@ def phase_startup(report: dict[str, Any]) -> None:
             if state.startswith("empty"):  # a fresh cache folder: every JIT compiles
                 cache = tempfile.mkdtemp(prefix="fp8select-startup-")
                 env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton", "DG_JIT_CACHE_DIR": f"{cache}/dg",
-                       "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "XDG_CACHE_HOME": f"{cache}/xdg",
+                       "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "TRTLLM_DG_CACHE_DIR": f"{cache}/fi-kernels",
+                       "XDG_CACHE_HOME": f"{cache}/xdg",
                        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
             load = str(STARTUP_LOAD_S) if "background" in state else "0"
             processes = str(STARTUP_PROCESSES) if "processes" in state else "0"

@@ -40,6 +40,7 @@ HOST_M = 16
 STACK = ((7168, 2048), (4096, 7168), (24576, 1536), (7168, 16384), (4608, 7168), (2112, 7168), (32768, 512),
          (7168, 18432))
 STACK_M = (16, 128, 512, 4096)
+STACK_ROUNDS = 41  # rounds of 20 passes per path (a pass at M 16 is about 0.2 ms; the host's noise is larger)
 """The weight loading an engine does between ``resolve(background=True)`` and ``result()`` in the
 background start-up state (far less than a DeepSeek-V3 checkpoint takes): what the side thread's
 vendor imports overlap with."""
@@ -58,12 +59,17 @@ def _round_us(fn: Callable[[], object], calls: int = 300) -> float:
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Callable[[], object]], float],
-                 rounds: int = 9, mins: dict[str, float] | None = None, digits: int = 2) -> dict[str, Any]:
+                 rounds: int = 9, mins: dict[str, float] | None = None, digits: int = 2,
+                 each: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The median over ``rounds`` of ``round_of(fn)`` for each of ``fns``, the rounds taken in turn (fn 1, fn 2,
-    ..., fn 1, ...) so that a shared host's drift touches every one alike. A fn that raises is reported so.
+    ..., fn 1, ...) so that a shared host's drift touches every one alike, with the garbage collector paused
+    (as ``timeit`` does: a collection landing in one round is noise). A fn that raises is reported so.
     ``mins``: filled with each fn's fastest round (a busy host only adds time, so the fastest round is the
-    steadiest estimate of what a call costs; the median, of what it costs on this host as it was). ``digits``:
-    what the figures are rounded to (2 for microseconds per call, 4 for milliseconds per pass)."""
+    steadiest estimate of what a call costs; the median, of what it costs on this host as it was). ``each``:
+    filled with every round's figure, in order. ``digits``: what the figures are rounded to (2 for
+    microseconds per call, 4 for milliseconds per pass)."""
+    import gc
+
     import torch
 
     out: dict[str, Any] = {}
@@ -76,9 +82,17 @@ def _interleaved(fns: dict[str, Callable[[], object]], round_of: Callable[[Calla
             times[name] = []
         except Exception as exc:  # noqa: BLE001 - a vendor call that fails here is a finding
             out[name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
-    for _ in range(rounds):
-        for name in times:
-            times[name].append(round_of(fns[name]))
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name in times:
+                times[name].append(round_of(fns[name]))
+    finally:
+        if collecting:
+            gc.enable()
+    if each is not None:
+        each |= times
     if mins is not None:
         mins |= {name: round(min(t), digits) for name, t in times.items()}
     return {name: round(statistics.median(t), digits) for name, t in times.items()} | out
@@ -379,11 +393,16 @@ def phase_stack(report: dict[str, Any]) -> None:
             calls = hand(m)
             passes["hand_written_eager_ms"] = lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)]
         fastest: dict[str, float] = {}
-        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1), mins=fastest, digits=4)
+        each: dict[str, list[float]] = {}
+        row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1), rounds=STACK_ROUNDS, mins=fastest, digits=4,
+                            each=each)
         row["fastest_round_ms"] = fastest
         row["fp8select_graphed_ms"] = _graph_ms(fp8select_pass)
         row["ratio_vs_raw_routes"] = round(row["fp8select_eager_ms"] / row["raw_routes_eager_ms"], 3)
         row["fastest_ratio_vs_raw_routes"] = round(fastest["fp8select_eager_ms"] / fastest["raw_routes_eager_ms"], 3)
+        # Each round against the raw routes' round right after it: what a drift of the host touches alike.
+        row["paired_ratio_vs_raw_routes"] = round(statistics.median(
+            a / b for a, b in zip(each["fp8select_eager_ms"], each["raw_routes_eager_ms"], strict=True)), 3)
         if hand is not None:
             row["ratio_vs_hand_written"] = round(row["fp8select_eager_ms"] / row["hand_written_eager_ms"], 3)
         rows.append(row)

@@ -2,7 +2,8 @@
 
 DeepGEMM, FlashInfer and Triton compile a kernel the first time a process calls it at a new shape
 (2-5 s each for the vendors on the H200) and keep it in an on-disk cache that later processes read
-(``DG_JIT_CACHE_DIR``, FlashInfer's workspace, ``TRITON_CACHE_DIR``). One process compiles one kernel
+(``DG_JIT_CACHE_DIR``; FlashInfer's sm90 GEMMs under ``TRTLLM_DG_CACHE_DIR``, by default
+``~/.tensorrt_llm``; ``TRITON_CACHE_DIR``). One process compiles one kernel
 after another; worker processes, one per backend and layer shape (split by M while processes
 would idle: :func:`jit_jobs`), run their compilers at once on separate cores, and the caller's own
 warm-up then loads what they wrote. Each worker (:mod:`fp8select.jit_worker`) resolves with that
