@@ -33,6 +33,9 @@ Backends that win by a hair (:data:`HAIR`) are left out first: a backend a layer
 start-up (its import, and a JIT compile per shape and M range at first use), so one whose every
 bucket another backend of the plan runs at most ``HAIR`` slower (both times estimated) gives its
 buckets to the plan's others; the drop that costs least goes first, and the plan's notes say which.
+Then a bucket whose measured winner leads by at most ``HAIR`` the backend measured there that runs
+the buckets on both sides goes to that backend (a near tie is the measurements' noise; the plan
+switches backends less).
 """
 
 from __future__ import annotations
@@ -145,6 +148,8 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
                 options.append((_cost(trial, estimates) - _cost(routes, estimates), lay, trial_allowed, trial))
             _, dropped, allowed, routes = min(options, key=lambda o: (o[0], o[1]))
             notes.append(f"weight layout {dropped!r} left out: max_weight_copies={max_weight_copies}")
+    if explicit_backend is None:
+        routes = _smoothed(routes, estimates, rejects)
     by_layout: dict[str, list[str]] = {}
     for route in routes:
         if route.backend is not None:
@@ -226,6 +231,28 @@ def _by_a_hair(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Esti
                 best = (loss, name, f"{name} left out: the plan's others run its buckets at most "
                                     f"{100 * HAIR:.0f}% slower ({', '.join(spans)}), not worth its start-up")
     return None if best is None else (best[1], best[2])
+
+
+def _smoothed(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None],
+              rejects: Mapping[tuple[str, int], str]) -> tuple[Route, ...]:
+    """``routes`` with each inner bucket whose measured winner leads, by at most :data:`HAIR`, the backend
+    that runs both buckets around it (the one below as already smoothed) given to that backend.
+
+    Within :data:`HAIR` which of two backends leads at a point is the measurements' noise; a backend that
+    runs the buckets on both sides is the likelier leader in between, and the plan switches backends less.
+    Measured times only: a modelled estimate's error is larger than the margin."""
+    out = list(routes)
+    for i in range(1, len(routes) - 1):
+        route, below, above = routes[i], out[i - 1].backend, routes[i + 1].backend
+        if route.backend is None or route.us is None or route.why != MEASURED or below != above or below in (None, route.backend):
+            continue
+        est = estimates.get((below, route.bucket))
+        if est is None or est.source != MEASURED or (below, route.bucket) in rejects or est.us > route.us * (1 + HAIR):
+            continue
+        out[i] = Route(route.bucket, below, MEASURED,
+                       f"{est.detail}, within {100 * HAIR:.0f}% of {route.backend} ({route.us:.1f} us), which the "
+                       "buckets on both sides do not run", est.config, est.us)
+    return tuple(out)
 
 
 def _cost(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None]) -> float:

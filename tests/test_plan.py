@@ -730,3 +730,42 @@ def test_a_backend_that_wins_by_a_hair_is_left_out_for_its_start_up() -> None:
     explicit = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows(10.0 / (1 + HAIR / 2)))),
                           explicit="c")
     assert "c" in explicit.backends
+
+
+def test_a_near_tie_between_two_buckets_of_one_backend_goes_to_that_backend() -> None:
+    """A bucket whose measured winner leads by at most HAIR the backend that runs the buckets on both sides
+    runs that backend; by more, or at the ends, or where either time there is modelled or that backend is
+    gated, or with an explicit choice, the winner stays."""
+    from fp8select.measured.model import Estimate
+    from fp8select.plan import HAIR, _smoothed
+    from fp8select.routes import Route
+
+    a, b = fake("a"), fake("b")
+    near, clear = 10.0 / (1 + HAIR / 2), 10.0 / (1 + 2 * HAIR)
+
+    def b_rows(at: dict[int, float]) -> dict[int, float]:  # b: 5 us at M 8192 (kept for it), 12 elsewhere
+        return {m: at.get(m, 5.0 if m == 8192 else 12.0) for m in M_BUCKETS}
+
+    def plan_with(at: dict[int, float]) -> Any:
+        rows = {"a": {(N, K): {m: 10.0 for m in M_BUCKETS}}, "b": {(N, K): b_rows(at)}}
+        return build_plan(_problem(), [a, b], CPU, estimator(measurements(rows)))
+
+    tie = plan_with({32: near})  # b leads a at M 17-32 by 1%, a runs M 9-16 and 33-64
+    assert tie.route(32).backend == "a" and tie.route(32).us == 10.0 and tie.route(32).why == MEASURED
+    assert "within 2% of b (9.9 us)" in tie.route(32).detail
+    assert tie.summary() == "M 1-4096: a, M >= 4097: b"
+    assert plan_with({32: clear}).route(32).backend == "b"  # by 4%: a real lead
+    assert plan_with({1: near}).route(1).backend == "b"  # the first bucket has one neighbour
+    assert plan_with({16: near, 32: near}).summary() == "M 1-8: a, M 9-32: b, M 33-4096: a, M >= 4097: b"
+    # Modelled times (a shape no table holds) are left as they are: their error is larger than HAIR.
+    routes = [Route(m, "b" if m == 32 else "a", MODEL if m == 32 else MEASURED, "", None, 9.9 if m == 32 else 10.0)
+              for m in M_BUCKETS]
+    estimates = {("a", 32): Estimate(10.0, MEASURED, "")}
+    assert _smoothed(routes, estimates, {})[M_BUCKETS.index(32)].backend == "b"
+    routes[M_BUCKETS.index(32)] = replace(routes[M_BUCKETS.index(32)], why=MEASURED)
+    assert _smoothed(routes, estimates, {})[M_BUCKETS.index(32)].backend == "a"
+    assert _smoothed(routes, {("a", 32): Estimate(10.0, MODEL, "")}, {})[M_BUCKETS.index(32)].backend == "b"
+    assert _smoothed(routes, estimates, {("a", 32): "gated"})[M_BUCKETS.index(32)].backend == "b"
+    explicit = build_plan(_problem(), [a, b], CPU, estimator(measurements(
+        {"a": {(N, K): {m: 10.0 for m in M_BUCKETS}}, "b": {(N, K): b_rows({32: near})}})), explicit="a")
+    assert explicit.route(32).backend == "a" and explicit.route(32).why == EXPLICIT
