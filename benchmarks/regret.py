@@ -125,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     points = distill(rows)
     summary = summarize(points)
     print(json.dumps(summary, indent=1), flush=True)
-    head = {"label": args.label, "environment": bench.environment(), "chain": [b.name for b in selection.chain],
+    head = {"label": args.label, "environment": bench.environment(), "capabilities": selection.capabilities.to_dict(),
+            "chain": [b.name for b in selection.chain],
             "tuning_sources": [_portable(source) for source in selection.tuning_sources],
             "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
     with open(args.out, "w", encoding="utf-8") as fh:

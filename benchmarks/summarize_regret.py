@@ -8,6 +8,13 @@ choice two ways: **measured** (the ``auto`` column's time over the fastest pinne
 timings that include run-to-run noise even where ``auto`` ran the very same kernel), and
 **choice** (the pinned time of the backend ``auto`` ran over the fastest pinned time: the cost
 of the decision alone). ``--plot`` draws time against M per backend for two shapes.
+
+``--replan`` scores, per file, the plan this code makes today for each point from the shipped table
+(no GPU): the pinned time of the backend it picks over the fastest pinned time, next to the same for
+the backend ``auto`` ran then. It re-scores kept timings, measures nothing: what a decision rule
+changes on points measured once. The plan is made for the snapshot the run recorded
+(``capabilities``); runs before it did are given an H200 snapshot made from their environment and
+the table's versions, with every vendor entry point fp8select looks for (:func:`_h200_snapshot`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from typing import Any
 
 SETS = {
     "vendors, DeepSeek-V3 (table)": ("regret_vendors_deepseek", "regret_vendors_deepseek_rest"),
+    "vendors, served shapes (table)": ("regret_vendors_served",),
+    "no vendors, served shapes (table)": ("regret_novendors_served",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, other models (measured at load)": ("regret_vendors_other_load",),
     "no vendors, DeepSeek-V3 (table)": ("regret_novendors_deepseek",),
@@ -81,12 +90,70 @@ def plot(pts: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def _h200_snapshot(run: dict[str, Any], table: dict[str, Any]) -> Any:
+    """The snapshot of an H200 run that recorded none: its torch, CUDA and Triton, the table's version of
+    each vendor its chain names, and every entry point fp8select looks for in those vendors."""
+    from fp8select import Capabilities
+    from fp8select.detect import PACKAGE_SYMBOLS
+
+    env = run["environment"]
+    packages = {"triton": env["triton"]}
+    for group in table["groups"]:
+        if group["backend"] in run["chain"]:
+            packages |= {name: v for name, v in group["versions"].items() if name not in ("torch", "cuda", "triton")}
+    return Capabilities(device_kind="cuda", device_name=env["device"], compute_capability=(9, 0),
+                        torch_version=env["torch"], cuda_version=env["cuda"], has_scaled_mm=True,
+                        scaling_types=("BlockWise1x128", "BlockWise128x128"), float8_dtypes=("float8_e4m3fn",),
+                        triton_backends=("nvidia",), packages=packages,
+                        package_symbols={m: names for m, (_, names) in PACKAGE_SYMBOLS.items() if m in packages})
+
+
+def replan(directory: Path) -> dict[str, dict[str, Any]]:
+    """Per regret file of ``directory``: the decisions of ``auto`` then and of this code's plan now, each as
+    the pinned time of the backend picked over the fastest pinned time (geomean, worst), and the points
+    whose pick changed."""
+    from fp8select import Capabilities, resolve
+    from fp8select.measured.table import SHIPPED_DIR
+
+    table = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text())
+    out = {}
+    for path in sorted(directory.glob("regret_*.json")):
+        run = json.loads(path.read_text())
+        if "NVIDIA H200" not in run["environment"].get("device", "") or run.get("load_time_tuning"):
+            continue  # (a run measured at load time planned from those measurements, not the table)
+        caps = Capabilities.from_dict(run["capabilities"]) if "capabilities" in run else _h200_snapshot(run, table)
+        selection = resolve(caps, plugins=False, order=run["chain"])
+        plans: dict[tuple[int, int], Any] = {}
+        then, now, changed = [], [], []
+        for p in run["points"]:
+            times = {b: t for b, t in p["us"].items() if b in run["chain"] and b != "reference"}
+            shape = (p["n"], p["k"])
+            plan = plans[shape] = plans.get(shape) or selection.plan_for(*shape)
+            pick = plan.route(p["m"]).backend
+            if pick not in times or p.get("auto_ran") not in times:
+                continue
+            fastest = min(times.values())
+            then.append(times[p["auto_ran"]] / fastest)
+            now.append(times[pick] / fastest)
+            if pick != p["auto_ran"]:
+                changed.append(f"{p['n']}x{p['k']} M {p['m']}: {p['auto_ran']} {then[-1]:.3f} -> {pick} {now[-1]:.3f}")
+        if now:
+            out[path.stem] = {"points": len(now), "then": [round(_geomean(then), 4), round(max(then), 3)],
+                              "now": [round(_geomean(now), 4), round(max(now), 3)], "changed": changed}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory")
     parser.add_argument("--plot")
+    parser.add_argument("--replan", action="store_true", help="score today's plan on the kept timings")
     args = parser.parse_args(argv)
     directory = Path(args.directory)
+    if args.replan:
+        for name, figures_now in replan(directory).items():
+            print(f"{name}: {json.dumps(figures_now)}")
+        return
     for label, names in SETS.items():
         pts = points(directory, names)
         if pts:

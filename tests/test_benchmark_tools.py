@@ -85,6 +85,20 @@ def test_the_results_summarize_without_a_gpu(capsys: pytest.CaptureFixture[str])
     assert [line.split(":")[0] for line in out] == list(summarize_regret.SETS)  # every set has its kept file
 
 
+def test_the_kept_timings_rescore_todays_plan_without_a_gpu() -> None:
+    """--replan plans every table-planned H200 run's points with this code and scores the picks with the kept
+    pinned timings; on the served shapes (measured with today's dense table) the near-tie rule lowers the worst."""
+    from benchmarks import summarize_regret
+
+    found = summarize_regret.replan(BENCHMARKS / "results")
+    kept = {p.stem for p in (BENCHMARKS / "results").glob("regret_*.json")}
+    assert set(found) == {name for name in kept if not name.endswith("_load")}
+    for figures in found.values():
+        assert 1.0 <= figures["now"][0] <= figures["now"][1] and 1.0 <= figures["then"][0] <= figures["then"][1]
+    for name in ("regret_vendors_served", "regret_novendors_served"):
+        assert found[name]["now"][1] < found[name]["then"][1] <= 1.1, found[name]
+
+
 def test_the_moe_invariant_cost_takes_the_cheapest_route_a_record_qualifies_for_every_bucket() -> None:
     from benchmarks.invariance import moe_table_cost
     from fp8select.buckets import M_BUCKETS
