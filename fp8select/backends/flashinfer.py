@@ -193,9 +193,8 @@ class FlashInferBackend(Backend):
         """sm90: the weight bound once (the kernel quantizes). The first call runs the public
         ``fp8_blockscale_gemm_sm90``, which builds its runner; later ones call the runner's three
         functions as that function does after its argument checks (checks this layer made at
-        prepare time and on every call). Where the runner
-        is not found as 0.7.2.post1 has it, every call takes the public function. The other
-        kernels call :meth:`run`."""
+        prepare time and makes on every call). Where the runner is not found as 0.7.2.post1 has
+        it, every call takes the public function. The other kernels call :meth:`run`."""
         if prepared.extra["kernel"] != SM90:
             return super().bind(prepared, caps=caps, config=config, out_dtype=out_dtype)
         gemm = prepared.extra["gemm"].fn
