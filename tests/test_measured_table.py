@@ -58,6 +58,30 @@ def test_round_trip(tmp_path: Path) -> None:
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
 
 
+def test_a_saved_table_has_one_line_per_shape(tmp_path: Path) -> None:
+    table = _table()
+    table["groups"][0]["shapes"]["4096,512"] = {"8192": {"us": 90.0}, "2": {"us": 5.0}}
+    path = tmp_path / "table.json"
+    save_table(path, table)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = [line.strip() for line in lines if line.strip().startswith('"') and line.rstrip(",").endswith("}}")]
+    # every shape on one line, shapes and buckets in numeric order
+    assert rows == ['"4096,512": {"2": {"us": 5.0}, "8192": {"us": 90.0}},',
+                    '"12288,7168": {"16": {"us": 33.3}, "4096": {"us": 627.0}}',
+                    '"2112,7168": {"1": {"config": ' + json.dumps({**CONFIG, "SPLIT_K": 1}, sort_keys=True)
+                    + ', "us": 14.3}}']
+
+
+def test_a_configuration_is_checked_with_its_value_types() -> None:
+    """Distinct configurations are checked once per process; True is not 1 there."""
+    table = _table()
+    assert validate_table(table) is None
+    table["groups"][1]["shapes"]["2112,7168"]["1"]["config"]["SPLIT_K"] = True  # == 1, the valid value above
+    assert "SPLIT_K" in (validate_table(table) or "")
+    table["groups"][1]["shapes"]["2112,7168"]["1"]["config"]["SPLIT_K"] = [1]  # unhashable
+    assert "SPLIT_K" in (validate_table(table) or "")
+
+
 def test_missing_file_is_a_silent_cold_cache(tmp_path: Path) -> None:
     assert _load(tmp_path / "nope.json") == (None, [])
 
@@ -252,5 +276,5 @@ def test_reading_the_shipped_table_costs_a_small_multiple_of_parsing_its_json() 
 
     parse = fastest(lambda: json.loads(path.read_text(encoding="utf-8")))
     read = fastest(lambda: Measurements("NVIDIA H200", [load_table(path, "NVIDIA H200")], installed))  # type: ignore[list-item]
-    assert read < 20 * parse
-    assert path.stat().st_size < 150 * sum(len(b) for g in table["groups"] for b in g["shapes"].values())  # bytes a row
+    assert read < 8 * parse
+    assert path.stat().st_size < 80 * sum(len(b) for g in table["groups"] for b in g["shapes"].values())  # bytes a row

@@ -46,7 +46,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fp8select.buckets import M_BUCKETS
 from fp8select.measured.table import used_versions, versions_text
@@ -61,9 +61,9 @@ _N_WEIGHT = 1.0
 _NAMED = 3  # measured shapes a modelled estimate's detail names
 
 
-@dataclass(frozen=True)
-class Row:
-    """One measurement: whole-op median time and the launch configuration it was taken with."""
+class Row(NamedTuple):
+    """One measurement: whole-op median time and the launch configuration it was taken with (a named
+    tuple: a table has thousands, built at every resolution)."""
 
     us: float
     config: Mapping[str, Any] | None = None

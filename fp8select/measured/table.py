@@ -27,6 +27,7 @@ Pure Python: no torch, no triton.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -72,6 +73,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data"
 _TOP_KEYS = ("schema", "device_name", "groups")
 _OPTIONAL_TOP_KEYS = ("note", "moe")
 _BUCKETS = frozenset(str(b) for b in M_BUCKETS)
+_ROW_KEYS = frozenset({"us", "config"})
 
 
 class TuningCacheWarning(UserWarning):
@@ -151,34 +153,47 @@ def _positive_int(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0
 
 
-def _check_row(where: str, backend: str, row: object, moe: bool = False) -> str | None:
+def _row_problem(backend: str, row: object, moe: bool = False) -> str | None:
+    """Why ``row`` is not a measurement, as the end of a message the caller begins with the row's place."""
     if not isinstance(row, dict):
-        return f"{where}: expected an object, found {type(row).__name__}"
-    unknown = sorted(set(row) - {"us", "config"})
-    if unknown:
-        return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config'"
+        return f": expected an object, found {type(row).__name__}"
+    if not row.keys() <= _ROW_KEYS:
+        unknown = sorted(set(row) - _ROW_KEYS)
+        return f": unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config'"
     us = row.get("us")
-    if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
-        return f"{where}.us: expected a positive finite number of microseconds, found {us!r}"
+    if isinstance(us, bool) or not isinstance(us, (int, float)) or not us > 0 or us == math.inf:
+        return f".us: expected a positive finite number of microseconds, found {us!r}"
     config = row.get("config")
     if config is not None:
         if not isinstance(config, dict):
-            return f"{where}.config: expected an object or null, found {config!r}"
+            return f".config: expected an object or null, found {config!r}"
         problem = config_problem(backend, config, moe)
         if problem is not None:
-            return f"{where}.config: {problem}"
+            return f".config: {problem}"
     return None
 
 
 def config_problem(backend: str, config: Mapping[str, Any], moe: bool = False) -> str | None:
-    """Why a launch configuration is invalid for ``backend`` (only Triton has them), or None."""
+    """Why a launch configuration is invalid for ``backend`` (only Triton has them), or None.
+
+    A table's rows share a few dozen configurations: each distinct one is checked once per process."""
     if backend != "triton":
         return f"expected no configuration for backend {backend!r}, found one"
+    # keyed with each value's type too: True == 1 and 1.0 == 1, but a configuration takes only ints
+    items = tuple((key, type(value), value) for key, value in config.items())
+    try:
+        return _triton_config_problem(frozenset(items), moe)
+    except TypeError:  # a value that cannot be a set member (a list): not a configuration, checked uncached
+        return _triton_config_problem.__wrapped__(items, moe)
+
+
+@functools.lru_cache(maxsize=1024)
+def _triton_config_problem(items: Iterable[tuple[str, type, Any]], moe: bool) -> str | None:
     from fp8select.kernels.moe_config import MoeTritonConfig  # pure python
     from fp8select.kernels.triton_config import TritonConfig
 
     try:
-        (MoeTritonConfig if moe else TritonConfig).from_dict(config)
+        (MoeTritonConfig if moe else TritonConfig).from_dict({key: value for key, _, value in items})
     except (ValueError, TypeError) as exc:
         return str(exc)
     return None
@@ -209,9 +224,9 @@ def _check_group(where: str, group: object, moe: bool = False) -> str | None:
         for bucket, row in buckets.items():
             if bucket not in _BUCKETS:
                 return f"{where}.shapes[{shape!r}]: expected M buckets 1, 2, 4, ..., 8192, found {bucket!r}"
-            problem = _check_row(f"{where}.shapes[{shape!r}][{bucket!r}]", backend, row, moe)
+            problem = _row_problem(backend, row, moe)
             if problem is not None:
-                return problem
+                return f"{where}.shapes[{shape!r}][{bucket!r}]{problem}"
     return None
 
 
@@ -291,18 +306,48 @@ def save_table(path: Path | str, table: Mapping[str, Any]) -> None:
     The JSON goes to a temporary file in the same directory, is flushed and ``fsync``-ed, then
     ``os.replace``-d over ``path``; concurrent writers leave one writer's complete table.
     """
-    write_json(path, check_table(table, "table"))
+    write_json(path, check_table(table, "table"), _table_text)
 
 
-def write_json(path: Path | str, data: Mapping[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`save_table` says how)."""
+def _table_text(table: Mapping[str, Any]) -> str:
+    """``table`` as JSON with one line per shape (its M buckets' rows together): half the bytes of one
+    line per value, quicker to read, and a diff shows which shapes a measurement changed."""
+    def dumps(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+
+    def numeric(key: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in key.split(","))
+
+    def buckets_text(buckets: Mapping[str, Any]) -> str:
+        return "{" + ", ".join(f"{dumps(b)}: {dumps(buckets[b])}" for b in sorted(buckets, key=numeric)) + "}"
+
+    def group_text(group: Mapping[str, Any]) -> str:
+        head = [f"  {dumps(key)}: {dumps(value)}" for key, value in sorted(group.items()) if key != "shapes"]
+        shapes = ",\n".join(f"   {dumps(shape)}: {buckets_text(group['shapes'][shape])}"
+                             for shape in sorted(group["shapes"], key=numeric))
+        return " {\n" + ",\n".join([*head, '  "shapes": {\n' + shapes + "\n  }"]) + "\n }"
+
+    parts = []
+    for key, value in sorted(table.items()):
+        if key in ("groups", "moe"):
+            value_text = "[\n" + ",\n".join(group_text(g) for g in value) + "\n]" if value else "[]"
+        else:
+            value_text = dumps(value)
+        parts.append(f"{dumps(key)}: {value_text}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def write_json(path: Path | str, data: Mapping[str, Any],
+               text: Callable[[Mapping[str, Any]], str] | None = None) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (:func:`save_table` says how); ``text`` renders it
+    (default: indented, keys sorted)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    rendered = (text or _indented)(data)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(rendered)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -311,6 +356,10 @@ def write_json(path: Path | str, data: Mapping[str, Any]) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(target.parent)
+
+
+def _indented(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
 def _fsync_dir(directory: Path) -> None:
