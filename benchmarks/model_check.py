@@ -177,11 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.regret:
             report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(
                 table, _only(_regret_truth(path), keep))
-    text = json.dumps(report, indent=1)
+    text = _text(report)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0
+
+
+def _text(report: dict[str, Any]) -> str:
+    """The report as JSON, a line per fold (the form results are kept in: small, and a diff per fold)."""
+    def value(v: Any) -> str:
+        if isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+            return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(x)}" for k, x in v.items()) + "\n }"
+        return json.dumps(v)
+
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in report.items()) + "\n}"
 
 
 if __name__ == "__main__":

@@ -20,13 +20,8 @@ changes much between releases, and any data beats none), and says so.
   ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). A median, not a mean: a
   backend's standing jumps irregularly between neighbouring shapes (Triton against cuBLAS at M 256:
   1.56x at 5120x5120, 0.94x at 12288x4096), and one such neighbour moves a mean across a near tie but
-  not a median. ``benchmarks/model_check.py`` scores it from measurements alone: the H200 table's 36
-  shapes each left out in turn (504 points), choosing by the model came within 1.1% (geometric mean)
-  of the fastest of the five backends, 25 points losing more than 8%, the worst 1.34x (DeepGEMM for
-  Triton at M 32 of 512x7168, the smallest N); each model's shapes left out together, 1.1%, 28
-  points, 1.34x; six other models' shapes (84 points, another run's times) 1.0%, 4 points, 1.17x.
-  Between cuBLAS and Triton only: 0.9-1.0%, 25-26 points, the worst 1.26-1.29x, and 0.8%, 3 points,
-  1.49x. What else was tried, and the weighted mean before: docs/performance.md, "Shapes in no table".
+  not a median. ``benchmarks/model_check.py`` scores it from measurements alone, each shape of the table
+  left out in turn; its figures, and what else was tried: docs/performance.md, "Shapes in no table".
   A modelled estimate names the measured shapes its backend's standing came from, with their shares
   of the weight (``sources``; the three largest in ``detail``, which ``explain --layer`` shows, with
   the standing and the nearest shape where it was measured). Where that matters, measure: ``fp8select tune``,
@@ -140,8 +135,9 @@ class Measurements:
     def estimate(self, backend: str, n: int, k: int, bucket: int) -> Estimate | None:
         """The expected whole-op time of ``backend`` at (N, K) and M bucket ``bucket``, or None.
 
-        Remembered per argument: a modelled estimate interpolates over every measured shape (a few
-        milliseconds per layer shape with the H200 table's 36), and a model's layers repeat a few shapes.
+        Remembered per argument: a modelled estimate interpolates over every measured shape (about 25 ms
+        per layer shape, every backend and bucket, with the H200 table's 99 on a slow CPU), and a model's
+        layers repeat a few shapes.
         The answer is a function of the rows alone, so a second thread computing it meanwhile writes
         the same value."""
         key = (backend, n, k, bucket)
