@@ -6,9 +6,10 @@ Times, by the recipe of docs/measurements.md, every accepted backend pinned (a s
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
 (N, K, M): whole op with quantization, CUDA-graph replay, weights rotated past the L2, all of
 a point's columns timed together with their replays interleaved (``timing.time_graphs``).
-Writes the distilled figures: per point every backend's median, what auto ran and its regret
-(auto time / fastest pinned time), and the summary: regret geomean and worst, and how the
-ideal per-point choice compares with always running one backend.
+Writes the distilled figures: per point every backend's median, the launch configuration each pinned
+backend that has one ran (``configs``: Triton's), what auto ran and its regret (auto time / fastest
+pinned time), and the summary: regret geomean and worst, and how the ideal per-point choice compares
+with always running one backend.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def distill(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         p = points.setdefault((r["n"], r["k"], r["m"]), {"n": r["n"], "k": r["k"], "m": r["m"], "us": {}})
         if "whole" in r:
             p["us"][r["backend"]] = r["whole"]["median_us"]
+            if "config" in r and r["backend"] not in SKIP:  # what --replan compares today's plan with
+                p.setdefault("configs", {})[r["backend"]] = r["config"]
             if r["backend"] == "auto":
                 p["auto_ran"] = r.get("ran")
         elif r.get("correct") is False or "error" in r:

@@ -15,6 +15,9 @@ the backend ``auto`` ran then. It re-scores kept timings, measures nothing: what
 changes on points measured once. The plan is made for the snapshot the run recorded
 (``capabilities``); runs before it did are given an H200 snapshot made from their environment and
 the table's versions, with every vendor entry point fp8select looks for (:func:`_h200_snapshot`).
+A point whose run recorded the configuration a backend ran (``configs``, runs since they were kept)
+and where today's plan picks that backend with another one is **stale**: its pinned time is not
+what the pick takes now, so it is listed apart and left out of ``now``.
 """
 
 from __future__ import annotations
@@ -124,13 +127,18 @@ def replan(directory: Path) -> dict[str, dict[str, Any]]:
         caps = Capabilities.from_dict(run["capabilities"]) if "capabilities" in run else _h200_snapshot(run, table)
         selection = resolve(caps, plugins=False, order=run["chain"])
         plans: dict[tuple[int, int], Any] = {}
-        then, now, changed = [], [], []
+        then, now, changed, stale = [], [], [], []
         for p in run["points"]:
             times = {b: t for b, t in p["us"].items() if b in run["chain"] and b != "reference"}
             shape = (p["n"], p["k"])
             plan = plans[shape] = plans.get(shape) or selection.plan_for(*shape)
-            pick = plan.route(p["m"]).backend
+            route = plan.route(p["m"])
+            pick = route.backend
             if pick not in times or p.get("auto_ran") not in times:
+                continue
+            config = route.config.to_dict() if hasattr(route.config, "to_dict") else route.config
+            if pick in p.get("configs", {}) and p["configs"][pick] != config:
+                stale.append(f"{p['n']}x{p['k']} M {p['m']}: {pick}")
                 continue
             fastest = min(times.values())
             then.append(times[p["auto_ran"]] / fastest)
@@ -139,7 +147,8 @@ def replan(directory: Path) -> dict[str, dict[str, Any]]:
                 changed.append(f"{p['n']}x{p['k']} M {p['m']}: {p['auto_ran']} {then[-1]:.3f} -> {pick} {now[-1]:.3f}")
         if now:
             out[path.stem] = {"points": len(now), "then": [round(_geomean(then), 4), round(max(then), 3)],
-                              "now": [round(_geomean(now), 4), round(max(now), 3)], "changed": changed}
+                              "now": [round(_geomean(now), 4), round(max(now), 3)], "changed": changed,
+                              **({"stale": stale} if stale else {})}
     return out
 
 

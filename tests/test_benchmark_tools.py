@@ -4,6 +4,7 @@ distilled results they keep stay small."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -83,6 +84,33 @@ def test_the_results_summarize_without_a_gpu(capsys: pytest.CaptureFixture[str])
     summarize_regret.main([str(BENCHMARKS / "results")])
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == list(summarize_regret.SETS)  # every set has its kept file
+
+
+def test_a_point_timed_with_another_configuration_than_todays_is_stale(tmp_path: Path) -> None:
+    """A run records the configuration each pinned backend ran; where today's plan picks that backend with
+    another one, the kept time is not the pick's: --replan lists the point as stale, not as a regret."""
+    from benchmarks import summarize_regret
+    from fp8select import Capabilities, resolve
+
+    run = json.loads((BENCHMARKS / "results" / "regret_novendors_served.json").read_text())
+    selection = resolve(Capabilities.from_dict(run["capabilities"]), plugins=False, order=run["chain"])
+    todays = {}
+    for p in run["points"]:
+        route = selection.plan_for(p["n"], p["k"]).route(p["m"])
+        if route.backend == "triton":
+            todays[(p["n"], p["k"], p["m"])] = route.config.to_dict()
+    same, other = sorted(todays)[:2]
+    for p in run["points"]:
+        key = (p["n"], p["k"], p["m"])
+        if key == same:
+            p["configs"] = {"triton": todays[key]}
+        elif key == other:
+            p["configs"] = {"triton": {**todays[key], "num_stages": todays[key]["num_stages"] + 1}}
+    (tmp_path / "regret_novendors_served.json").write_text(json.dumps(run))
+    kept = summarize_regret.replan(BENCHMARKS / "results")["regret_novendors_served"]
+    found = summarize_regret.replan(tmp_path)["regret_novendors_served"]
+    assert found["stale"] == [f"{other[0]}x{other[1]} M {other[2]}: triton"]
+    assert found["points"] == kept["points"] - 1 and "stale" not in kept
 
 
 def test_the_kept_timings_rescore_todays_plan_without_a_gpu() -> None:
