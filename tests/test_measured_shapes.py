@@ -89,17 +89,16 @@ def test_parse_shapes_takes_every_set_name_mixed_with_pairs() -> None:
 def test_the_shipped_h200_table_measures_every_served_shape_at_every_bucket() -> None:
     """A served shape is a table hit on the H200: every backend the H200 vendors run, every M bucket
     (a model or degree added to the catalogue fails here until `tune --shapes served` measures it)."""
+    from fp8select.backends.cutlass import CutlassBackend
     from fp8select.buckets import M_BUCKETS
     from fp8select.measured.table import SHIPPED_DIR, load_table, shape_key
 
     table = load_table(SHIPPED_DIR / "tuning-nvidia-h200.json", "NVIDIA H200")
     assert table is not None
-    from fp8select.backends.cutlass import CutlassBackend
-
+    cutlass_takes = (CutlassBackend.n_multiple, CutlassBackend.k_multiple)  # its gate: whole 128-blocks
     backends = ("deepgemm", "flashinfer", "cuda-scaled-mm", "triton")
     rows = {(g["backend"], shape): set(buckets) for g in table["groups"] for shape, buckets in g["shapes"].items()}
     missing = [(b, f"{n}x{k}") for n, k in shape_sets()["served"]
-               for b in (*backends, *(["cutlass"] if (n % CutlassBackend.n_multiple, k % CutlassBackend.k_multiple) == (0, 0)
-                                      else []))  # its gate
+               for b in (*backends, *(["cutlass"] if (n % cutlass_takes[0], k % cutlass_takes[1]) == (0, 0) else []))
                if rows.get((b, shape_key(n, k))) != {str(m) for m in M_BUCKETS}]
     assert missing == []
