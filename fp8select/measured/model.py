@@ -108,6 +108,10 @@ class Measurements:
             by_bucket = {b: tuple(sorted(s for s, rows in shapes.items() if b in rows)) for b in M_BUCKETS}
             self._rows[backend] = _BackendRows(dict(key), exact, shapes, by_bucket)
         self._memo: dict[tuple[str, int, int, int], Estimate | None] = {}  # estimate(), remembered
+        # Remembered too, each a function of the rows: per (backend or None for the fastest, bucket) the
+        # values the model's medians take, in order; per layer shape every measured shape's weight.
+        self._ordered: dict[tuple[str | None, int], list[tuple[tuple[int, int], float]]] = {}
+        self._weights: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
         # The fastest backend's time per (shape, bucket), over the rows used: what standings are relative to.
         self._best: dict[tuple[tuple[int, int], int], float] = {}
         for rows in self._rows.values():
@@ -135,7 +139,7 @@ class Measurements:
     def estimate(self, backend: str, n: int, k: int, bucket: int) -> Estimate | None:
         """The expected whole-op time of ``backend`` at (N, K) and M bucket ``bucket``, or None.
 
-        Remembered per argument: a modelled estimate interpolates over every measured shape (about 25 ms
+        Remembered per argument: a modelled estimate interpolates over every measured shape (about 10 ms
         per layer shape, every backend and bucket, with the H200 table's 99 on a slow CPU), and a model's
         layers repeat a few shapes.
         The answer is a function of the rows alone, so a second thread computing it meanwhile writes
@@ -156,11 +160,9 @@ class Measurements:
         train = rows.by_bucket.get(bucket, ())
         if not train:
             return None
-        shapes = [shape for (shape, b) in self._best if b == bucket]
-        best_eff, _, _ = _interpolate(n, k, [(shape, math.log(self._best[(shape, bucket)] / floor_us(*shape, bucket)))
-                                             for shape in shapes])
-        standing, shares, (mn, mk) = _interpolate(
-            n, k, [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)])) for shape in train])
+        weights = self._weights_at(n, k)
+        best_eff, _, _ = _weighted_median(self._values(None, bucket), weights)
+        standing, shares, (mn, mk) = _weighted_median(self._values(backend, bucket), weights)
         us = floor_us(n, k, bucket) * math.exp(best_eff + standing)
         sources = tuple(sorted(shares.items(), key=lambda item: (-item[1], item[0])))
         nearest = sources[0][0]
@@ -169,17 +171,38 @@ class Measurements:
                   f" {math.exp(standing):.2f}x the fastest as at {mn}x{mk}{note}")
         return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config, nearest, sources)
 
+    def _values(self, backend: str | None, bucket: int) -> list[tuple[tuple[int, int], float]]:
+        """The model's values at ``bucket`` in increasing order, per measured shape: the fastest backend's
+        log(best / floor) (``backend`` None), else ``backend``'s standing log(time / best)."""
+        key = (backend, bucket)
+        if key not in self._ordered:
+            if backend is None:
+                points = [(shape, math.log(self._best[(shape, b)] / floor_us(*shape, b))) for (shape, b) in self._best
+                          if b == bucket]
+            else:
+                rows = self._rows[backend]
+                points = [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)]))
+                          for shape in rows.by_bucket.get(bucket, ())]
+            self._ordered[key] = sorted(points, key=lambda point: point[1])
+        return self._ordered[key]
+
+    def _weights_at(self, n: int, k: int) -> dict[tuple[int, int], float]:
+        """Every measured shape's weight for a layer of shape (N, K): 1 / (distance + eps) ** power."""
+        if (n, k) not in self._weights:
+            self._weights[(n, k)] = {shape: 1.0 / (_distance(shape, n, k) + _EPS) ** _POWER
+                                     for shape in dict.fromkeys(shape for shape, _ in self._best)}
+        return self._weights[(n, k)]
+
+
 def _distance(shape: tuple[int, int], n: int, k: int) -> float:
     return math.hypot(_N_WEIGHT * math.log2(shape[0] / n), math.log2(shape[1] / k))
 
 
-def _interpolate(n: int, k: int, points: list[tuple[tuple[int, int], float]]
-                 ) -> tuple[float, dict[tuple[int, int], float], tuple[int, int]]:
-    """The inverse-distance weighted median of the values at measured shapes (see the module docstring), each
-    shape's share of the weight, and the nearest shape with that value."""
-    weights = {shape: 1.0 / (_distance(shape, n, k) + _EPS) ** _POWER for shape, _ in points}
-    ordered = sorted(points, key=lambda point: point[1])
+def _weighted_median(ordered: list[tuple[tuple[int, int], float]], weights: Mapping[tuple[int, int], float]
+                     ) -> tuple[float, dict[tuple[int, int], float], tuple[int, int]]:
+    """The weighted median of values at measured shapes (``ordered`` by value; see the module docstring),
+    each shape's share of the weight, and the nearest shape with that value."""
     reached = list(itertools.accumulate(weights[shape] for shape, _ in ordered))
     _, median = ordered[bisect.bisect_left(reached, reached[-1] / 2)]
-    at = max((shape for shape, value in points if value == median), key=lambda shape: (weights[shape], shape))
-    return median, {shape: w / reached[-1] for shape, w in weights.items()}, at
+    at = max((shape for shape, value in ordered if value == median), key=lambda shape: (weights[shape], shape))
+    return median, {shape: weights[shape] / reached[-1] for shape, _ in ordered}, at
