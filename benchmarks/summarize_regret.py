@@ -132,12 +132,11 @@ def replan(directory: Path) -> dict[str, dict[str, Any]]:
             times = {b: t for b, t in p["us"].items() if b in run["chain"] and b != "reference"}
             shape = (p["n"], p["k"])
             plan = plans[shape] = plans.get(shape) or selection.plan_for(*shape)
-            route = plan.route(p["m"])
-            pick = route.backend
+            route = plan.route(p["m"]).to_dict()
+            pick = route["backend"]
             if pick not in times or p.get("auto_ran") not in times:
                 continue
-            config = route.config.to_dict() if hasattr(route.config, "to_dict") else route.config
-            if pick in p.get("configs", {}) and p["configs"][pick] != config:
+            if pick in p.get("configs", {}) and p["configs"][pick] != route["config"]:
                 stale.append(f"{p['n']}x{p['k']} M {p['m']}: {pick}")
                 continue
             fastest = min(times.values())

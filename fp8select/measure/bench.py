@@ -254,9 +254,9 @@ def measure(selection: Selection, shapes: Iterable[tuple[int, int]], ms: Sequenc
                 row["tflops"] = round(2 * m * n * k / median / 1e6, 2)
                 if name == "auto":
                     row["ran"] = layers[name][0].backend_for(m).name
-                config = layers[name][0].main_plan.route(m).config
-                if hasattr(config, "to_dict"):  # the launch configuration timed (Triton's)
-                    row["config"] = config.to_dict()
+                config = layers[name][0].main_plan.route(m).to_dict()["config"]
+                if config is not None:  # the launch configuration timed (Triton's)
+                    row["config"] = config
             if BF16 in errors:
                 rows.append({**common, "backend": BF16, "error": errors[BF16]})
             elif BF16 in times:
