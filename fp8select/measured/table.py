@@ -161,7 +161,7 @@ def _row_problem(backend: str, row: object, moe: bool = False) -> str | None:
         unknown = sorted(set(row) - _ROW_KEYS)
         return f": unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config'"
     us = row.get("us")
-    if isinstance(us, bool) or not isinstance(us, (int, float)) or not us > 0 or us == math.inf:
+    if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
         return f".us: expected a positive finite number of microseconds, found {us!r}"
     config = row.get("config")
     if config is not None:
