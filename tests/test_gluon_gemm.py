@@ -21,11 +21,15 @@ import pytest
 
 TILES = [(64, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 64, 4, 4, True), (64, 64, 4, 6, True),
          (64, 64, 4, 4, False)]
+GROUPED_TILES = [(64, 128, 4, 4, True, "fp32"), (128, 128, 8, 4, True, "fp32"), (128, 128, 8, 4, True, "bf16")]
+"""The MoE experts' grouped launches (:func:`fp8select.kernels.gluon_gemm.launch_grouped`): the gate-up's
+fp32 output and the down GEMM's bf16 one, at the tiles ``tune --moe`` times."""
 
 
-def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool) -> tuple[str, int]:
-    """PTX and shared-memory bytes of the kernel for sm90 with a bf16 output tile; 128x128 weight scales
-    when ``scalar``."""
+def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool, out: str = "bf16",
+                  grouped: bool = False) -> tuple[str, int]:
+    """PTX and shared-memory bytes of the kernel for sm90 with an ``out`` output tile; 128x128 weight scales
+    when ``scalar``; ``grouped``: the MoE experts' launch (a row block's expert offsets B)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -39,11 +43,12 @@ def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: b
     signature = {
         "a_desc": desc("fp8e4nv", gl.float8e4nv, [block_m, 128]), "as_ptr": "*fp32",
         "b_desc": desc("fp8e4nv", gl.float8e4nv, [block_n, 128]), "bs_ptr": "*fp32", "bias_ptr": "*bf16",
-        "c_desc": desc("bf16", gl.bfloat16, [block_m, block_n]),
+        "c_desc": desc(out, {"bf16": gl.bfloat16, "fp32": gl.float32}[out], [block_m, block_n]),
         **dict.fromkeys(("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias"), "i32"),
+        "be_ptr": "*i32", "stride_bse": "i32",
     }
-    constants = {"SCALE_BN": 128 if scalar else 1, "B_SCALE_SCALAR": scalar, "HAS_BIAS": True, "GROUP_M": 8,
-                 "STAGES": stages, "num_warps": warps}
+    constants = {"SCALE_BN": 128 if scalar else 1, "B_SCALE_SCALAR": scalar, "HAS_BIAS": not grouped, "GROUP_M": 8,
+                 "STAGES": stages, "num_warps": warps, "GROUPED": grouped}
     names = list(signature) + list(constants)
     signature.update(dict.fromkeys(constants, "constexpr"))
     src = GluonASTSource(gluon_gemm._wgmma_block_kernel, signature,
@@ -69,13 +74,13 @@ def ptx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _name(tile: tuple[int, int, int, int, bool]) -> str:
-    return "_".join(str(int(v)) for v in tile)
+def _name(tile: tuple[int | bool | str, ...]) -> str:
+    return "_".join(v if isinstance(v, str) else str(int(v)) for v in tile)
 
 
-@pytest.mark.parametrize("tile", TILES, ids=_name)
+@pytest.mark.parametrize("tile", TILES + GROUPED_TILES, ids=_name)
 def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
-        ptx_dir: Path, tile: tuple[int, int, int, int, bool]) -> None:
+        ptx_dir: Path, tile: tuple[int | bool | str, ...]) -> None:
     from triton.backends.nvidia.compiler import get_ptxas
 
     path = ptx_dir / f"{_name(tile)}.ptx"
@@ -109,3 +114,6 @@ if __name__ == "__main__":  # the child process of ``ptx_dir``
         ptx, shared = _compile_sm90(*tile)
         (Path(sys.argv[1]) / f"{_name(tile)}.ptx").write_text(ptx)
         (Path(sys.argv[1]) / f"{_name(tile)}.shared").write_text(str(shared))
+    for block_m, block_n, warps, stages, scalar, out in GROUPED_TILES:
+        ptx, _ = _compile_sm90(block_m, block_n, warps, stages, scalar, out, grouped=True)
+        (Path(sys.argv[1]) / f"{_name((block_m, block_n, warps, stages, scalar, out))}.ptx").write_text(ptx)

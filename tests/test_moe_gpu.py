@@ -172,3 +172,34 @@ def test_the_triton_plain_gate_up_within_1e2_and_as_the_fused_kernel(problem, bl
     x[m - 1, 5] = float("nan")
     y = experts(x.cuda(), w.cuda(), ids.cuda(), plain).cpu()
     assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
+
+
+@pytest.mark.parametrize("tiles", [(64, 4), (128, 8)])
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_the_wgmma_path_within_1e2_and_as_the_tl_dot_kernel_of_the_same_tiles(problem, tiles, m: int) -> None:  # type: ignore[no-untyped-def]
+    """``WGMMA`` 1: both GEMMs on the Gluon kernel (the activation gathered into the sorted rows, the down
+    GEMM into sorted rows summed through each slot's row) against fp64 and against the ``tl.dot`` kernels
+    of the same tiles (the same products; compiled, fp32 rounding may differ); every token on one expert;
+    a NaN token's row NaN, the others finite; ids -1 contribute nothing."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.moe_triton import TritonExperts
+    from fp8select.kernels.triton_device import wgmma_runs
+
+    if not wgmma_runs(torch.device("cuda")):
+        pytest.skip("the wgmma kernel does not run on this GPU")
+    experts = TritonExperts(*_cuda(problem))
+    block_m, warps = tiles
+    wgmma = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=warps, num_stages=4, QUANT_IN_KERNEL=0,
+                            FUSED_ACT=0, WGMMA=1)
+    plain = MoeTritonConfig(**{**wgmma.to_dict(), "WGMMA": 0})
+    x, w, ids = _inputs(m, seed=m)
+    ids[0, -1] = -1
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), wgmma)
+    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
+    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), plain)) < 1e-3
+    one = torch.zeros_like(ids)
+    assert rel_err(experts(x.cuda(), w.cuda(), one.cuda(), wgmma).cpu(), expected_moe(x, *problem.weights(), w, one)) < TOL
+    assert torch.equal(experts(x.cuda(), w.cuda(), torch.full_like(ids, -1).cuda(), wgmma).cpu(), torch.zeros_like(x))
+    x[m - 1, 5] = float("nan")
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), wgmma).cpu()
+    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()

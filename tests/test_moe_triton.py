@@ -241,7 +241,8 @@ def test_public_grouped_gemms_check_their_arguments() -> None:
 
 def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
     tiles = [default_config(m, 8, 32).BLOCK_M for m in (1, 64, 128, 1024, 8192)]  # 1-2048 tokens per expert
-    assert tiles == sorted(tiles) and tiles[0] == 16 and tiles[-1] == 64  # no 128-row tile (moe_config says why)
+    assert tiles == sorted(tiles) and tiles[0] == 16 and tiles[-1] == 128
+    assert [default_config(m, 8, 32).WGMMA for m in (1, 128, 129, 8192)] == [0, 0, 1, 1]  # wgmma from 33 per expert
     assert {default_config(m, 8, 8).QUANT_IN_KERNEL for m in (1, 64, 4096)} == {0}  # measured slower in the GEMM
     with pytest.raises(ValueError, match="BLOCK_M"):
         MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
@@ -249,6 +250,32 @@ def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
         MoeTritonConfig.from_dict({"BLOCK_M": 16})
     config = default_config(64, 8, 32)
     assert MoeTritonConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_one_cannot(problem) -> None:  # type: ignore[no-untyped-def]
+    """``WGMMA`` 1 needs the plain structure and a warpgroup's rows per 4 warps; off Hopper (here: the
+    interpreter) the same tiles run on the ``tl.dot`` kernels, bit for bit the ``WGMMA`` 0 op; rows
+    written before the key read back as ``WGMMA`` 0, and ``tune --moe`` times the wgmma tiles."""
+    from fp8select.kernels.moe_config import tuning_configs
+
+    wgmma = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                            FUSED_ACT=0, WGMMA=1)
+    for bad in ({"FUSED_ACT": 1}, {"BLOCK_M": 128}, {"BLOCK_N": 32}):
+        with pytest.raises(ValueError, match="WGMMA"):
+            MoeTritonConfig(**{**wgmma.to_dict(), **bad})
+    assert wgmma.describe().endswith(" wgmma") and MoeTritonConfig.from_dict(wgmma.to_dict()) == wgmma
+    assert "WGMMA" not in default_config(1, 8, 32).to_dict()  # the old rows' form
+    assert wgmma in tuning_configs(1, 8, 32) and wgmma == tuning_configs(512, 8, 32)[0]
+    assert dataclasses.replace(wgmma, BLOCK_M=128, num_warps=8) == tuning_configs(4096, 8, 32)[0]
+    x, w, ids = _inputs_for(problem, 5)
+    experts = moe_triton.TritonExperts(*problem.weights())
+    plain = dataclasses.replace(wgmma, WGMMA=0)
+    assert torch.equal(experts(x, w, ids, wgmma), experts(x, w, ids, plain))
+
+
+def _inputs_for(problem, m: int):  # type: ignore[no-untyped-def]
+    w, ids = random_routing(m, 2, problem.experts, seed=m)
+    return torch.randn(m, problem.hidden, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16), w, ids
 
 
 def test_tune_moe_times_the_triton_configurations_through_the_real_kernels(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -118,12 +118,15 @@ def _wgmma_block_kernel(
     stride_bsn,
     stride_bsk,
     stride_bias,
+    be_ptr,
+    stride_bse,
     SCALE_BN: gl.constexpr,
     B_SCALE_SCALAR: gl.constexpr,
     HAS_BIAS: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
+    GROUPED: gl.constexpr = False,
 ):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -136,6 +139,14 @@ def _wgmma_block_kernel(
     pid_m, pid_n = _grouped_tile(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
+    off_b = off_n  # the tile's first row of ``b_desc``
+    if GROUPED:
+        # Row block pid_m belongs to expert be[pid_m] (-1: no rows); B is the experts' [E * N, K] weights.
+        expert = gl.load(be_ptr + pid_m)
+        if expert < 0:
+            return
+        off_b = expert * N + off_n
+        bs_ptr = bs_ptr + expert.to(gl.int64) * stride_bse
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no * in Gluon
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005
@@ -146,7 +157,7 @@ def _wgmma_block_kernel(
     k_blocks = gl.cdiv(K, BLOCK_K)
     # Fill every slot; from block 1 on, each step refills the slot of the block before it.
     for i in gl.static_range(STAGES):
-        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, i, i, off_m, off_n, i < k_blocks)
+        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, i, i, off_m, off_b, i < k_blocks)
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
     as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * stride_asm
@@ -166,14 +177,14 @@ def _wgmma_block_kernel(
     # Two blocks per iteration: the pending results x0 and x1 swap roles with no copy.
     for kb in range(1, k_blocks - 1, 2):
         x1, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
-                                              as_ptrs, bs_ptrs, kb, k_blocks, off_m, off_n, stride_ask, stride_bsk,
+                                              as_ptrs, bs_ptrs, kb, k_blocks, off_m, off_b, stride_ask, stride_bsk,
                                               B_SCALE_SCALAR, STAGES, num_warps)
         x0, s1, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x1, s0, acc, a_scale, b_scale,
-                                              as_ptrs, bs_ptrs, kb + 1, k_blocks, off_m, off_n, stride_ask,
+                                              as_ptrs, bs_ptrs, kb + 1, k_blocks, off_m, off_b, stride_ask,
                                               stride_bsk, B_SCALE_SCALAR, STAGES, num_warps)
     if k_blocks % 2 == 0:  # one block left after the pairs
         last, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
-                                                as_ptrs, bs_ptrs, k_blocks - 1, k_blocks, off_m, off_n, stride_ask,
+                                                as_ptrs, bs_ptrs, k_blocks - 1, k_blocks, off_m, off_b, stride_ask,
                                                 stride_bsk, B_SCALE_SCALAR, STAGES, num_warps)
         done = warpgroup_mma_wait(num_outstanding=0, deps=(last, ))
     else:
@@ -217,5 +228,29 @@ def launch(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: tor
         _descriptor(a, [cfg.BLOCK_M, SCALE_GROUP_K]), a_scale, _descriptor(b, [cfg.BLOCK_N, SCALE_GROUP_K]), b_scale,
         bias if bias is not None else b_scale, _descriptor(out, [cfg.BLOCK_M, cfg.BLOCK_N]), m, n, k,
         a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-        bias.stride(0) if bias is not None else 0, SCALE_BN=scale_bn, B_SCALE_SCALAR=scale_bn % cfg.BLOCK_N == 0,
-        HAS_BIAS=bias is not None, GROUP_M=cfg.GROUP_M, STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+        bias.stride(0) if bias is not None else 0, b_scale, 0, SCALE_BN=scale_bn,
+        B_SCALE_SCALAR=scale_bn % cfg.BLOCK_N == 0, HAS_BIAS=bias is not None, GROUP_M=cfg.GROUP_M,
+        STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+
+
+def launch_grouped(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                   block_expert: torch.Tensor, out: torch.Tensor, *, block_m: int, block_n: int, group_m: int,
+                   stages: int, num_warps: int) -> None:
+    """The grouped GEMM of the MoE experts: ``out[r] = dequant(a[r]) @ dequant(w[e]).T`` for every row
+    ``r`` of a row block whose expert ``e = block_expert[r // block_m]`` is not -1 (the rows of the
+    other blocks are left as they are).
+
+    ``a`` fp8 ``[R, K]`` (rows sorted by expert in blocks of ``block_m``) with row-major scales
+    ``[R, ceil(K/128)]``, ``w`` fp8 ``[E, N, K]`` contiguous with 128x128 block scales
+    ``[E, ceil(N/128), ceil(K/128)]``, ``out`` ``[R, N]``; all able to back TMA descriptors
+    (:func:`.triton_device._tma_ok`). A column tile past an expert's N reads the next expert's
+    rows (or TMA's zeros after the last) into columns the output's descriptor does not store."""
+    rows, k = a.shape
+    experts, n, _ = w.shape
+    grid = (triton.cdiv(rows, block_m) * triton.cdiv(n, block_n),)
+    _wgmma_block_kernel[grid](
+        _descriptor(a, [block_m, SCALE_GROUP_K]), a_scale, _descriptor(w.view(experts * n, k), [block_n, SCALE_GROUP_K]),
+        w_scale, w_scale, _descriptor(out, [block_m, block_n]), rows, n, k, a_scale.stride(0), a_scale.stride(1),
+        w_scale.stride(1), w_scale.stride(2), 0, block_expert, w_scale.stride(0), SCALE_BN=SCALE_GROUP_K,
+        B_SCALE_SCALAR=SCALE_GROUP_K % block_n == 0, HAS_BIAS=False, GROUP_M=group_m, STAGES=stages,
+        num_warps=num_warps, GROUPED=True)

@@ -32,11 +32,11 @@ from typing import Any
 __all__ = ["MoeTritonConfig", "default_config", "tuning_configs"]
 
 _KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "num_warps", "num_stages", "QUANT_IN_KERNEL")
-_OPTIONAL = {"FUSED_ACT": 1}
+_OPTIONAL = {"FUSED_ACT": 1, "WGMMA": 0}
 """Keys a mapping may leave out (measured rows and records written before the key existed), with the
 value they then mean; :meth:`MoeTritonConfig.to_dict` leaves them out at that value, so those rows
 round-trip unchanged."""
-_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT")
+_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT", "WGMMA")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,10 @@ class MoeTritonConfig:
             measured, :func:`default_config`), 0 runs the quantization kernel first (each token
             quantized once however many column tiles read it). The plain gate-up takes 0 only.
         FUSED_ACT: 1, the fused gate-up (the default); 0, the plain one (the module docstring).
+        WGMMA: 1 runs both GEMMs of the plain structure on the Hopper ``wgmma`` kernel
+            (:mod:`.gluon_gemm`, the tiles' rows one warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128),
+            the activation gathered into the sorted rows first; where that kernel does not run (not
+            Hopper, operands TMA cannot read), the same tiles on the ``tl.dot`` kernel.
     """
 
     BLOCK_M: int
@@ -65,6 +69,7 @@ class MoeTritonConfig:
     num_stages: int
     QUANT_IN_KERNEL: int
     FUSED_ACT: int = 1
+    WGMMA: int = 0
 
     def __post_init__(self) -> None:
         for key in (*_KEYS, *_OPTIONAL):
@@ -84,6 +89,9 @@ class MoeTritonConfig:
         if not self.FUSED_ACT and self.QUANT_IN_KERNEL:
             raise ValueError("MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 with FUSED_ACT 0 (the plain gate-up "
                              "reads the quantized activation)")
+        if self.WGMMA and (self.FUSED_ACT or self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128)):
+            raise ValueError("MoeTritonConfig 'WGMMA' 1 needs FUSED_ACT 0, BLOCK_M 16 * num_warps (a warpgroup's 64 "
+                             f"rows per 4 warps) and BLOCK_N 64 or 128, got {self.describe()}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MoeTritonConfig:
@@ -109,7 +117,8 @@ class MoeTritonConfig:
         quant = " qk" if self.QUANT_IN_KERNEL else ""
         group = f" g{self.GROUP_M}" if self.GROUP_M != 1 else ""
         plain = "" if self.FUSED_ACT else " plain"
-        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}"
+        wgmma = " wgmma" if self.WGMMA else ""
+        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}{wgmma}"
 
 
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
@@ -117,46 +126,59 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
     The plain gate-up (``FUSED_ACT`` 0) at every ``m``, the activation quantized by its own kernel
     first, ``BLOCK_N`` 128. ``tokens per expert = m * top_k / experts`` (uniform routing) picks the
-    row tile: 16 up to 16 tokens, 32 up to 32, 64 above. Measured on the H200 (``tune --moe``,
-    DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B, M 1-4096): the plain gate-up was the fastest
-    candidate at all 12 points, with these tiles, 1.06-1.53x faster than the fused one (M 4096 at 32
-    experts: 6.5 ms against 9.9; M 1: 111 us against 139); quantizing the activation inside the
-    gate-up K loop had doubled the fused op's time at decode.
+    kernel and its row tile: the ``tl.dot`` kernels with 16 rows up to 16 tokens and 32 up to 32; above,
+    the ``wgmma`` kernel (``WGMMA`` 1), 64 x 128 tiles and from 256 tokens 128 x 128 with 8 warps.
+    Measured on the H200 (``tune --moe``, DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B):
+    at M 512-4096 the ``wgmma`` kernel took 0.59-0.79x the time of the ``tl.dot`` kernels' 64 x 128
+    tiles (32 experts, M 4096: 4.17 ms against 6.63), whose every K block waits for its MMA before
+    the scaling; at decode (M 1-64) 16-row ``tl.dot`` tiles were faster than any ``wgmma`` one (113 us
+    against 134 at M 1). Before that, the plain gate-up was 1.06-1.53x faster than the fused one at
+    all 12 points measured, and quantizing the activation inside the gate-up K loop had doubled the
+    fused op's time at decode.
+
+    ``GROUP_M`` 8 at every ``m``: under skewed routing an expert holds several row blocks even at
+    decode, and grouped launch order has its blocks take each weight tile together, read once from
+    HBM into L2, where one block after another (``GROUP_M`` 1) read it once per block. Under uniform
+    routing at decode each expert has one block, and the order changes nothing.
     """
     per_expert = -(-m * top_k // max(experts, 1))
-    if per_expert <= 16:
-        return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
-                               FUSED_ACT=0)
     if per_expert <= 32:
-        return MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
-                               FUSED_ACT=0)
-    return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=0,
-                           FUSED_ACT=0)
+        return MoeTritonConfig(BLOCK_M=16 if per_expert <= 16 else 32, BLOCK_N=128, GROUP_M=8, num_warps=4,
+                               num_stages=4, QUANT_IN_KERNEL=0, FUSED_ACT=0)
+    if per_expert < 256:
+        return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                               FUSED_ACT=0, WGMMA=1)
+    return MoeTritonConfig(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=4, QUANT_IN_KERNEL=0,
+                           FUSED_ACT=0, WGMMA=1)
 
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
-    """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct: the rule's
-    configuration; its neighbours one step away (the row tile doubled and halved, half the columns
-    per program, the other warp count, one pipeline stage more or fewer); at prefill (64-row tiles)
-    64 x 128 with 4 stages, a dense GEMM's 128 x 128 tile with 8 warps, and 32 row blocks sharing each
-    weight tile (vLLM's tuned H200 prefill configurations take 16-64; untimed here); then the fused gate-up
-    with the rule's tiles, and quantizing its activation in the K loop (both measured slower on the
-    H200, :func:`default_config`, kept for other devices)."""
+    """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
+    configuration, then its neighbours. At decode (the ``tl.dot`` rule): the ``wgmma`` kernel's 64 x 128
+    tile and the same on the ``tl.dot`` kernels (one row block for up to 64 tokens of an expert: vLLM's
+    tuned H200 tile at M 64 of DeepSeek-V3's 32 experts), then the row tile doubled and halved, half the
+    columns per program, 8 warps, one pipeline stage fewer. At prefill (the ``wgmma`` rule): its other row tile (64 x 128
+    with 4 warps or 128 x 128 with 8), 64 columns, one stage fewer, 32 row blocks sharing each weight
+    tile (vLLM's tuned H200 prefill configurations take 16-64), and the ``tl.dot`` kernels' 64 x 128
+    tile with 3 stages (the rule before the ``wgmma`` kernel, and what runs where that kernel does
+    not). Then, everywhere, the fused gate-up with the ``tl.dot`` tiles, and quantizing its activation
+    in the K loop (both measured slower on the H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
-    steps: list[dict[str, int]] = [
-        {"BLOCK_M": base.BLOCK_M * 2}, {"BLOCK_M": base.BLOCK_M // 2}, {"BLOCK_N": base.BLOCK_N // 2},
-        {"num_warps": 8 if base.num_warps == 4 else 4},
-        {"num_stages": base.num_stages + 1 if base.num_stages < 4 else base.num_stages - 1}]
-    if base.BLOCK_M >= 64:
-        steps += [{"BLOCK_M": 64, "BLOCK_N": 128, "num_stages": 4}, {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8},
-                  {"GROUP_M": 32}]
-    steps += [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
+    tl_dot = {"WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
+    if base.WGMMA:
+        other = {"BLOCK_M": 64, "num_warps": 4} if base.BLOCK_M == 128 else {"BLOCK_M": 128, "num_warps": 8}
+        steps: list[dict[str, int]] = [other, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32},
+                                       {**tl_dot, "num_stages": 3}]
+    else:
+        steps = [{"WGMMA": 1, "BLOCK_M": 64}, {"BLOCK_M": 64}, {"BLOCK_M": base.BLOCK_M * 2},
+                 {"BLOCK_M": base.BLOCK_M // 2}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_warps": 8}, {"num_stages": 3}]
+    steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:
         try:
             config = MoeTritonConfig(**{**base.to_dict(), **step})
         except ValueError:  # a step past a bound (BLOCK_M below 16)
             continue
-        if config.BLOCK_M <= 128 and config not in out:
+        if config not in out:
             out.append(config)
     return out

@@ -5,8 +5,12 @@ the activation (unless the fused gate-up kernel does it in its K loop), the gate
 GEMM writing each slot's row, and the weighted sum over each token's ``k`` rows. The gate-up is the
 fused kernel (``silu(gate) * up`` and its 1x128 quantization in its epilogue) or, with
 ``FUSED_ACT`` 0 (:mod:`.moe_config`), the plain grouped GEMM over the ``2I`` columns writing fp32,
-then :func:`silu_mul_quant`. Sizes depend on M only, so a call captures into a CUDA graph. Inputs
-are checked by the caller (:mod:`fp8select.moe`); these functions check nothing.
+then :func:`silu_mul_quant`. With ``WGMMA`` (:mod:`.moe_config`) both GEMMs of the plain structure
+run on the Hopper ``wgmma`` kernel (:func:`.gluon_gemm.launch_grouped`), whose operands come by TMA:
+the quantized activation is first gathered into the sorted rows, and the down GEMM writes the sorted
+rows, which the weighted sum reads through each slot's row. Sizes depend on M only, so a call
+captures into a CUDA graph. Inputs are checked by the caller (:mod:`fp8select.moe`); these functions
+check nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import torch
 import triton
 
 from .moe_config import MoeTritonConfig
-from .moe_routing import Routing, route
+from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
+from .triton_device import wgmma_runs
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
 __all__ = ["TritonExperts", "grouped_gemm_rows", "silu_mul_quant", "weighted_sum"]
@@ -46,11 +51,16 @@ class TritonExperts:
         self.device = w13.device
         self._constexprs = {**fp8_constexprs(w13.dtype), "HW_RNE": hw_rne(kernels._gate_up_kernel, self.device, w13.dtype)}
         self._quantizer: TritonQuantizer | None = None  # the activation's, [M, H]
+        # Whether the wgmma kernel runs here on these weights (the per-call operands it reads are made
+        # by this op: contiguous, with the weights' row widths).
+        self._wgmma = self.hidden % 16 == 0 and self.inter % 16 == 0 and wgmma_runs(self.device)
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  config: MoeTritonConfig) -> torch.Tensor:
         k = topk_ids.shape[1]
         routing = route(topk_ids, self.experts, config.BLOCK_M)
+        if config.WGMMA and self._wgmma and routing.rows:
+            return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
         q, q_scale = self.gate_up(x, routing, k, config)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
         _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED)
@@ -85,6 +95,25 @@ class TritonExperts:
             TOP_K=top_k, QUANT_IN_KERNEL=bool(config.QUANT_IN_KERNEL), BLOCK_M=config.BLOCK_M, GROUP_M=config.GROUP_M,
             num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
         return q, q_scale
+
+    def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,
+                    config: MoeTritonConfig) -> torch.Tensor:
+        """The plain structure on the wgmma kernel: the activation quantized, gathered into the sorted
+        rows (a padding row takes the last token's: finite, never read back), the gate-up into fp32
+        sorted rows, silu*up quantized, the down GEMM into sorted rows, the weighted sum by slot row."""
+        from .gluon_gemm import launch_grouped
+
+        tiles = {"block_m": config.BLOCK_M, "block_n": config.BLOCK_N, "group_m": config.GROUP_M,
+                 "stages": config.num_stages, "num_warps": config.num_warps}
+        xq, xs = self._quantize(x)
+        tokens = token_of_row(routing, topk_ids.shape[1], x.shape[0])
+        a = xq.view(torch.uint8).index_select(0, tokens).view(xq.dtype)
+        h = torch.empty((routing.rows, 2 * self.inter), dtype=torch.float32, device=self.device)
+        launch_grouped(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, h, **tiles)
+        q, q_scale = silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots)
+        out = torch.empty((routing.rows, self.hidden), dtype=x.dtype, device=self.device)
+        launch_grouped(q, q_scale, self.w2, self.w2_scale, routing.block_expert, out, **tiles)
+        return weighted_sum(out, row_of_slot(routing), topk_ids, topk_weights, self.experts, x.dtype)
 
     def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The activation in w13's fp8 type with row-major scales ``[M, ceil(H/128)]``."""
