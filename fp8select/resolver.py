@@ -27,7 +27,7 @@ from fp8select.decision import ENV_BACKEND, ENV_DISABLE, builtin_backends, choos
 from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, BatchInvariantError, InvalidDtypeError, InvalidInputError, NoBackendError
 from fp8select.inputs import check_max_weight_copies
-from fp8select.measure.loadtime import measure_shape
+from fp8select.measure.loadtime import measure_moe_shape, measure_shape
 from fp8select.measured.invariance import batch_invariant_from_env, invariance_for
 from fp8select.measured.sources import find_tables, measurements_for
 from fp8select.measured.table import check_table
@@ -171,7 +171,7 @@ def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: 
                  group: Any = None) -> Selection:
     """``selection`` with the device's measurements attached; with a group, rank 0's tables on
     every rank (one measurement, the same plans on every rank)."""
-    selection = replace(selection, load_time_measure=measure_shape)
+    selection = replace(selection, load_time_measure=measure_shape, load_time_measure_moe=measure_moe_shape)
     if tuning is False:
         return selection
 

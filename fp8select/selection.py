@@ -15,7 +15,7 @@ from fp8select.layer import Fp8Linear
 from fp8select.measured.invariance import Invariance
 from fp8select.measured.model import Measurements
 from fp8select.measured.sources import measurements_for, wants_load_time_tuning
-from fp8select.moe import Fp8MoE
+from fp8select.moe import DEFAULT_TOP_K, Fp8MoE, check_moe_weights
 from fp8select.moe_plan import MoePlan, MoeTimes
 from fp8select.plan import Plan, build_plan, estimator
 from fp8select.problem import Problem
@@ -31,6 +31,7 @@ class SelectionMemo:
     def __init__(self) -> None:
         self.layers = PreparedLayers()
         self.measured: dict[tuple[int, int], Mapping[str, Any]] = {}
+        self.measured_moe: dict[tuple[int, int, int, int], Mapping[str, Any]] = {}  # (E, H, I, k)
 
     def __copy__(self) -> SelectionMemo:
         return SelectionMemo()
@@ -63,9 +64,11 @@ class Selection(Decision):
     batch_invariant: bool = False
     invariance: Invariance | None = field(default=None, repr=False, compare=False)
     group: Any = field(default=None, repr=False, compare=False)
-    # How to measure a layer shape at load time (set by resolve(): fp8select.measure.loadtime.measure_shape;
-    # measurement code sits above this module).
+    # How to measure a layer shape at load time (set by resolve(): fp8select.measure.loadtime.measure_shape and
+    # measure_moe_shape; measurement code sits above this module).
     load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
+    load_time_measure_moe: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False,
+                                                                                  compare=False)
     _memo: SelectionMemo = field(default_factory=SelectionMemo, init=False, repr=False, compare=False)
 
     def __copy__(self) -> Selection:
@@ -172,22 +175,48 @@ class Selection(Decision):
 
     def prepare_moe(self, w13: torch.Tensor, w13_scale_inv: torch.Tensor, w2: torch.Tensor, w2_scale_inv: torch.Tensor,
                     block_size: Sequence[int] = (128, 128), *, top_k: int | None = None,
-                    measured: MoeTimes | None = None, check_ids: bool = True) -> Fp8MoE:
+                    measured: MoeTimes | None = None, check_ids: bool = True, tune: bool | None = None) -> Fp8MoE:
         """Plan a MoE experts layer and lay its weights out, once; returns ``moe(x, topk_weights, topk_ids)``.
 
         ``w13`` float8_e4m3fn ``[E, 2I, H]`` (gate rows, then up rows), ``w2`` ``[E, H, I]``, with fp32 block
         scales; ``top_k`` the experts per token the first plan is made for (default 8; others on first use);
         ``measured`` rows of this shape (:data:`fp8select.moe_plan.MoeTimes`; default: the tuning tables'
-        rows for it, per top-k). A batch-invariant selection plans one route for every M, or raises
-        :class:`~fp8select.errors.BatchInvariantError`. See docs/moe.md.
+        rows for it, per top-k). ``tune`` (default: ``FP8SELECT_TUNE=load``) measures a CUDA layer's shape
+        at that top-k first where the tables do not settle its plan (:mod:`fp8select.measure.loadtime`; with a
+        process group, on rank 0 for every rank). A batch-invariant selection plans one route for every M, or
+        raises :class:`~fp8select.errors.BatchInvariantError`. See docs/moe.md.
         """
+        from fp8select.inputs import check_block_size
         from fp8select.moe_select import moe_chain, moe_explicit, moe_measurements
 
         chain = moe_chain(self)
         table = moe_measurements(self, chain, self.tables) if measured is None else None
+        wanted = tune if tune is not None else wants_load_time_tuning(self.capabilities)
+        if measured is None and wanted and isinstance(w13, torch.Tensor) and w13.is_cuda:
+            block = check_block_size(block_size)
+            experts, hidden, inter = check_moe_weights(w13, w13_scale_inv, w2, w2_scale_inv, block)
+            if block == (128, 128):
+                table = self._measure_moe_at_load(chain, table, (w13, w13_scale_inv, w2, w2_scale_inv),
+                                                  (experts, hidden, inter, top_k or DEFAULT_TOP_K))
         return Fp8MoE(chain, self.capabilities, w13, w13_scale_inv, w2, w2_scale_inv, block_size, top_k=top_k,
                       measured=measured, table=table, explicit=moe_explicit(self, chain), check_ids=check_ids,
                       invariance=self._invariance())
+
+    def _measure_moe_at_load(self, chain: Sequence[Any], table: Any, weights: tuple[torch.Tensor, ...],
+                             shape: tuple[int, int, int, int]) -> Any:
+        """The MoE rows ``table`` with those measured for ``shape`` now (once per shape per selection)."""
+        from fp8select.moe_select import moe_measurements
+
+        found = self._memo.measured_moe
+        if self.load_time_measure_moe is None:
+            return table
+        if shape not in found:
+            new = self.load_time_measure_moe(self, chain, table, weights, shape, device=weights[0].device,
+                                             group=self.group)
+            found[shape] = new if new is not None else {}
+        if not found[shape]:
+            return table
+        return moe_measurements(self, chain, [*self.tables, *(t for t in found.values() if t)])
 
     def moe_plan_for(self, experts: int, hidden: int, intermediate: int, top_k: int,
                      block_size: Sequence[int] = (128, 128), *, measured: MoeTimes | None = None) -> MoePlan:

@@ -203,3 +203,19 @@ def test_the_wgmma_path_within_1e2_and_as_the_tl_dot_kernel_of_the_same_tiles(pr
     x[m - 1, 5] = float("nan")
     y = experts(x.cuda(), w.cuda(), ids.cuda(), wgmma).cpu()
     assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
+
+
+def test_prepare_moe_measures_a_shape_no_table_holds_at_load_time(problem, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``tune=True``: the open buckets of this shape (in no table) are timed with the layer's weights, saved in
+    the cache directory, and the layer's plan reads them."""
+    monkeypatch.setenv("FP8SELECT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FP8SELECT_TUNE_BUDGET_S", "30")
+    fp8select.forget_detected()
+    try:
+        sel = fp8select.resolve(plugins=False)
+        moe = sel.prepare_moe(*_cuda(problem), top_k=K, tune=True)
+    finally:
+        fp8select.forget_detected()
+    assert "measured" in {r.why for r in moe.main_plan.routes}
+    assert list(sel._memo.measured_moe) == [(E, H, INTER, K)]
+    assert any(path.suffix == ".json" for path in tmp_path.rglob("*"))

@@ -15,6 +15,7 @@ from matrix import MATRIX
 from fp8select import InvalidInputError, resolve
 from fp8select import moe_select as moe_select_module
 from fp8select.backends.moe import ReferenceMoe
+from fp8select.buckets import M_BUCKETS
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config, tuning_configs
 from fp8select.kernels.moe_routing import uniform_routing
 from fp8select.measure import timing, tune_moe
@@ -259,3 +260,42 @@ def test_merge_tuning_folds_moe_rows_in_keeping_only_improvements(tmp_path: Any)
     out = json.loads(paths[2].read_text())
     got = {(g["layout"], b): r["us"] for g in out["moe"] for b, r in g["shapes"][KEY].items()}
     assert got == {("masked", "1"): 9.0, ("masked", "2"): 10.0, ("contiguous", "1"): 20.0}
+
+
+def test_load_time_tuning_of_a_moe_layer_measures_only_its_open_buckets(clocked: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Any) -> None:
+    """A shape no table holds is measured at load time where its routes' estimates are close (or missing),
+    with the layer's own weights first; the rows go to the cache directory and into the layer's plan, once
+    per shape."""
+    from fp8select.measure import loadtime
+    from fp8select.measured.table import load_table, table_path
+    from fp8select.moe_select import moe_measurements
+
+    known, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=tuple(2**i for i in range(14)), chain=CHAIN, device="cpu")
+    for group in known["moe"]:
+        if (group["backend"], group["layout"]) == ("fast", "a"):
+            group["shapes"][KEY]["16"]["us"] = 2.2  # within 1.25x of fast/b's 2.0 there: a choice to make
+    caps = replace(CPU, device_name="cpu-test", env={"FP8SELECT_CACHE_DIR": str(tmp_path)})
+    known = {**known, "device_name": "cpu-test"}
+    sel = resolve(caps, plugins=False, tuning=known)
+    table = moe_measurements(sel, CHAIN, [known])
+    unseen = (8, H, INTER, K)
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, unseen) == [16]
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, SHAPE) == []  # measured: nothing to do
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, None, unseen) == list(M_BUCKETS)  # nothing known
+    made: list[int] = []
+    monkeypatch.setattr(tune_moe, "random_experts",
+                        lambda e, h, i, device, gen: made.append(e) or random_moe(e, h, i, seed=1).weights())
+    weights = random_moe(8, H, INTER, seed=2).weights()
+    found = sel._measure_moe_at_load(CHAIN, table, weights, unseen)
+    assert made == []  # the layer's own weights timed (one copy off a GPU: no L2 to rotate past)
+    rows = found.times(*unseen)
+    assert {route: sorted(buckets) for route, buckets in rows.items()} == {"fast/a": [16], "fast/b": [16],
+                                                                        "slow/sorted": [16]}
+    saved = load_table(table_path(tmp_path, "cpu-test"), "cpu-test")
+    assert saved is not None and any("8,256,128,2" in g["shapes"] for g in saved["moe"])
+    calls: list[Any] = []
+    monkeypatch.setattr(tune_moe, "tune_moe", lambda *a, **k: calls.append(a) or ({}, []))
+    again = sel._measure_moe_at_load(CHAIN, table, weights, unseen)
+    assert calls == [] and again.times(*unseen) == rows  # the selection keeps what it measured
+    assert list(sel._memo.measured_moe) == [unseen]

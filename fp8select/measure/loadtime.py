@@ -9,6 +9,11 @@ backends once, Triton with at most two launch configurations, within a time budg
 (``FP8SELECT_TUNE_BUDGET_S``, default 1.75 s: no point starts after it, so a shape takes about
 2 s). The rows join the cache directory's table, so the next start finds them measured; with
 a process group, rank 0 measures and every rank gets its rows (the same plans everywhere).
+
+MoE experts layers the same way (``prepare_moe(..., tune=True)``): the M buckets of a shape the tables do
+not hold where two or more routes have estimates within :data:`CLOSE` of the best (or none), timed as
+``tune --moe`` does with the layer's own weights as the first copy rotated through, at most two
+Triton configurations, within the same budget (:func:`measure_moe_shape`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from fp8select.measured.table import cache_dir, load_table, merge_tables, save_t
 from fp8select.plan import gate
 from fp8select.problem import Problem
 
-__all__ = ["CLOSE", "ENV_BUDGET", "measure_shape", "points_to_measure"]
+__all__ = ["CLOSE", "ENV_BUDGET", "measure_moe_shape", "measure_shape", "moe_buckets_to_measure", "points_to_measure"]
 
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
@@ -71,7 +76,6 @@ def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = N
     todo = points_to_measure(selection.chain, caps, selection.measurements, n, k)
     if not todo:
         return None
-    start = time.monotonic()
 
     def measure() -> dict[str, Any]:
         from fp8select.measure.tune import tune
@@ -81,15 +85,65 @@ def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = N
                         device=device)
         return table
 
+    return _measured_and_saved(caps, measure, group, n=n, k=k, backends=sorted(todo))
+
+
+def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any, shape: tuple[int, int, int, int]
+                           ) -> list[int]:
+    """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends): no route
+    has a row there for this shape in ``table`` (:class:`~fp8select.measured.moe.MoeMeasurements` or None),
+    two or more routes' gates accept it, and two or more of those have no estimate or one within
+    :data:`CLOSE` of the best."""
+    from fp8select.backends.moe import MoeProblem
+    from fp8select.moe_plan import route_name
+
+    times = table.times(*shape) if table else {}
+    estimates = table.estimates(*shape) if table else {}
+    todo = []
+    for bucket in M_BUCKETS:
+        if any(bucket in rows for rows in times.values()):
+            continue
+        problem = MoeProblem(*shape, m=bucket)
+        est = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
+               for b in chain if b.name != "reference" for layout in b.layouts if b.supports(problem, caps, layout).ok}
+        best = min((e.us for e in est.values() if e is not None), default=math.inf)
+        if sum(e is None or e.us <= best * CLOSE for e in est.values()) >= 2:
+            todo.append(bucket)
+    return todo
+
+
+def measure_moe_shape(selection: Any, chain: Sequence[Any], table: Any, experts: Sequence[Any],
+                      shape: tuple[int, int, int, int], *, device: Any, group: Any = None) -> dict[str, Any] | None:
+    """Measure what :func:`moe_buckets_to_measure` names for ``shape`` (on rank 0 of ``group`` when given)
+    with the layer's weights ``experts`` (``w13, s13, w2, s2``), add it to the cache directory's table and
+    return the new rows (None when nothing was needed)."""
+    caps = selection.capabilities
+    buckets = moe_buckets_to_measure(chain, caps, table, shape)
+    if not buckets:
+        return None
+
+    def measure() -> dict[str, Any]:
+        from fp8select.measure.tune_moe import tune_moe
+
+        found, _ = tune_moe(selection, [shape], buckets, force=True, replays=10, max_configs=2,
+                            budget_s=budget_s(caps), chain=chain, device=device, experts=tuple(experts))
+        return found
+
+    return _measured_and_saved(caps, measure, group, moe=list(shape), buckets=buckets)
+
+
+def _measured_and_saved(caps: Capabilities, measure: Any, group: Any, **what: Any) -> dict[str, Any]:
+    """``measure()``'s table (run on rank 0 of ``group`` when given, every rank getting it), logged with
+    ``what`` and added to the cache directory's table."""
+    start = time.monotonic()
     if group is None:
         table = measure()
     else:
         from fp8select.distributed import measure_on_one_rank
 
         table = measure_on_one_rank(measure, None if isinstance(group, str) else group)
-    points = sum(len(b) for g in table["groups"] for b in g["shapes"].values())
-    get_logger().info("fp8select.load_time_tuning", n=n, k=k, points=points,
-                      seconds=round(time.monotonic() - start, 3), backends=sorted(todo))
+    points = sum(len(b) for section in ("groups", "moe") for g in table.get(section, ()) for b in g["shapes"].values())
+    get_logger().info("fp8select.load_time_tuning", **what, points=points, seconds=round(time.monotonic() - start, 3))
     _save(caps, table)
     return table
 

@@ -96,11 +96,13 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
              budget_s: float = math.inf, backends: Sequence[str] | None = None,
              chain: Sequence[MoeBackend] | None = None, progress: Callable[[str], None] | None = None,
              on_shape: Callable[[dict[str, Any]], None] | None = None,
-             device: torch.device | str = "cuda") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             device: torch.device | str = "cuda", experts: Experts | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``: ``table`` holds
     only the new ``moe`` rows; ``rows`` every timing for the record. ``backends``: names or
     ``backend/layout`` routes to measure (default: the MoE chain but ``reference``). No new point starts
-    after ``budget_s`` seconds; ``on_shape(table)`` is called after each shape."""
+    after ``budget_s`` seconds; ``on_shape(table)`` is called after each shape. ``experts``: a layer's own
+    weights, the first of the copies rotated through (one shape: load-time measurement, which then
+    allocates only the copies beyond them)."""
     from fp8select.kernels.moe_reference import experts_reference
     from fp8select.moe_select import moe_chain
 
@@ -127,7 +129,8 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
             rows.append({"shape": key, "skipped": "budget"})
             continue
         copies = weight_copies(e, h, i, k) if device.type == "cuda" else 1  # rotated past a GPU's L2 only
-        sets = [random_experts(e, h, i, device, gen) for _ in range(copies)]
+        sets = [experts] if experts is not None else []
+        sets += [random_experts(e, h, i, device, gen) for _ in range(copies - len(sets))]
         prepared: dict[str, list[Any]] = {}
         for b in dict.fromkeys(b for b, lay in routes if todo.get((b.name, lay))):
             try:
