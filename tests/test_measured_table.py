@@ -278,3 +278,45 @@ def test_reading_the_shipped_table_costs_a_small_multiple_of_parsing_its_json() 
     read = fastest(lambda: Measurements("NVIDIA H200", [load_table(path, "NVIDIA H200")], installed))  # type: ignore[list-item]
     assert read < 8 * parse
     assert path.stat().st_size < 80 * sum(len(b) for g in table["groups"] for b in g["shapes"].values())  # bytes a row
+
+
+def test_the_shipped_tables_pass_every_check_so_resolve_reads_only_their_header(tmp_path: Path) -> None:
+    """fp8select's own tables are read with the header check alone (their rows cost 60% of a full read): this
+    test is what checks their rows. A table from elsewhere is checked whole: a bad row there still refuses it."""
+    from fp8select.measured.table import SHIPPED_DIR, validate_header, validate_table
+
+    shipped = sorted(SHIPPED_DIR.glob("tuning-*.json"))
+    assert shipped
+    for path in shipped:
+        assert validate_table(json.loads(path.read_text(encoding="utf-8"))) is None, path
+    bad_row = _big_table(0)
+    bad_row["groups"][0]["shapes"]["12288,7168"]["16"]["us"] = -1.0
+    assert validate_header(bad_row) is None and validate_table(bad_row) is not None
+    for broken in ({**bad_row, "schema": 1}, {**bad_row, "groups": {}}, {**bad_row, "moe": "x"}, []):
+        assert validate_header(broken) is not None
+
+
+def test_resolve_reads_the_shipped_table_in_about_the_time_of_parsing_its_json() -> None:
+    """The header check and the model's index (whose interpolation structures wait for the first shape no
+    table holds) add little to the JSON parse: under 2x it (about 1.1x on a two-core CPU; a ratio in one
+    process, not an absolute time)."""
+    import time
+
+    from fp8select.capabilities import Capabilities
+    from fp8select.measured.sources import find_tables, measurements_for
+    from fp8select.measured.table import SHIPPED_DIR
+
+    path = SHIPPED_DIR / "tuning-nvidia-h200.json"
+    caps = Capabilities(device_kind="cuda", device_name="NVIDIA H200", env={"FP8SELECT_CACHE_DIR": "/nonexistent"})
+
+    def fastest(call: Any) -> float:
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    parse = fastest(lambda: json.loads(path.read_text(encoding="utf-8")))
+    read = fastest(lambda: measurements_for(caps, (), [t for _, t in find_tables(caps)]))
+    assert read < 2 * parse

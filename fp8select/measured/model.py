@@ -40,10 +40,9 @@ import bisect
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fp8select.buckets import M_BUCKETS
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
@@ -57,8 +56,8 @@ _NAMED = 3  # measured shapes a modelled estimate's detail names
 
 
 class Row(NamedTuple):
-    """One measurement: whole-op median time and the launch configuration it was taken with (a named
-    tuple: a table has thousands, built at every resolution)."""
+    """One measurement: whole-op median time and the launch configuration it was taken with (made from a
+    table's row where a plan reads it)."""
 
     us: float
     config: Mapping[str, Any] | None = None
@@ -78,10 +77,17 @@ class Estimate:
 
 @dataclass(frozen=True)
 class _BackendRows:
+    """One backend's rows at the versions used: per shape, its buckets' rows as the table holds them
+    (``{"16": {"us": ..., "config": ...}}``), made into :class:`Row` where read (a table has thousands of
+    rows, read at every resolution; a plan reads a few)."""
+
     versions: Mapping[str, str]
     exact: bool  # measured at the versions installed here
-    shapes: Mapping[tuple[int, int], Mapping[int, Row]]
-    by_bucket: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    shapes: Mapping[tuple[int, int], Mapping[str, Mapping[str, Any]]]
+
+    def row(self, shape: tuple[int, int], bucket: int) -> Row | None:
+        found = self.shapes.get(shape, {}).get(str(bucket))
+        return None if found is None else Row(float(found["us"]), found.get("config"))
 
 
 class Measurements:
@@ -92,33 +98,28 @@ class Measurements:
         """``tables``: valid tables of this device, later ones winning on equal keys;
         ``installed``: per backend name, the versions found here (:func:`~.table.backend_versions`)."""
         self.device_name = device_name
-        groups: dict[str, dict[tuple[tuple[str, str], ...], dict[tuple[int, int], dict[int, Row]]]] = {}
+        groups: dict[str, dict[tuple[tuple[str, str], ...], dict[tuple[int, int], dict[str, Any]]]] = {}
         for table in tables:
             for group in table["groups"]:
                 key = tuple(sorted(group["versions"].items()))
                 shapes = groups.setdefault(group["backend"], {}).setdefault(key, {})
                 for shape, buckets in group["shapes"].items():
-                    n, k = (int(v) for v in shape.split(","))
-                    shapes.setdefault((n, k), {}).update(
-                        {int(b): Row(float(r["us"]), r.get("config")) for b, r in buckets.items()})
+                    n, k = shape.split(",")
+                    shapes.setdefault((int(n), int(k)), {}).update(buckets)
         self._rows: dict[str, _BackendRows] = {}
         for backend, by_versions in groups.items():
             key, exact = used_versions(by_versions, installed.get(backend, {}))
-            shapes = by_versions[key]
-            by_bucket = {b: tuple(sorted(s for s, rows in shapes.items() if b in rows)) for b in M_BUCKETS}
-            self._rows[backend] = _BackendRows(dict(key), exact, shapes, by_bucket)
+            self._rows[backend] = _BackendRows(dict(key), exact, by_versions[key])
         self._memo: dict[tuple[str, int, int, int], Estimate | None] = {}  # estimate(), remembered
-        # Remembered too, each a function of the rows: per (backend or None for the fastest, bucket) the
-        # values the model's medians take, in order; per layer shape every measured shape's weight.
+        # Remembered too, each a function of the rows and made at the first modelled estimate (a plan whose
+        # shapes the tables hold needs none): per (backend or None for the fastest, bucket) the values the
+        # model's medians take, in order; per layer shape every measured shape's weight; per backend and
+        # bucket the shapes measured; the fastest backend's time per (shape, bucket), which standings are
+        # relative to.
         self._ordered: dict[tuple[str | None, int], list[tuple[tuple[int, int], float]]] = {}
         self._weights: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
-        # The fastest backend's time per (shape, bucket), over the rows used: what standings are relative to.
-        self._best: dict[tuple[tuple[int, int], int], float] = {}
-        for rows in self._rows.values():
-            for shape, buckets in rows.shapes.items():
-                for bucket, row in buckets.items():
-                    best = self._best.get((shape, bucket))
-                    self._best[(shape, bucket)] = row.us if best is None else min(best, row.us)
+        self._trained: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        self._fastest: dict[tuple[tuple[int, int], int], float] | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -154,10 +155,10 @@ class Measurements:
         if rows is None:
             return None
         note = "" if rows.exact else f", measured with {versions_text(rows.versions)}"
-        row = rows.shapes.get((n, k), {}).get(bucket)
+        row = rows.row((n, k), bucket)
         if row is not None:
             return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
-        train = rows.by_bucket.get(bucket, ())
+        train = self._train(backend, bucket)
         if not train:
             return None
         weights = self._weights_at(n, k)
@@ -169,20 +170,20 @@ class Measurements:
         named = ", ".join(f"{sn}x{sk} {share:.0%}" for (sn, sk), share in sources[:_NAMED])
         detail = (f"{us:.1f} us modelled from {len(train)} measured shapes ({named}{', ...' if len(sources) > _NAMED else ''}),"
                   f" {math.exp(standing):.2f}x the fastest as at {mn}x{mk}{note}")
-        return Estimate(us, MODEL, detail, rows.shapes[nearest][bucket].config, nearest, sources)
+        return Estimate(us, MODEL, detail, rows.row(nearest, bucket).config, nearest, sources)  # type: ignore[union-attr]
 
     def _values(self, backend: str | None, bucket: int) -> list[tuple[tuple[int, int], float]]:
         """The model's values at ``bucket`` in increasing order, per measured shape: the fastest backend's
         log(best / floor) (``backend`` None), else ``backend``'s standing log(time / best)."""
         key = (backend, bucket)
         if key not in self._ordered:
+            best = self._best()
             if backend is None:
-                points = [(shape, math.log(self._best[(shape, b)] / floor_us(*shape, b))) for (shape, b) in self._best
-                          if b == bucket]
+                points = [(shape, math.log(best[(shape, b)] / floor_us(*shape, b))) for (shape, b) in best if b == bucket]
             else:
                 rows = self._rows[backend]
-                points = [(shape, math.log(rows.shapes[shape][bucket].us / self._best[(shape, bucket)]))
-                          for shape in rows.by_bucket.get(bucket, ())]
+                points = [(shape, math.log(float(rows.shapes[shape][str(bucket)]["us"]) / best[(shape, bucket)]))
+                          for shape in self._train(backend, bucket)]
             self._ordered[key] = sorted(points, key=lambda point: point[1])
         return self._ordered[key]
 
@@ -190,8 +191,28 @@ class Measurements:
         """Every measured shape's weight for a layer of shape (N, K): 1 / (distance + eps) ** power."""
         if (n, k) not in self._weights:
             self._weights[(n, k)] = {shape: 1.0 / (_distance(shape, n, k) + _EPS) ** _POWER
-                                     for shape in dict.fromkeys(shape for shape, _ in self._best)}
+                                     for shape in dict.fromkeys(shape for shape, _ in self._best())}
         return self._weights[(n, k)]
+
+    def _train(self, backend: str, bucket: int) -> tuple[tuple[int, int], ...]:
+        """The shapes ``backend`` was measured at in ``bucket``, in order."""
+        key = (backend, bucket)
+        if key not in self._trained:
+            shapes = self._rows[backend].shapes
+            self._trained[key] = tuple(sorted(s for s, rows in shapes.items() if str(bucket) in rows))
+        return self._trained[key]
+
+    def _best(self) -> dict[tuple[tuple[int, int], int], float]:
+        """The fastest backend's time per (shape, bucket), over the rows used."""
+        if self._fastest is None:
+            fastest: dict[tuple[tuple[int, int], int], float] = {}
+            for rows in self._rows.values():
+                for shape, buckets in rows.shapes.items():
+                    for bucket, row in buckets.items():
+                        key, us = (shape, int(bucket)), float(row["us"])
+                        fastest[key] = min(fastest.get(key, us), us)
+            self._fastest = fastest
+        return self._fastest
 
 
 def _distance(shape: tuple[int, int], n: int, k: int) -> float:

@@ -1,11 +1,11 @@
 """Where a device's measurements come from, and the index the plans read.
 
 For the snapshot's device, in increasing precedence: the tables shipped with fp8select
-(``fp8select/data``), the cache directory's table (written by ``fp8select tune``), and the
-file named by ``FP8SELECT_TUNING_TABLE``; or instead of all three, a table handed to
-``resolve(tuning=...)``. Rows of a later source replace those of an earlier one for the same
-backend, versions, shape and bucket, so a local re-measurement refines the shipped table
-without discarding it.
+(``fp8select/data``; their rows checked by the tests, only their header here), the cache
+directory's table (written by ``fp8select tune``), and the file named by
+``FP8SELECT_TUNING_TABLE``; or instead of all three, a table handed to ``resolve(tuning=...)``.
+Rows of a later source replace those of an earlier one for the same backend, versions, shape
+and bucket, so a local re-measurement refines the shipped table without discarding it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ from typing import Any
 
 from fp8select.capabilities import Capabilities
 from fp8select.measured.model import Measurements
-from fp8select.measured.table import ENV_TABLE, SHIPPED_DIR, backend_versions, cache_dir, load_table, table_path
+from fp8select.measured.table import (
+    ENV_TABLE,
+    SHIPPED_DIR,
+    backend_versions,
+    cache_dir,
+    load_table,
+    table_path,
+    validate_header,
+    validate_table,
+)
 
 __all__ = ["ENV_TUNE", "find_tables", "measurements_for", "wants_load_time_tuning"]
 
@@ -32,13 +41,15 @@ def find_tables(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:
     """The usable tables for the snapshot's device, lowest precedence first, with where each came from."""
     if caps.device_kind == "cpu" or not caps.device_name:
         return []
-    paths = [table_path(SHIPPED_DIR, caps.device_name), table_path(cache_dir(caps.env), caps.device_name)]
+    shipped = table_path(SHIPPED_DIR, caps.device_name)
+    paths = [shipped, table_path(cache_dir(caps.env), caps.device_name)]
     explicit = caps.env.get(ENV_TABLE, "").strip()
     if explicit:
         paths.append(Path(explicit).expanduser())
     found = []
     for path in dict.fromkeys(paths):
-        table = load_table(path, caps.device_name)
+        # fp8select's own tables are checked row by row by its tests, so only their header is here
+        table = load_table(path, caps.device_name, validate=validate_header if path == shipped else validate_table)
         if table is not None:
             found.append((str(path), table))
     return found
