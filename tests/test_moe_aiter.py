@@ -74,10 +74,12 @@ def test_gates_on_the_matrix() -> None:
     assert not fp16.ok and "bfloat16" in fp16.reason and "float16" in fp16.reason
 
 
-def test_the_rule_plans_aiter_where_it_is_opted_in_and_triton_stays_out_of_gfx942() -> None:
+def test_the_rule_plans_aiter_where_it_is_opted_in_and_triton_elsewhere_on_gfx942_and_gfx950() -> None:
     sel = resolve(MI300X, plugins=False, verify=False)
     assert [b.name for b in moe_chain(sel)] == ["aiter", "triton", "reference"]
     assert sel.moe_plan_for(32, 7168, 2048, 8).summary() == "any M: aiter/fused"
+    gfx942 = resolve(MATRIX["mi300x"][0], plugins=False, verify=False)  # no AITER: Triton, in e4m3fnuz
+    assert gfx942.moe_plan_for(32, 7168, 2048, 8).summary() == "any M: triton/sorted"
     gfx950 = resolve(MI355X, plugins=False, verify=False)
     assert gfx950.moe_plan_for(32, 7168, 2048, 8).summary() == "any M: aiter/fused"  # the user's flag decides
     no_flag = resolve(MATRIX["mi355x"][0], plugins=False, verify=False)

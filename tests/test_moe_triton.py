@@ -273,6 +273,29 @@ def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_o
     assert torch.equal(experts(x, w, ids, wgmma), experts(x, w, ids, plain))
 
 
+def test_on_gfx942_the_experts_become_e4m3fnuz_and_match_fp64_on_that_grid(problem) -> None:  # type: ignore[no-untyped-def]
+    """gfx942's Triton multiplies e4m3fnuz: the backend converts e4m3fn experts at prepare (the same values,
+    scales doubled) and the kernels quantize the activations onto e4m3fnuz (``amax / 240``), as the dense
+    Triton backend does there: within 1e-2 of the fp64 semantics on that grid, and of the e4m3fn semantics
+    within the two grids' difference (about 6e-2 here, as AITER's on gfx942); -1 ids contribute nothing."""
+    from fp8select.backends.moe import MoeProblem, MoeWeights, TritonMoe
+    from fp8select.kernels.moe_config import default_config as rule
+
+    mi300x = MATRIX["mi300x"][0]
+    backend = TritonMoe()
+    assert backend.supports(MoeProblem(problem.experts, problem.hidden, problem.inter, 2), mi300x, "sorted").ok
+    prepared = backend.prepare(MoeWeights(*problem.weights(), (128, 128)), mi300x)
+    assert prepared.w13.dtype == prepared.w2.dtype == torch.float8_e4m3fnuz
+    assert torch.equal(prepared.w13_scale, problem.weights()[1] * 2)
+    for m in (1, 7):
+        x, w, ids = _inputs_for(problem, m)
+        ids[0, -1] = -1
+        y = backend.bind(prepared, "sorted", dataclasses.replace(rule(m, 2, problem.experts), BLOCK_N=32), mi300x)(x, w, ids)
+        on_grid = expected_moe(x, *problem.weights(), w, ids, fp8=torch.float8_e4m3fnuz)
+        assert rel_err(y, on_grid) < TOL
+        assert rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < 10 * TOL
+
+
 def _inputs_for(problem, m: int):  # type: ignore[no-untyped-def]
     w, ids = random_routing(m, 2, problem.experts, seed=m)
     return torch.randn(m, problem.hidden, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16), w, ids

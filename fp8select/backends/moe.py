@@ -190,13 +190,6 @@ class TritonMoe(MoeBackend):
     requires: ClassVar[tuple[Probe, ...]] = (Package("triton"), TRITON_DEVICES)
     activation_dtypes = (torch.bfloat16, torch.float16, torch.float32)
 
-    def supports(self, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
-        """The shared gate; e4m3fn on the device (gfx942 computes in e4m3fnuz: not written yet)."""
-        verdict = super().supports(problem, caps, layout)
-        if verdict.ok and caps.gfx_arch == "gfx942":
-            return Verdict.reject("requires an e4m3fn device, found gfx942 (e4m3fnuz; not implemented for MoE)")
-        return verdict
-
     def default_config(self, problem: MoeProblem, layout: str, bucket: int) -> Any:
         from fp8select.kernels.moe_config import default_config
 
@@ -213,9 +206,18 @@ class TritonMoe(MoeBackend):
         return tuning_configs(bucket, problem.top_k or 1, problem.experts)
 
     def prepare(self, weights: MoeWeights, caps: Capabilities) -> Any:
+        """The kernels bound to the weights; on gfx942, whose Triton multiplies e4m3fnuz (its e4m3fn dot
+        fails there, as the dense backend says), an e4m3fnuz copy of e4m3fn experts (the same values:
+        :func:`~fp8select.kernels.vendor_layouts.e4m3fn_to_e4m3fnuz`), and the activations are quantized
+        onto e4m3fnuz's grid (``amax / 240``), as the dense Triton backend does there."""
         from fp8select.kernels.moe_triton import TritonExperts
 
-        return TritonExperts(weights.w13, weights.w13_scale, weights.w2, weights.w2_scale)
+        w13, s13, w2, s2 = weights.w13, weights.w13_scale, weights.w2, weights.w2_scale
+        if caps.gfx_arch == "gfx942" and w13.dtype == torch.float8_e4m3fn:
+            from fp8select.kernels.vendor_layouts import e4m3fn_to_e4m3fnuz
+
+            (w13, s13), (w2, s2) = e4m3fn_to_e4m3fnuz(w13, s13), e4m3fn_to_e4m3fnuz(w2, s2)
+        return TritonExperts(w13, s13, w2, s2)
 
     def bind(self, prepared: Any, layout: str, config: Any, caps: Capabilities) -> MoeLaunch:
         return lambda x, weights, ids: prepared(x, weights, ids, config)
