@@ -32,11 +32,11 @@ from typing import Any
 __all__ = ["MoeTritonConfig", "default_config", "tuning_configs"]
 
 _KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "num_warps", "num_stages", "QUANT_IN_KERNEL")
-_OPTIONAL = {"FUSED_ACT": 1, "WGMMA": 0}
+_OPTIONAL = {"FUSED_ACT": 1, "WGMMA": 0, "SWAP_AB": 0}
 """Keys a mapping may leave out (measured rows and records written before the key existed), with the
 value they then mean; :meth:`MoeTritonConfig.to_dict` leaves them out at that value, so those rows
 round-trip unchanged."""
-_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT", "WGMMA")
+_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT", "WGMMA", "SWAP_AB")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,9 @@ class MoeTritonConfig:
             (:mod:`.gluon_gemm`, the tiles' rows one warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128),
             the activation gathered into the sorted rows first; where that kernel does not run (not
             Hopper, operands TMA cannot read), the same tiles on the ``tl.dot`` kernel.
+        SWAP_AB: 1 runs the plain structure's ``tl.dot`` GEMMs on the transposed tile (the weight's
+            ``BLOCK_N`` rows on the MMA's wide side, the row block's tokens on its narrow one), as the
+            dense decode kernel does: for decode's 16- and 32-row tiles. Not yet timed on a GPU.
     """
 
     BLOCK_M: int
@@ -70,6 +73,7 @@ class MoeTritonConfig:
     QUANT_IN_KERNEL: int
     FUSED_ACT: int = 1
     WGMMA: int = 0
+    SWAP_AB: int = 0
 
     def __post_init__(self) -> None:
         for key in (*_KEYS, *_OPTIONAL):
@@ -92,6 +96,8 @@ class MoeTritonConfig:
         if self.WGMMA and (self.FUSED_ACT or self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128)):
             raise ValueError("MoeTritonConfig 'WGMMA' 1 needs FUSED_ACT 0, BLOCK_M 16 * num_warps (a warpgroup's 64 "
                              f"rows per 4 warps) and BLOCK_N 64 or 128, got {self.describe()}")
+        if self.SWAP_AB and (self.FUSED_ACT or self.WGMMA):
+            raise ValueError(f"MoeTritonConfig 'SWAP_AB' 1 needs FUSED_ACT 0 and WGMMA 0, got {self.describe()}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MoeTritonConfig:
@@ -117,8 +123,8 @@ class MoeTritonConfig:
         quant = " qk" if self.QUANT_IN_KERNEL else ""
         group = f" g{self.GROUP_M}" if self.GROUP_M != 1 else ""
         plain = "" if self.FUSED_ACT else " plain"
-        wgmma = " wgmma" if self.WGMMA else ""
-        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}{wgmma}"
+        kernel = " wgmma" if self.WGMMA else " swap" if self.SWAP_AB else ""
+        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}{kernel}"
 
 
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
@@ -155,14 +161,15 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
     configuration, then its neighbours. At decode (the ``tl.dot`` rule): the ``wgmma`` kernel's 64 x 128
-    tile and the same on the ``tl.dot`` kernels (one row block for up to 64 tokens of an expert: vLLM's
-    tuned H200 tile at M 64 of DeepSeek-V3's 32 experts), then the row tile doubled and halved, half the
-    columns per program, 8 warps, one pipeline stage fewer. At prefill (the ``wgmma`` rule): its other row tile (64 x 128
-    with 4 warps or 128 x 128 with 8), 64 columns, one stage fewer, 32 row blocks sharing each weight
-    tile (vLLM's tuned H200 prefill configurations take 16-64), and the ``tl.dot`` kernels' 64 x 128
-    tile with 3 stages (the rule before the ``wgmma`` kernel, and what runs where that kernel does
-    not). Then, everywhere, the fused gate-up with the ``tl.dot`` tiles, and quantizing its activation
-    in the K loop (both measured slower on the H200, kept for other devices)."""
+    tile, the rule's tile transposed (``SWAP_AB``), the 64 x 128 tile on the ``tl.dot`` kernels (one row
+    block for up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32 experts),
+    then the row tile doubled and halved, half the columns per program, 8 warps, one pipeline stage
+    fewer. At prefill (the ``wgmma`` rule): its other row tile (64 x 128 with 4 warps or 128 x 128 with
+    8), 64 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
+    configurations take 16-64), and the ``tl.dot`` kernels' 64 x 128 tile with 3 stages (the rule before
+    the ``wgmma`` kernel, and what runs where that kernel does not). Then, everywhere, the fused gate-up
+    with the ``tl.dot`` tiles, and quantizing its activation in the K loop (both measured slower on the
+    H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
     tl_dot = {"WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
     if base.WGMMA:
@@ -170,7 +177,7 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         steps: list[dict[str, int]] = [other, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32},
                                        {**tl_dot, "num_stages": 3}]
     else:
-        steps = [{"WGMMA": 1, "BLOCK_M": 64}, {"BLOCK_M": 64}, {"BLOCK_M": base.BLOCK_M * 2},
+        steps = [{"WGMMA": 1, "BLOCK_M": 64}, {"SWAP_AB": 1}, {"BLOCK_M": 64}, {"BLOCK_M": base.BLOCK_M * 2},
                  {"BLOCK_M": base.BLOCK_M // 2}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_warps": 8}, {"num_stages": 3}]
     steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]

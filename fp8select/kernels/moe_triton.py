@@ -138,7 +138,7 @@ def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: to
         a.stride(0), a_scale.stride(0), a_scale.stride(1), w.stride(0), w.stride(1), w_scale.stride(0),
         w_scale.stride(1), out.stride(0),
         A_ROWS=a_rows, OUT_SORTED=out_sorted, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
-        TOP_K=top_k, num_warps=config.num_warps, num_stages=config.num_stages)
+        TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

@@ -113,13 +113,16 @@ def _grouped_gemm_kernel(
     slots, num_blocks, N, K,
     stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
     A_ROWS: tl.constexpr, OUT_SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1,
+    GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1, SWAP_AB: tl.constexpr = False,
 ):
     """``out[o] = dequant(a[i]) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
 
     ``a_ptr``: fp8 ``[*, K]``, K-contiguous, with fp32 scales ``as_ptr`` (one per 1x128 group). For
     sorted row ``r`` holding slot ``s``: ``i`` is ``r`` (``A_ROWS`` 0), ``s`` (1) or ``s // TOP_K``
     (2), and ``o`` is ``s``, or ``r`` with ``OUT_SORTED``. Padding rows load zeros and store nothing.
+    ``SWAP_AB`` computes the transposed tile ``[BLOCK_N, BLOCK_M] = W_tile @ A_tile^T`` (the weight rows on
+    the MMA's wide side, as the dense decode kernel does: on Hopper a 16-row tile in the normal
+    orientation runs on the older ``mma.sync`` path), the same products and scales per output element.
     """
     pid = tl.program_id(0)
     block, pid_n = _block_tile(pid, num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -141,23 +144,38 @@ def _grouped_gemm_kernel(
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     scale_rows = ws_ptr + expert.to(tl.int64) * stride_wse + (w_rows // 128) * stride_wsn
     lane = tl.arange(0, 128)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, 128)):
-        offs_k = kb * 128 + lane
-        k_ok = offs_k < K
-        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0)
-        b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
-                    other=0.0)
-        a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
-        b_scale = tl.load(scale_rows + kb)
-        acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
     if OUT_SORTED:
         out_rows = offs_r.to(tl.int64)
     else:
         out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
-    tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, 128)):
+            offs_k = kb * 128 + lane
+            k_ok = offs_k < K
+            w_t = tl.load(w_base + w_rows[:, None] * stride_wn + offs_k[None, :],
+                          mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            a_t = tl.load(a_ptr + a_rows[None, :] * stride_am + offs_k[:, None],
+                          mask=k_ok[:, None] & row_ok[None, :], other=0.0)
+            a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
+            b_scale = tl.load(scale_rows + kb)
+            acc_t += tl.dot(w_t, a_t) * (b_scale[:, None] * a_scale[None, :])
+        tl.store(out_ptr + out_rows[None, :] * stride_om + cols[:, None], acc_t.to(out_ptr.dtype.element_ty),
+                 mask=col_ok[:, None] & row_ok[None, :])
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, 128)):
+            offs_k = kb * 128 + lane
+            k_ok = offs_k < K
+            a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
+                        other=0.0)
+            a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
+            b_scale = tl.load(scale_rows + kb)
+            acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+        tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit

@@ -1,0 +1,61 @@
+"""fp8select's Triton MoE grouped GEMM compiled for sm90 on the CPU host (no GPU; the interpreter cannot say).
+
+What ``SWAP_AB`` is for shows in the machine code: at decode's 16- and 32-row tiles the normal orientation
+multiplies on the older ``mma.sync`` path, the transposed tile (the weight's rows on the MMA's wide side) on
+``wgmma``. The compiler runs in a child process, outside the interpreter mode other test modules set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TILES = [(16, 128), (16, 64), (32, 128)]
+
+
+def _compile() -> dict[str, dict[str, bool]]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fp8select.kernels import moe_triton_kernels as kernels
+
+    fn = kernels._grouped_gemm_kernel
+    pointers = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
+                "block_expert_ptr": "*i32", "out_ptr": "*bf16"}
+    ints = ("slots", "num_blocks", "N", "K", "stride_am", "stride_asm", "stride_ask", "stride_we", "stride_wn",
+            "stride_wse", "stride_wsn", "stride_om")
+    out = {}
+    for swap in (False, True):
+        for block_m, block_n in TILES:
+            constants = {"A_ROWS": 0, "OUT_SORTED": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8,
+                         "TOP_K": 1, "SWAP_AB": swap}
+            signature = {**pointers, **dict.fromkeys(ints, "i32"), **dict.fromkeys(constants, "constexpr")}
+            names = list(fn.arg_names)
+            src = ASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
+            ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
+            out[f"{int(swap)}_{block_m}_{block_n}"] = {"wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx}
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict[str, bool]]:
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__], env=env, check=True, capture_output=True, text=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("block_m", "block_n"), TILES)
+def test_decode_tiles_multiply_on_wgmma_only_when_transposed(compiled: dict[str, dict[str, bool]], block_m: int,
+                                                             block_n: int) -> None:
+    assert compiled[f"0_{block_m}_{block_n}"] == {"wgmma": False, "mma_sync": True}
+    assert compiled[f"1_{block_m}_{block_n}"] == {"wgmma": True, "mma_sync": False}
+
+
+if __name__ == "__main__":  # the child process of ``compiled``
+    print(json.dumps(_compile()))
