@@ -219,3 +219,24 @@ def test_prepare_moe_measures_a_shape_no_table_holds_at_load_time(problem, tmp_p
     assert "measured" in {r.why for r in moe.main_plan.routes}
     assert list(sel._memo.measured_moe) == [(E, H, INTER, K)]
     assert any(path.suffix == ".json" for path in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+@pytest.mark.parametrize("m", [1, 64])
+def test_the_transposed_tile_within_1e2_and_as_the_normal_one(problem, block_m: int, m: int) -> None:  # type: ignore[no-untyped-def]
+    """``SWAP_AB`` 1 compiled: against fp64 and the normal tile of the same sizes; -1 ids; a NaN token's row."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.moe_triton import TritonExperts
+
+    experts = TritonExperts(*_cuda(problem))
+    plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                            FUSED_ACT=0)
+    swap = MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1})
+    x, w, ids = _inputs(m, seed=m, skew=True)
+    ids[0, -1] = -1
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), swap)
+    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
+    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), plain)) < 1e-3
+    x[m - 1, 5] = float("nan")
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), swap).cpu()
+    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
