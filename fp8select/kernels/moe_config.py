@@ -135,12 +135,13 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     kernel and its row tile: the ``tl.dot`` kernels with 16 rows up to 16 tokens and 32 up to 32; above,
     the ``wgmma`` kernel (``WGMMA`` 1), 64 x 128 tiles and from 256 tokens 128 x 128 with 8 warps.
     Measured on the H200 (``tune --moe``, DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B):
-    at M 512-4096 the ``wgmma`` kernel took 0.59-0.79x the time of the ``tl.dot`` kernels' 64 x 128
+    at M 512-8192 the ``wgmma`` kernel took 0.61-0.71x the time of the ``tl.dot`` kernels' 64 x 128
     tiles (32 experts, M 4096: 4.17 ms against 6.63), whose every K block waits for its MMA before
-    the scaling; at decode (M 1-64) 16-row ``tl.dot`` tiles were faster than any ``wgmma`` one (113 us
-    against 134 at M 1). Before that, the plain gate-up was 1.06-1.53x faster than the fused one at
-    all 12 points measured, and quantizing the activation inside the gate-up K loop had doubled the
-    fused op's time at decode.
+    the scaling. At up to 16 tokens per expert the 16-row ``tl.dot`` tiles were faster than any ``wgmma``
+    one (113 us against 134 at M 1); between 16 and 32 (M 64-128 of 32 experts) the measured rows take
+    the 64-row ``wgmma`` tile, 2-6% ahead of the best ``tl.dot`` one. Before that, the plain gate-up was
+    1.06-1.53x faster than the fused one at all 12 points measured, and quantizing the activation inside
+    the gate-up K loop had doubled the fused op's time at decode.
 
     ``GROUP_M`` 8 at every ``m``: under skewed routing an expert holds several row blocks even at
     decode, and grouped launch order has its blocks take each weight tile together, read once from
