@@ -60,8 +60,8 @@ __all__ = [
     "save_table",
     "shape_key",
     "table_path",
-    "validate_header",
     "used_versions",
+    "validate_header",
     "validate_table",
     "versions_text",
     "write_json",
@@ -237,14 +237,11 @@ def validate_table(table: object) -> str | None:
     if problem is not None:
         return problem
     assert isinstance(table, dict)  # (validate_header says so)
-    for i, group in enumerate(table["groups"]):
-        problem = _check_group(f"groups[{i}]", group)
-        if problem is not None:
-            return problem
-    for i, entry in enumerate(table.get("moe", [])):
-        problem = _check_group(f"moe[{i}]", entry, moe=True)
-        if problem is not None:
-            return problem
+    for section in ("groups", "moe"):
+        for i, group in enumerate(table.get(section, [])):
+            problem = _check_group(f"{section}[{i}]", group, moe=section == "moe")
+            if problem is not None:
+                return problem
     return None
 
 
