@@ -60,8 +60,7 @@ def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements
     for bucket in M_BUCKETS:
         contenders = [b for b in runnable if gate(b, Problem(n, k, BLOCK, bucket), caps).ok]
         est = {b.name: measurements.estimate(b.name, n, k, bucket) if measurements else None for b in contenders}
-        best = min((e.us for e in est.values() if e is not None), default=math.inf)
-        close = [name for name, e in est.items() if e is None or e.us <= best * CLOSE]
+        close = _close(est)
         unmeasured = [name for name in close if (e := est[name]) is None or e.source != MEASURED]
         if len(close) >= 2 and unmeasured:
             for name in unmeasured:
@@ -106,10 +105,15 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
         problem = MoeProblem(*shape, m=bucket)
         est = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
                for b in chain if b.name != "reference" for layout in b.layouts if b.supports(problem, caps, layout).ok}
-        best = min((e.us for e in est.values() if e is not None), default=math.inf)
-        if sum(e is None or e.us <= best * CLOSE for e in est.values()) >= 2:
+        if len(_close(est)) >= 2:
             todo.append(bucket)
     return todo
+
+
+def _close(estimates: Mapping[str, Any]) -> list[str]:
+    """The names whose estimate (anything with ``us``) is None or within :data:`CLOSE` of the best one."""
+    best = min((e.us for e in estimates.values() if e is not None), default=math.inf)
+    return [name for name, e in estimates.items() if e is None or e.us <= best * CLOSE]
 
 
 def measure_moe_shape(selection: Any, chain: Sequence[Any], table: Any, experts: Sequence[Any],
