@@ -148,34 +148,25 @@ def _grouped_gemm_kernel(
         out_rows = offs_r.to(tl.int64)
     else:
         out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
-    if SWAP_AB:
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, 128)):
-            offs_k = kb * 128 + lane
-            k_ok = offs_k < K
-            w_t = tl.load(w_base + w_rows[:, None] * stride_wn + offs_k[None, :],
-                          mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            a_t = tl.load(a_ptr + a_rows[None, :] * stride_am + offs_k[:, None],
-                          mask=k_ok[:, None] & row_ok[None, :], other=0.0)
-            a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
-            b_scale = tl.load(scale_rows + kb)
-            acc_t += tl.dot(w_t, a_t) * (b_scale[:, None] * a_scale[None, :])
-        tl.store(out_ptr + out_rows[None, :] * stride_om + cols[:, None], acc_t.to(out_ptr.dtype.element_ty),
-                 mask=col_ok[:, None] & row_ok[None, :])
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, 128)):
-            offs_k = kb * 128 + lane
-            k_ok = offs_k < K
-            a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
-                        other=0.0)
-            a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
-            b_scale = tl.load(scale_rows + kb)
+    # SWAP_AB: the transposed tile, weight rows first (the same products and scales per element)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, 128)):
+        offs_k = kb * 128 + lane
+        k_ok = offs_k < K
+        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
+                    other=0.0)
+        a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
+        b_scale = tl.load(scale_rows + kb)
+        if SWAP_AB:
+            acc += tl.dot(tl.trans(b), tl.trans(a)) * (b_scale[:, None] * a_scale[None, :])
+        else:
             acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
-        tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
