@@ -149,6 +149,26 @@ def test_routing_kernel_writes_the_torch_paths_bits_and_replays(m: int, k: int, 
             assert torch.equal(masked_rows(got, e, m), masked_rows(want, e, m))
 
 
+def _as_its_twin(problem, config, twin, m: int, skew: bool = False):  # type: ignore[no-untyped-def]
+    """The Triton experts op at ``config`` against fp64 (1e-2) and against ``twin``, the same products in another
+    kernel (1e-3: compiled, fp32 rounding may differ), with an id -1 in the batch; every id -1 gives zeros; a
+    NaN token's row NaN, the others finite. Returns the op and the inputs, for more checks."""
+    from fp8select.kernels.moe_triton import TritonExperts
+
+    experts = TritonExperts(*_cuda(problem))
+    x, w, ids = _inputs(m, seed=m, skew=skew)
+    ids[0, -1] = -1
+    y = experts(x.cuda(), w.cuda(), ids.cuda(), config)
+    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
+    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), twin)) < 1e-3
+    assert torch.equal(experts(x.cuda(), w.cuda(), torch.full_like(ids, -1).cuda(), config).cpu(), torch.zeros_like(x))
+    nan = x.clone()
+    nan[m - 1, 5] = float("nan")
+    y = experts(nan.cuda(), w.cuda(), ids.cuda(), config).cpu()
+    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
+    return experts, x, w, ids
+
+
 @pytest.mark.parametrize("block_m", [16, 64])
 @pytest.mark.parametrize("m", [1, 64, 300])
 def test_the_triton_plain_gate_up_within_1e2_and_as_the_fused_kernel(problem, block_m: int, m: int) -> None:  # type: ignore[no-untyped-def]
@@ -157,21 +177,10 @@ def test_the_triton_plain_gate_up_within_1e2_and_as_the_fused_kernel(problem, bl
     and quantizer; compiled, the two may differ in fp32 rounding); a NaN token's row NaN, the others
     finite; an id -1 contributes nothing."""
     from fp8select.kernels.moe_config import MoeTritonConfig
-    from fp8select.kernels.moe_triton import TritonExperts
 
-    experts = TritonExperts(*_cuda(problem))
     fused = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8 if block_m == 64 else 1, num_warps=4,
                             num_stages=3, QUANT_IN_KERNEL=0)
-    plain = MoeTritonConfig(**{**fused.to_dict(), "FUSED_ACT": 0})
-    x, w, ids = _inputs(m, seed=m)
-    ids[0, -1] = -1
-    y = experts(x.cuda(), w.cuda(), ids.cuda(), plain)
-    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
-    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), fused)) < 1e-3
-    assert torch.equal(experts(x.cuda(), w.cuda(), torch.full_like(ids, -1).cuda(), plain).cpu(), torch.zeros_like(x))
-    x[m - 1, 5] = float("nan")
-    y = experts(x.cuda(), w.cuda(), ids.cuda(), plain).cpu()
-    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
+    _as_its_twin(problem, MoeTritonConfig(**{**fused.to_dict(), "FUSED_ACT": 0}), fused, m)
 
 
 @pytest.mark.parametrize("tiles", [(64, 4), (128, 8)])
@@ -182,27 +191,16 @@ def test_the_wgmma_path_within_1e2_and_as_the_tl_dot_kernel_of_the_same_tiles(pr
     of the same tiles (the same products; compiled, fp32 rounding may differ); every token on one expert;
     a NaN token's row NaN, the others finite; ids -1 contribute nothing."""
     from fp8select.kernels.moe_config import MoeTritonConfig
-    from fp8select.kernels.moe_triton import TritonExperts
     from fp8select.kernels.triton_device import wgmma_runs
 
     if not wgmma_runs(torch.device("cuda")):
         pytest.skip("the wgmma kernel does not run on this GPU")
-    experts = TritonExperts(*_cuda(problem))
     block_m, warps = tiles
     wgmma = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=warps, num_stages=4, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0, WGMMA=1)
-    plain = MoeTritonConfig(**{**wgmma.to_dict(), "WGMMA": 0})
-    x, w, ids = _inputs(m, seed=m)
-    ids[0, -1] = -1
-    y = experts(x.cuda(), w.cuda(), ids.cuda(), wgmma)
-    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
-    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), plain)) < 1e-3
+    experts, x, w, ids = _as_its_twin(problem, wgmma, MoeTritonConfig(**{**wgmma.to_dict(), "WGMMA": 0}), m)
     one = torch.zeros_like(ids)
     assert rel_err(experts(x.cuda(), w.cuda(), one.cuda(), wgmma).cpu(), expected_moe(x, *problem.weights(), w, one)) < TOL
-    assert torch.equal(experts(x.cuda(), w.cuda(), torch.full_like(ids, -1).cuda(), wgmma).cpu(), torch.zeros_like(x))
-    x[m - 1, 5] = float("nan")
-    y = experts(x.cuda(), w.cuda(), ids.cuda(), wgmma).cpu()
-    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
 
 
 def test_prepare_moe_measures_a_shape_no_table_holds_at_load_time(problem, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -224,19 +222,9 @@ def test_prepare_moe_measures_a_shape_no_table_holds_at_load_time(problem, tmp_p
 @pytest.mark.parametrize("block_m", [16, 32])
 @pytest.mark.parametrize("m", [1, 64])
 def test_the_transposed_tile_within_1e2_and_as_the_normal_one(problem, block_m: int, m: int) -> None:  # type: ignore[no-untyped-def]
-    """``SWAP_AB`` 1 compiled: against fp64 and the normal tile of the same sizes; -1 ids; a NaN token's row."""
+    """``SWAP_AB`` 1 compiled: against fp64 and the normal tile of the same sizes, under skew (:func:`_as_its_twin`)."""
     from fp8select.kernels.moe_config import MoeTritonConfig
-    from fp8select.kernels.moe_triton import TritonExperts
 
-    experts = TritonExperts(*_cuda(problem))
     plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0)
-    swap = MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1})
-    x, w, ids = _inputs(m, seed=m, skew=True)
-    ids[0, -1] = -1
-    y = experts(x.cuda(), w.cuda(), ids.cuda(), swap)
-    assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
-    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), plain)) < 1e-3
-    x[m - 1, 5] = float("nan")
-    y = experts(x.cuda(), w.cuda(), ids.cuda(), swap).cpu()
-    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
+    _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1}), plain, m, skew=True)
