@@ -149,10 +149,10 @@ def test_routing_kernel_writes_the_torch_paths_bits_and_replays(m: int, k: int, 
             assert torch.equal(masked_rows(got, e, m), masked_rows(want, e, m))
 
 
-def _as_its_twin(problem, config, twin, m: int, skew: bool = False):  # type: ignore[no-untyped-def]
+def _as_its_twin(problem, config, twin, m: int, skew: bool = False, twin_tol: float = 1e-3):  # type: ignore[no-untyped-def]
     """The Triton experts op at ``config`` against fp64 (1e-2) and against ``twin``, the same products in another
-    kernel (1e-3: compiled, fp32 rounding may differ), with an id -1 in the batch; every id -1 gives zeros; a
-    NaN token's row NaN, the others finite. Returns the op and the inputs, for more checks."""
+    kernel (``twin_tol``: compiled, fp32 rounding may differ), with an id -1 in the batch; every id -1 gives
+    zeros; a NaN token's row NaN, the others finite. Returns the op and the inputs, for more checks."""
     from fp8select.kernels.moe_triton import TritonExperts
 
     experts = TritonExperts(*_cuda(problem))
@@ -160,7 +160,7 @@ def _as_its_twin(problem, config, twin, m: int, skew: bool = False):  # type: ig
     ids[0, -1] = -1
     y = experts(x.cuda(), w.cuda(), ids.cuda(), config)
     assert rel_err(y.cpu(), expected_moe(x, *problem.weights(), w, ids)) < TOL
-    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), twin)) < 1e-3
+    assert rel_err(y, experts(x.cuda(), w.cuda(), ids.cuda(), twin)) < twin_tol
     assert torch.equal(experts(x.cuda(), w.cuda(), torch.full_like(ids, -1).cuda(), config).cpu(), torch.zeros_like(x))
     nan = x.clone()
     nan[m - 1, 5] = float("nan")
@@ -222,9 +222,12 @@ def test_prepare_moe_measures_a_shape_no_table_holds_at_load_time(problem, tmp_p
 @pytest.mark.parametrize("block_m", [16, 32])
 @pytest.mark.parametrize("m", [1, 64])
 def test_the_transposed_tile_within_1e2_and_as_the_normal_one(problem, block_m: int, m: int) -> None:  # type: ignore[no-untyped-def]
-    """``SWAP_AB`` 1 compiled: against fp64 and the normal tile of the same sizes, under skew (:func:`_as_its_twin`)."""
+    """``SWAP_AB`` 1 compiled: against fp64 and the normal tile of the same sizes, under skew (:func:`_as_its_twin`).
+    The two tiles run different instructions (``mma.sync`` normal, ``wgmma`` transposed), whose fp32 sums of
+    the FP8 products round differently; a few elements of silu(gate) * up then land on the other side of an
+    fp8 rounding step: 1.7e-3 and 2.8e-3 apart on the H200, against 1e-3 between kernels of one instruction."""
     from fp8select.kernels.moe_config import MoeTritonConfig
 
     plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0)
-    _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1}), plain, m, skew=True)
+    _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1}), plain, m, skew=True, twin_tol=5e-3)
