@@ -52,12 +52,10 @@ def _weights(e: int, h: int, i: int, seed: int) -> tuple[Any, ...]:
 def _routing(m: int, k: int, e: int, kind: str, seed: int) -> tuple[Any, Any]:
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    logits = torch.randn(m, e, generator=g, device="cuda")
-    if kind == "skewed":
-        logits = logits - torch.arange(e, device="cuda", dtype=torch.float32) * (8.0 / e)
-    weights, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
-    return weights.float(), ids.to(torch.int32)
+    from fp8select.kernels.moe_routing import skewed_routing, uniform_routing
+
+    draw = skewed_routing if kind == "skewed" else uniform_routing
+    return draw(m, k, e, "cuda", torch.Generator(device="cuda").manual_seed(seed))
 
 
 def _quant64(v: Any) -> Any:

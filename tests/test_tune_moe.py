@@ -17,7 +17,7 @@ from fp8select import moe_select as moe_select_module
 from fp8select.backends.moe import ReferenceMoe
 from fp8select.buckets import M_BUCKETS
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config, tuning_configs
-from fp8select.kernels.moe_routing import uniform_routing
+from fp8select.kernels.moe_routing import skewed_routing, uniform_routing
 from fp8select.measure import timing, tune_moe
 from fp8select.measure.timing import Timing
 from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
@@ -122,6 +122,61 @@ def test_a_tuned_table_makes_the_moe_plan_pick_the_measured_winner(clocked: Any,
     assert {r.why for r in other_k.routes} == {"model"}
     assert all(f"measured shapes E,H,I,k ({','.join(map(str, SHAPE))} 100%)" in r.detail for r in other_k.routes)
     assert sel.moe_plan_for(*SHAPE).summary() == moe.main_plan.summary()
+
+
+class Tiles(Clocked):
+    """Two launch configurations: ``small`` the faster under uniform routing, ``big`` under skewed routing."""
+
+    name = "tiles"
+    layouts = ("sorted",)
+
+    def tuning_configs(self, problem: Any, layout: str, bucket: int) -> list[Any]:
+        return ["small", "big"]
+
+    def bind(self, prepared: Any, layout: str, config: Any, caps: Any) -> Any:
+        inner = ReferenceMoe.bind(self, prepared, layout, None, caps)
+
+        def launch(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            RAN.append((f"{config}/{'skewed' if bool((ids == 0).any(1).all()) else 'uniform'}", x.shape[0]))
+            return inner(x, w, ids)
+
+        return launch
+
+
+def test_a_configuration_that_loses_under_skew_is_not_kept(clocked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configurations are timed alone under uniform and skewed routing; the one whose worse ratio to the fastest
+    is least is kept: ``big`` 1.05x under uniform routing beats ``small`` 3x under skew."""
+    alone = {"small/uniform": 1.0, "small/skewed": 3.0, "big/uniform": 1.05, "big/skewed": 1.2}
+    timed: list[str] = []
+
+    def fake_time_graph(calls: Any, replays: int = 50) -> Timing:
+        calls[0]()
+        timed.append(RAN[-1][0])
+        return Timing(alone[RAN[-1][0]], 0.0, 0.0)
+
+    def every_token_on_expert_0(m: int, k: int, e: int, device: Any, generator: Any = None) -> Any:
+        return torch.full((m, k), 1.0 / k), torch.arange(k, dtype=torch.int32).repeat(m, 1)  # the marker above
+
+    monkeypatch.setattr(timing, "time_graph", fake_time_graph)
+    monkeypatch.setattr(tune_moe, "skewed_routing", every_token_on_expert_0)
+    monkeypatch.setitem(TIMES, "big/uniform", lambda m: 1.05)
+    monkeypatch.setitem(TIMES, "small/uniform", lambda m: 1.0)
+    table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(64,), chain=(Tiles(),), device="cpu")
+    assert sorted(timed) == sorted(alone)
+    assert table["moe"][0]["shapes"][KEY]["64"]["us"] == 1.05  # the routes' timing ran ``big``
+    assert [(r["alone_us"], r["skewed_us"]) for r in rows if "skewed_us" in r] == [(1.0, 3.0), (1.05, 1.2)]
+    assert [tune_moe._least_loss(t) for t in ([(1.0, 3.0), (1.05, 1.2)], [(1.0, 1.0), (1.0, 1.0)], [(2.0,), (1.0,)])] \
+        == [1, 0, 1]
+
+
+def test_skewed_routing_loads_the_first_experts() -> None:
+    weights, ids = skewed_routing(64, 8, 32, "cpu", torch.Generator().manual_seed(1))
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert all(len(set(row)) == 8 for row in ids.tolist())
+    counts = torch.bincount(ids.flatten().long(), minlength=32)
+    assert counts[:4].min() > 48 and counts[16:].sum() < 8  # 512 slots: uniform would give 16 each
+    _, uniform = uniform_routing(64, 8, 32, "cpu", torch.Generator().manual_seed(1))
+    assert len(ids.unique()) < len(uniform.unique())
 
 
 def test_table_moe_rows_are_checked_and_merged() -> None:

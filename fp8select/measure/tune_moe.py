@@ -7,14 +7,18 @@ token, far less over a batch), then timed as the whole experts op a user calls: 
 activation quantization, both grouped GEMMs, ``silu(gate) * up`` and its quantization, the weighted sum
 (:meth:`~fp8select.backends.moe.MoeBackend.bind`). For a backend with launch configurations (Triton) its
 candidates (:meth:`~fp8select.backends.moe.MoeBackend.tuning_configs`, at most ``max_configs``) are timed
-alone and the fastest kept. Then the point's routes are timed together under CUDA graphs, their replays
+alone, under the point's uniform routing and under skewed routing
+(:func:`~fp8select.kernels.moe_routing.skewed_routing`), and the one kept that loses least to the fastest
+under either: a small row tile reads a busy expert's weights once per row block, which uniform routing at
+decode does not show. Then the point's routes are timed together under CUDA graphs, their replays
 interleaved (:func:`fp8select.measure.timing.time_graphs`): those times are the table's.
 
 **Routing**: uniform random top-k (each token's ``k`` distinct experts drawn uniformly, weights a softmax
 of random logits), seeded per point: what the rows mean is the expected cost of a batch whose experts are
-balanced, the case expert-load balancing aims at. Skewed routing moves time between experts; the plan
-does not model it. **Weights** are random (never zero), rotated through enough copies that the experts one
-call reads exceed the 60 MB L2 three times (:func:`weight_copies`). DeepGEMM's ``masked`` layout holds
+balanced, the case expert-load balancing aims at. Skewed routing moves time between experts; the plan's
+choice of route does not model it, only a route's choice of configuration above does. **Weights** are
+random (never zero), rotated through enough copies that the experts one call reads exceed the 60 MB L2
+three times (:func:`weight_copies`). DeepGEMM's ``masked`` layout holds
 ``E x M`` rows; points where that working set passes :data:`MAX_MASKED_BYTES` are not timed (the rule runs
 ``masked`` up to M 64 only).
 
@@ -36,7 +40,7 @@ import torch
 from fp8select.backends.moe import MoeBackend, MoeLaunch, MoeProblem, MoeWeights
 from fp8select.buckets import m_bucket
 from fp8select.guard import PASS_THROUGH, describe
-from fp8select.kernels.moe_routing import uniform_routing
+from fp8select.kernels.moe_routing import skewed_routing, uniform_routing
 from fp8select.measure import timing
 from fp8select.measured.moe import moe_shape_key
 from fp8select.measured.table import backend_versions, new_table
@@ -196,11 +200,14 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
 def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: MoeProblem, m: int, x: torch.Tensor,
                  weights: torch.Tensor, ids: torch.Tensor, ref: torch.Tensor, caps: Any, replays: int, max_configs: int,
                  rows: list[dict[str, Any]], key: str) -> tuple[list[MoeLaunch], Any] | None:
-    """The route's launches (one per weight copy) at its fastest correct configuration, or None."""
+    """The route's launches (one per weight copy) at the correct configuration that loses least to the fastest
+    under uniform (``weights, ids``) or skewed routing (:func:`_least_loss`), or None."""
     name = f"{backend.name}/{layout}"
     bucket = m_bucket(m)
     configs = backend.tuning_configs(point, layout, bucket)[:max(1, max_configs)]
-    timed: list[tuple[float, list[MoeLaunch], Any]] = []
+    skewed = skewed_routing(m, ids.shape[1], point.experts, x.device,
+                            torch.Generator(device=x.device).manual_seed(m)) if len(configs) > 1 else None
+    timed: list[tuple[tuple[float, ...], list[MoeLaunch], Any]] = []
     for config in configs:
         record: dict[str, Any] = {"shape": key, "m": m, "route": name}
         if config is not None and hasattr(config, "to_dict"):
@@ -211,16 +218,25 @@ def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: M
             if err >= REL_ERR_MAX:
                 rows.append({**record, "correct": False, "rel_err": err})
                 continue
-            us = timing.time_graph([functools.partial(run, x, weights, ids) for run in launches], replays).median_us \
-                if len(configs) > 1 else 0.0
+            us = (0.0, 0.0) if skewed is None else tuple(
+                timing.time_graph([functools.partial(run, x, *routing) for run in launches], replays).median_us
+                for routing in ((weights, ids), skewed))
         except PASS_THROUGH:
             raise
         except BaseException as exc:  # noqa: BLE001 - a configuration or backend failing here is a result
             rows.append({**record, "error": describe(exc)})
             continue
-        rows.append({**record, "rel_err": err, **({"alone_us": round(us, 3)} if len(configs) > 1 else {})})
+        alone = {} if skewed is None else {"alone_us": round(us[0], 3), "skewed_us": round(us[1], 3)}
+        rows.append({**record, "rel_err": err, **alone})
         timed.append((us, launches, config))
     if not timed:
         return None
-    _, launches, config = min(timed, key=lambda t: t[0])
+    _, launches, config = timed[_least_loss([t[0] for t in timed])]
     return launches, config
+
+
+def _least_loss(times: Sequence[tuple[float, ...]]) -> int:
+    """The index of the candidate whose worst ratio to the fastest, over its times under each routing, is
+    least (the first of equals)."""
+    fastest = [min(t[j] for t in times) or 1.0 for j in range(len(times[0]))]
+    return min(range(len(times)), key=lambda i: max(t / f for t, f in zip(times[i], fastest, strict=True)))
