@@ -242,7 +242,8 @@ def test_public_grouped_gemms_check_their_arguments() -> None:
 def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
     tiles = [default_config(m, 8, 32).BLOCK_M for m in (1, 64, 128, 1024, 8192)]  # 1-2048 tokens per expert
     assert tiles == sorted(tiles) and tiles[0] == 16 and tiles[-1] == 128
-    assert [default_config(m, 8, 32).WGMMA for m in (1, 128, 129, 8192)] == [0, 0, 1, 1]  # wgmma from 33 per expert
+    assert [default_config(m, 8, 32).WGMMA for m in (1, 60, 61, 8192)] == [0, 0, 1, 1]  # wgmma from 16 per expert
+    assert [default_config(m, 8, 32).SWAP_AB for m in (1, 60, 61)] == [1, 1, 0]  # the 16-row tile transposed below
     assert {default_config(m, 8, 8).QUANT_IN_KERNEL for m in (1, 64, 4096)} == {0}  # measured slower in the GEMM
     with pytest.raises(ValueError, match="BLOCK_M"):
         MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
@@ -333,7 +334,7 @@ def test_tune_moe_times_the_triton_configurations_through_the_real_kernels(monke
     from fp8select.measure import timing, tune_moe
     from fp8select.measure.timing import Timing
 
-    alone = iter([5.0, 3.0])
+    alone = iter([5.0, 5.0, 3.0, 3.0])  # each candidate under uniform, then skewed routing
     monkeypatch.setattr(timing, "time_graph", lambda calls, replays=50, **kw: Timing(*(next(alone),) * 3))
     monkeypatch.setattr(timing, "time_graphs", lambda cols, replays=50, **kw: {c: Timing(1.0, 1.0, 1.0) for c in cols})
     sel = resolve(CPU_TRITON, plugins=False, tuning=False)

@@ -230,14 +230,18 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
         assert all(16 <= c.BLOCK_M <= 128 for c in configs) and len(configs) <= 10
         # the rule runs the plain gate-up (measured faster on the H200); the fused one comes last, both placements,
         # on the tl.dot kernel's tiles (the fused structure has no wgmma kernel)
-        fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, BLOCK_M=min(configs[0].BLOCK_M, 64), num_warps=4)
+        fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, SWAP_AB=0, BLOCK_M=min(configs[0].BLOCK_M, 64), num_warps=4)
         assert configs[0].FUSED_ACT == 0 and configs[-2:] == [fused, replace(fused, QUANT_IN_KERNEL=1)]
         assert all(c.QUANT_IN_KERNEL == 0 for c in configs if not c.FUSED_ACT)
     prefill = tuning_configs(8192, 8, 32)  # 2048 tokens per expert: the wgmma kernel's 128-row tile
     assert prefill[0].WGMMA == 1 and prefill[0].BLOCK_M == 128 and replace(prefill[0], num_stages=3) in prefill
     assert replace(prefill[0], BLOCK_M=64, num_warps=4) in prefill
     assert replace(prefill[0], WGMMA=0, BLOCK_M=64, num_warps=4, num_stages=3) in prefill  # the tl.dot kernel's tile
-    assert replace(default_config(1, 8, 32), BLOCK_N=64) in tuning_configs(1, 8, 32)  # twice the programs at decode
+    decode = tuning_configs(1, 8, 32)  # the transposed 16-row tile, then the wgmma one and the normal orientation
+    assert decode[0].SWAP_AB == 1 and decode[1].WGMMA == 1 and decode[2] == replace(decode[0], SWAP_AB=0)
+    assert replace(decode[0], BLOCK_N=64) in decode  # twice the programs at decode
+    near = tuning_configs(64, 8, 32)  # 16 per expert: the wgmma tile, its other row tile, the rule's below 16
+    assert near[2] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
 
 
 def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:

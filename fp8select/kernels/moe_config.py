@@ -19,8 +19,8 @@ Both compute ``silu(gate) * up`` in fp32 from the same fp32 sums and quantize it
 :func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
 (132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
 its experts' weights once, so the tiles are narrow in M (16 rows, the ``tl.dot`` minimum) and the
-grid wide in N; from a few dozen tokens per expert the tiles grow to 32 and then 64 rows, where
-the weights are re-read ``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
+grid wide in N; from 16 tokens per expert the tiles grow to 64 and then 128 rows, where the
+weights are re-read ``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
 """
 
 from __future__ import annotations
@@ -127,31 +127,41 @@ class MoeTritonConfig:
         return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}{kernel}"
 
 
+def _tokens_per_expert(m: int, top_k: int, experts: int) -> int:
+    return -(-m * top_k // max(experts, 1))
+
+
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
     The plain gate-up (``FUSED_ACT`` 0) at every ``m``, the activation quantized by its own kernel
     first, ``BLOCK_N`` 128. ``tokens per expert = m * top_k / experts`` (uniform routing) picks the
-    kernel and its row tile: the ``tl.dot`` kernels with 16 rows up to 16 tokens and 32 up to 32; above,
-    the ``wgmma`` kernel (``WGMMA`` 1), 64 x 128 tiles and from 256 tokens 128 x 128 with 8 warps.
-    Measured on the H200 (``tune --moe``, DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B):
-    at M 512-8192 the ``wgmma`` kernel took 0.61-0.71x the time of the ``tl.dot`` kernels' 64 x 128
-    tiles (32 experts, M 4096: 4.17 ms against 6.63), whose every K block waits for its MMA before
-    the scaling. At up to 16 tokens per expert the 16-row ``tl.dot`` tiles were faster than any ``wgmma``
-    one (113 us against 134 at M 1); between 16 and 32 (M 64-128 of 32 experts) the measured rows take
-    the 64-row ``wgmma`` tile, 2-6% ahead of the best ``tl.dot`` one. Before that, the plain gate-up was
-    1.06-1.53x faster than the fused one at all 12 points measured, and quantizing the activation inside
-    the gate-up K loop had doubled the fused op's time at decode.
+    kernel and its row tile: below 16 tokens the ``tl.dot`` kernels' 16-row tile transposed
+    (``SWAP_AB`` 1: the weight tile in the MMA's 128-row operand); from 16 the ``wgmma`` kernel
+    (``WGMMA`` 1), 64 x 128 tiles and from 256 tokens 128 x 128 with 8 warps.
+    Measured on the H200 (``tune --moe``, DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B, each
+    candidate timed alone under uniform and skewed routing): below 16 tokens per expert the transposed
+    16-row tile was the fastest of the four candidates at all 13 points uniform, 0.88-1.0x the normal
+    tile's time (112 against 119 us at M 1 of 32 experts), and within 4% of the fastest skewed; among
+    ten candidates (another run, uniform) within 6% of the fastest; at 16 tokens
+    (M 64 of 32 experts) the 64-row ``wgmma`` tile took 416 us uniform against 448 for the normal
+    16-row tile and 417 transposed, and 271 skewed against 366 and 311 (one row block per busy
+    expert); between 16 and 32 (M 64-128 of 32 experts) the uniform rows took it too, 2-6% ahead of the
+    best ``tl.dot`` tile. At M 512-8192 the ``wgmma`` kernel took 0.61-0.71x the time of the ``tl.dot``
+    kernels' 64 x 128 tiles (32 experts, M 4096: 4.17 ms against 6.63), whose every K block waits for
+    its MMA before the scaling. Before that, the plain gate-up was 1.06-1.53x faster than the fused one
+    at all 12 points measured, and quantizing the activation inside the gate-up K loop had doubled the
+    fused op's time at decode.
 
     ``GROUP_M`` 8 at every ``m``: under skewed routing an expert holds several row blocks even at
     decode, and grouped launch order has its blocks take each weight tile together, read once from
     HBM into L2, where one block after another (``GROUP_M`` 1) read it once per block. Under uniform
     routing at decode each expert has one block, and the order changes nothing.
     """
-    per_expert = -(-m * top_k // max(experts, 1))
-    if per_expert <= 32:
-        return MoeTritonConfig(BLOCK_M=16 if per_expert <= 16 else 32, BLOCK_N=128, GROUP_M=8, num_warps=4,
-                               num_stages=4, QUANT_IN_KERNEL=0, FUSED_ACT=0)
+    per_expert = _tokens_per_expert(m, top_k, experts)
+    if per_expert < 16:
+        return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                               FUSED_ACT=0, SWAP_AB=1)
     if per_expert < 256:
         return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                                FUSED_ACT=0, WGMMA=1)
@@ -161,25 +171,28 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
-    configuration, then its neighbours. At decode (the ``tl.dot`` rule): the ``wgmma`` kernel's 64 x 128
-    tile, the rule's tile transposed (``SWAP_AB``), the 64 x 128 tile on the ``tl.dot`` kernels (one row
-    block for up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32 experts),
-    then the row tile doubled and halved, half the columns per program, 8 warps, one pipeline stage
-    fewer. At prefill (the ``wgmma`` rule): its other row tile (64 x 128 with 4 warps or 128 x 128 with
-    8), 64 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
+    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the ``wgmma``
+    kernel's 64 x 128 tile, the same 16-row tile in the normal orientation, the 64 x 128 tile on the
+    ``tl.dot`` kernels (one row block for up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of
+    DeepSeek-V3's 32 experts), the transposed tile with 32 rows, half the columns per program, 8 warps,
+    one pipeline stage fewer. At prefill (the ``wgmma`` rule): its other row tile (64 x 128 with 4 warps
+    or 128 x 128 with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16),
+    64 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
     configurations take 16-64), and the ``tl.dot`` kernels' 64 x 128 tile with 3 stages (the rule before
     the ``wgmma`` kernel, and what runs where that kernel does not). Then, everywhere, the fused gate-up
     with the ``tl.dot`` tiles, and quantizing its activation in the K loop (both measured slower on the
     H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
-    tl_dot = {"WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
+    normal = {"SWAP_AB": 0}
+    tl_dot = {**normal, "WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
     if base.WGMMA:
         other = {"BLOCK_M": 64, "num_warps": 4} if base.BLOCK_M == 128 else {"BLOCK_M": 128, "num_warps": 8}
-        steps: list[dict[str, int]] = [other, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32},
+        near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if _tokens_per_expert(m, top_k, experts) < 32 else []
+        steps: list[dict[str, int]] = [other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32},
                                        {**tl_dot, "num_stages": 3}]
     else:
-        steps = [{"WGMMA": 1, "BLOCK_M": 64}, {"SWAP_AB": 1}, {"BLOCK_M": 64}, {"BLOCK_M": base.BLOCK_M * 2},
-                 {"BLOCK_M": base.BLOCK_M // 2}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_warps": 8}, {"num_stages": 3}]
+        steps = [{**normal, "WGMMA": 1, "BLOCK_M": 64}, normal, {**normal, "BLOCK_M": 64}, {"BLOCK_M": 32},
+                 {"BLOCK_N": base.BLOCK_N // 2}, {"num_warps": 8}, {"num_stages": 3}]
     steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:
