@@ -196,9 +196,6 @@ def test_moe_model_check_on_the_shipped_table_beats_the_rule_and_is_the_kept_res
     assert summary["points"] == 70 and len(report["leave_one_shape_out"]["folds"]) == 5
     # measured properties of the shipped H200 rows, asserted loosely
     assert summary["model"]["geomean"] < summary["rule"]["geomean"] - 0.1
-    # Within 1.5% of always running CUTLASS (1% before DeepSeek-V3 E 32 and Qwen3-30B-A3B were measured again with
-    # Triton's wgmma path while the other three shapes keep Triton rows of the tl.dot kernels, which the model's
-    # picks for E 8 are scored against; docs/moe.md says how to measure them again)
-    assert summary["model"]["geomean"] <= summary["always"]["geomean"] + 0.015
+    assert summary["model"]["geomean"] < summary["always"]["geomean"]  # better than always running CUTLASS
     kept = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "moe_model_check.json").read_text())
     assert kept == report  # the kept result is what the tool computes from the shipped table today

@@ -91,10 +91,10 @@ def test_the_layer_plans_cutlass_and_m0_launches_nothing(monkeypatch, problem) -
     fake = install(monkeypatch, "sgl_kernel")
     sel = resolve(H200_MOE, plugins=False, verify=False)
     assert [b.name for b in moe_chain(sel)][:2] == ["triton", "cutlass"]  # not run on a GPU yet: after Triton
-    # a shape no table holds: modelled from the shipped H200 rows, where CUTLASS is the fastest at most points
+    # a shape no table holds: modelled from the shipped H200 rows, where Triton is the fastest at most decode
+    # points and CUTLASS at most of the others
     plan = sel.prepare_moe(*problem.weights(), top_k=2).main_plan
-    assert {r.why for r in plan.routes} == {"model"} and set(plan.backends) <= {"cutlass", "triton"}
-    assert sum(r.backend == "cutlass" for r in plan.routes) > len(plan.routes) // 2
+    assert {r.why for r in plan.routes} == {"model"} and set(plan.backends) == {"cutlass", "triton"}
     assert sel.prepare_moe(*problem.weights(), top_k=2, measured={}).main_plan.summary() == "any M: triton/sorted"
     moe = resolve(H200_MOE, plugins=False, verify=False, backend="cutlass").prepare_moe(*problem.weights(), top_k=2)
     assert moe.main_plan.summary() == "any M: cutlass/offsets"
