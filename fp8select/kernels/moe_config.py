@@ -62,7 +62,7 @@ class MoeTritonConfig:
             Hopper, operands TMA cannot read), the same tiles on the ``tl.dot`` kernel.
         SWAP_AB: 1 runs the plain structure's ``tl.dot`` GEMMs on the transposed tile (the weight's
             ``BLOCK_N`` rows on the MMA's wide side, the row block's tokens on its narrow one), as the
-            dense decode kernel does: for decode's 16- and 32-row tiles. Not yet timed on a GPU.
+            dense decode kernel does: the rule's below 16 tokens per expert (:func:`default_config`).
     """
 
     BLOCK_M: int
