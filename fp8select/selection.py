@@ -24,7 +24,8 @@ from fp8select.problem import Problem
 class SelectionMemo:
     """What a selection's methods keep so as not to repeat work: the layers ``linear()`` prepared
     (per weight tensor, :class:`~fp8select.dropin.PreparedLayers`) and the tables ``prepare(...,
-    tune=True)`` measured (per shape; they are also written to the cache directory). It never
+    tune=True)`` and ``prepare_moe(..., tune=True)`` measured (per shape, empty where there was nothing
+    to measure; they are also written to the cache directory). It never
     changes what a method returns, only how soon; every copy of a selection (``replace``,
     ``copy``, ``deepcopy``, a pickle) starts with an empty one."""
 
@@ -146,15 +147,16 @@ class Selection(Decision):
                          max_weight_copies=copies, invariance=self._invariance())
 
     def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
+        """The selection's measurements with those measured for (N, K) now (once per shape per selection;
+        an empty table remembers that there was nothing to measure)."""
         measured = self._memo.measured
         if self.load_time_measure is None:
             return self.measurements
         if (n, k) not in measured:
-            table = self.load_time_measure(self, n, k, device=device, group=self.group)
-            if table is None:
-                return self.measurements
-            measured[(n, k)] = table
-        return measurements_for(self.capabilities, self.chain, [*self.tables, *measured.values()])
+            measured[(n, k)] = self.load_time_measure(self, n, k, device=device, group=self.group) or {}
+        if not measured[(n, k)]:
+            return self.measurements
+        return measurements_for(self.capabilities, self.chain, [*self.tables, *(t for t in measured.values() if t)])
 
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:
@@ -213,7 +215,7 @@ class Selection(Decision):
         if shape not in found:
             new = self.load_time_measure_moe(self, chain, table, weights, shape, device=weights[0].device,
                                              group=self.group)
-            found[shape] = new if new is not None else {}
+            found[shape] = new or {}
         if not found[shape]:
             return table
         return moe_measurements(self, chain, [*self.tables, *(t for t in found.values() if t)])

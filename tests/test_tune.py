@@ -166,6 +166,8 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     meas = sel._measure_at_load(512, 768, torch.device("cpu"))
     assert meas is not None and meas.estimate("small", 512, 768, 16).source == "measured"  # type: ignore[union-attr]
     assert list(sel._memo.measured) == [(512, 768)]
+    assert sel._measure_at_load(N, K, torch.device("cpu")) is sel.measurements  # measured: nothing to do
+    assert sel._memo.measured[(N, K)] == {}  # and remembered, not derived again for the next layer
     from fp8select.measured.sources import wants_load_time_tuning
 
     assert wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
