@@ -87,7 +87,7 @@ class _BackendRows:
 
     def row(self, shape: tuple[int, int], bucket: int) -> Row | None:
         found = self.shapes.get(shape, {}).get(str(bucket))
-        return None if found is None else Row(float(found["us"]), found.get("config"))
+        return None if found is None else Row(_us(found), found.get("config"))
 
 
 class Measurements:
@@ -182,7 +182,7 @@ class Measurements:
                 points = [(shape, math.log(best[(shape, b)] / floor_us(*shape, b))) for (shape, b) in best if b == bucket]
             else:
                 rows = self._rows[backend]
-                points = [(shape, math.log(float(rows.shapes[shape][str(bucket)]["us"]) / best[(shape, bucket)]))
+                points = [(shape, math.log(_us(rows.shapes[shape][str(bucket)]) / best[(shape, bucket)]))
                           for shape in self._train(backend, bucket)]
             self._ordered[key] = sorted(points, key=lambda point: point[1])
         return self._ordered[key]
@@ -209,10 +209,15 @@ class Measurements:
             for rows in self._rows.values():
                 for shape, buckets in rows.shapes.items():
                     for bucket, row in buckets.items():
-                        key, us = (shape, int(bucket)), float(row["us"])
+                        key, us = (shape, int(bucket)), _us(row)
                         fastest[key] = min(fastest.get(key, us), us)
             self._fastest = fastest
         return self._fastest
+
+
+def _us(row: Mapping[str, Any]) -> float:
+    """A table row's time (JSON may hold it as an int)."""
+    return float(row["us"])
 
 
 def _distance(shape: tuple[int, int], n: int, k: int) -> float:
