@@ -129,6 +129,7 @@ class Tiles(Clocked):
 
     name = "tiles"
     layouts = ("sorted",)
+    wrong_under_skew: ClassVar[str] = ""
 
     def tuning_configs(self, problem: Any, layout: str, bucket: int) -> list[Any]:
         return ["small", "big"]
@@ -137,13 +138,36 @@ class Tiles(Clocked):
         inner = ReferenceMoe.bind(self, prepared, layout, None, caps)
 
         def launch(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-            RAN.append((f"{config}/{'skewed' if bool((ids == 0).any(1).all()) else 'uniform'}", x.shape[0]))
-            return inner(x, w, ids)
+            skewed = bool((ids == 0).any(1).all())
+            RAN.append((f"{config}/{'skewed' if skewed else 'uniform'}", x.shape[0]))
+            return inner(x, w, ids) * (2 if skewed and config == self.wrong_under_skew else 1)
 
         return launch
 
 
-def test_a_configuration_that_loses_under_skew_is_not_kept(clocked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def tiles(clocked: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Under the fake clock, ``skewed_routing`` replaced by every token on experts 0..k-1 (what ``Tiles`` reads)."""
+
+    def every_token_on_expert_0(m: int, k: int, e: int, device: Any, generator: Any = None) -> Any:
+        return torch.full((m, k), 1.0 / k), torch.arange(k, dtype=torch.int32).repeat(m, 1)
+
+    monkeypatch.setattr(tune_moe, "skewed_routing", every_token_on_expert_0)
+    monkeypatch.setattr(Tiles, "wrong_under_skew", "")
+    return clocked
+
+
+def test_a_configuration_wrong_under_skew_is_left_out(tiles: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing, "time_graph", lambda calls, replays=50: Timing(1.0, 1.0, 1.0))
+    monkeypatch.setattr(Tiles, "wrong_under_skew", "big")
+    monkeypatch.setitem(TIMES, "small/uniform", lambda m: 1.0)
+    _, rows = tune_moe.tune_moe(tiles, [SHAPE], ms=(64,), chain=(Tiles(),), device="cpu")
+    checked = [r for r in rows if "rel_err" in r]
+    assert [r.get("correct", True) for r in checked] == [True, False]  # small, then big: twice the output skewed
+    assert [r["route"] for r in rows if r.get("final")] == ["tiles/sorted"]
+
+
+def test_a_configuration_that_loses_under_skew_is_not_kept(tiles: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Configurations are timed alone under uniform and skewed routing; the one whose worse ratio to the fastest
     is least is kept: ``big`` 1.05x under uniform routing beats ``small`` 3x under skew."""
     alone = {"small/uniform": 1.0, "small/skewed": 3.0, "big/uniform": 1.05, "big/skewed": 1.2}
@@ -154,14 +178,10 @@ def test_a_configuration_that_loses_under_skew_is_not_kept(clocked: Any, monkeyp
         timed.append(RAN[-1][0])
         return Timing(alone[RAN[-1][0]], 0.0, 0.0)
 
-    def every_token_on_expert_0(m: int, k: int, e: int, device: Any, generator: Any = None) -> Any:
-        return torch.full((m, k), 1.0 / k), torch.arange(k, dtype=torch.int32).repeat(m, 1)  # the marker above
-
     monkeypatch.setattr(timing, "time_graph", fake_time_graph)
-    monkeypatch.setattr(tune_moe, "skewed_routing", every_token_on_expert_0)
     monkeypatch.setitem(TIMES, "big/uniform", lambda m: 1.05)
     monkeypatch.setitem(TIMES, "small/uniform", lambda m: 1.0)
-    table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(64,), chain=(Tiles(),), device="cpu")
+    table, rows = tune_moe.tune_moe(tiles, [SHAPE], ms=(64,), chain=(Tiles(),), device="cpu")
     assert sorted(timed) == sorted(alone)
     assert table["moe"][0]["shapes"][KEY]["64"]["us"] == 1.05  # the routes' timing ran ``big``
     assert [(r["alone_us"], r["skewed_us"]) for r in rows if "skewed_us" in r] == [(1.0, 3.0), (1.05, 1.2)]

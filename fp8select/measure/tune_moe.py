@@ -8,9 +8,9 @@ activation quantization, both grouped GEMMs, ``silu(gate) * up`` and its quantiz
 (:meth:`~fp8select.backends.moe.MoeBackend.bind`). For a backend with launch configurations (Triton) its
 candidates (:meth:`~fp8select.backends.moe.MoeBackend.tuning_configs`, at most ``max_configs``) are timed
 alone, under the point's uniform routing and under skewed routing
-(:func:`~fp8select.kernels.moe_routing.skewed_routing`), and the one kept that loses least to the fastest
-under either: a small row tile reads a busy expert's weights once per row block, which uniform routing at
-decode does not show. Then the point's routes are timed together under CUDA graphs, their replays
+(:func:`~fp8select.kernels.moe_routing.skewed_routing`; checked under both), and the one kept that loses
+least to the fastest under either: a small row tile reads a busy expert's weights once per row block,
+which uniform routing at decode does not show. Then the point's routes are timed together under CUDA graphs, their replays
 interleaved (:func:`fp8select.measure.timing.time_graphs`): those times are the table's.
 
 **Routing**: uniform random top-k (each token's ``k`` distinct experts drawn uniformly, weights a softmax
@@ -107,7 +107,6 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
     after ``budget_s`` seconds; ``on_shape(table)`` is called after each shape. ``experts``: a layer's own
     weights, the first of the copies rotated through (one shape: load-time measurement, which then
     allocates only the copies beyond them)."""
-    from fp8select.kernels.moe_reference import experts_reference
     from fp8select.moe_select import moe_chain
 
     start = time.monotonic()
@@ -154,7 +153,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
                 continue
             weights, ids = uniform_routing(m, k, e, device, gen)
             x = torch.randn(m, h, generator=gen, device=device).to(torch.bfloat16)
-            ref = experts_reference(x, *sets[0], weights, ids, BLOCK)
+            reference = functools.cache(functools.partial(_reference, x, sets[0]))
             found: dict[str, tuple[list[MoeLaunch], Any]] = {}
             for b, lay in wanted:
                 name = f"{b.name}/{lay}"
@@ -162,7 +161,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
                     rows.append({"shape": key, "m": m, "route": name, "skipped": f"masked working set over "
                                  f"{MAX_MASKED_BYTES / 1e9:.0f} GB"})
                     continue
-                best = _best_config(b, lay, prepared[b.name], point, m, x, weights, ids, ref, caps, replays,
+                best = _best_config(b, lay, prepared[b.name], point, m, x, weights, ids, reference, caps, replays,
                                     max_configs, rows, key)
                 if best is not None:
                     found[name] = best
@@ -198,15 +197,19 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
 
 
 def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: MoeProblem, m: int, x: torch.Tensor,
-                 weights: torch.Tensor, ids: torch.Tensor, ref: torch.Tensor, caps: Any, replays: int, max_configs: int,
-                 rows: list[dict[str, Any]], key: str) -> tuple[list[MoeLaunch], Any] | None:
-    """The route's launches (one per weight copy) at the correct configuration that loses least to the fastest
-    under uniform (``weights, ids``) or skewed routing (:func:`_least_loss`), or None."""
+                 weights: torch.Tensor, ids: torch.Tensor, reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 caps: Any, replays: int, max_configs: int, rows: list[dict[str, Any]], key: str
+                 ) -> tuple[list[MoeLaunch], Any] | None:
+    """The route's launches (one per weight copy) at the configuration that loses least to the fastest under
+    uniform (``weights, ids``) or skewed routing (:func:`_least_loss`), among those correct under both
+    (``reference(weights, ids)``: the experts op's output for ``x``), or None."""
     name = f"{backend.name}/{layout}"
     bucket = m_bucket(m)
     configs = backend.tuning_configs(point, layout, bucket)[:max(1, max_configs)]
-    skewed = skewed_routing(m, ids.shape[1], point.experts, x.device,
-                            torch.Generator(device=x.device).manual_seed(m)) if len(configs) > 1 else None
+    routings = [(weights, ids)]
+    if len(configs) > 1:  # a choice to make: under skewed routing too
+        routings.append(skewed_routing(m, ids.shape[1], point.experts, x.device,
+                                       torch.Generator(device=x.device).manual_seed(m)))
     timed: list[tuple[tuple[float, ...], list[MoeLaunch], Any]] = []
     for config in configs:
         record: dict[str, Any] = {"shape": key, "m": m, "route": name}
@@ -214,25 +217,31 @@ def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: M
             record["config"] = config.to_dict()
         try:
             launches = [backend.bind(p, layout, config, caps) for p in per_copy]
-            err = _rel_err(launches[0](x, weights, ids), ref)
+            err = max(_rel_err(launches[0](x, *routing), reference(*routing)) for routing in routings)
             if err >= REL_ERR_MAX:
                 rows.append({**record, "correct": False, "rel_err": err})
                 continue
-            us = (0.0, 0.0) if skewed is None else tuple(
-                timing.time_graph([functools.partial(run, x, *routing) for run in launches], replays).median_us
-                for routing in ((weights, ids), skewed))
+            us = tuple(timing.time_graph([functools.partial(run, x, *routing) for run in launches], replays).median_us
+                       for routing in routings) if len(configs) > 1 else (0.0,)
         except PASS_THROUGH:
             raise
         except BaseException as exc:  # noqa: BLE001 - a configuration or backend failing here is a result
             rows.append({**record, "error": describe(exc)})
             continue
-        alone = {} if skewed is None else {"alone_us": round(us[0], 3), "skewed_us": round(us[1], 3)}
+        alone = {"alone_us": round(us[0], 3), "skewed_us": round(us[1], 3)} if len(us) > 1 else {}
         rows.append({**record, "rel_err": err, **alone})
         timed.append((us, launches, config))
     if not timed:
         return None
     _, launches, config = timed[_least_loss([t[0] for t in timed])]
     return launches, config
+
+
+def _reference(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The experts op's output for ``x`` under that routing (the reference kernel)."""
+    from fp8select.kernels.moe_reference import experts_reference
+
+    return experts_reference(x, *experts, weights, ids, BLOCK)
 
 
 def _least_loss(times: Sequence[tuple[float, ...]]) -> int:
