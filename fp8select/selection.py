@@ -44,6 +44,15 @@ class SelectionMemo:
         return SelectionMemo, ()
 
 
+def _measured_once(found: dict[Any, Mapping[str, Any]], key: Any,
+                   measure: Callable[[], Mapping[str, Any] | None]) -> list[Mapping[str, Any]] | None:
+    """Every table measured at load time so far, ``key``'s by ``measure()`` first if it is new; None when
+    ``key`` needed nothing (remembered as an empty table, so that it is not asked again)."""
+    if key not in found:
+        found[key] = measure() or {}
+    return [table for table in found.values() if table] if found[key] else None
+
+
 @dataclass(frozen=True)
 class Selection(Decision):
     """What :func:`fp8select.resolve` decided (a :class:`~fp8select.decision.Decision`: ``backend``,
@@ -147,16 +156,15 @@ class Selection(Decision):
                          max_weight_copies=copies, invariance=self._invariance())
 
     def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
-        """The selection's measurements with those measured for (N, K) now (once per shape per selection;
-        an empty table remembers that there was nothing to measure)."""
-        measured = self._memo.measured
-        if self.load_time_measure is None:
+        """The selection's measurements with those measured for (N, K) now (once per shape per selection)."""
+        measure = self.load_time_measure
+        if measure is None:
             return self.measurements
-        if (n, k) not in measured:
-            measured[(n, k)] = self.load_time_measure(self, n, k, device=device, group=self.group) or {}
-        if not measured[(n, k)]:
+        measured = _measured_once(self._memo.measured, (n, k),
+                                  lambda: measure(self, n, k, device=device, group=self.group))
+        if measured is None:
             return self.measurements
-        return measurements_for(self.capabilities, self.chain, [*self.tables, *(t for t in measured.values() if t)])
+        return measurements_for(self.capabilities, self.chain, [*self.tables, *measured])
 
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:
@@ -209,16 +217,14 @@ class Selection(Decision):
         """The MoE rows ``table`` with those measured for ``shape`` now (once per shape per selection)."""
         from fp8select.moe_select import moe_measurements
 
-        found = self._memo.measured_moe
-        if self.load_time_measure_moe is None:
+        measure = self.load_time_measure_moe
+        if measure is None:
             return table
-        if shape not in found:
-            new = self.load_time_measure_moe(self, chain, table, weights, shape, device=weights[0].device,
-                                             group=self.group)
-            found[shape] = new or {}
-        if not found[shape]:
+        measured = _measured_once(self._memo.measured_moe, shape, lambda: measure(
+            self, chain, table, weights, shape, device=weights[0].device, group=self.group))
+        if measured is None:
             return table
-        return moe_measurements(self, chain, [*self.tables, *(t for t in found.values() if t)])
+        return moe_measurements(self, chain, [*self.tables, *measured])
 
     def moe_plan_for(self, experts: int, hidden: int, intermediate: int, top_k: int,
                      block_size: Sequence[int] = (128, 128), *, measured: MoeTimes | None = None) -> MoePlan:
