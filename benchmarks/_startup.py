@@ -1,8 +1,8 @@
 """Start-up: time to first outputs in fresh processes (GPU only), the ``startup`` phase of
 :mod:`benchmarks.host_overhead`.
 
-Three DeepSeek-V3 shapes, first outputs at M 1/64/4096, for auto and each backend of
-``--startup-backends`` pinned, in these states: empty JIT caches (a fresh cache folder: the first
+Three DeepSeek-V3 shapes (or ``--startup-shapes``), first outputs at M 1/64/4096, for auto and each backend
+of ``--startup-backends`` pinned, in these states (or those of ``--startup-states``): empty JIT caches (a fresh cache folder: the first
 calls compile), empty caches with ``warmup(layers, ms, processes=8)`` before the first calls (the
 kernels compiled in worker processes side by side), warm caches (with ``prepare`` profiled once),
 and warm with ``resolve(background=True)`` taken before :data:`STARTUP_LOAD_S` seconds of weight
@@ -73,26 +73,34 @@ print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "result_wait_s": wa
                   "warmup_s": warmup_s, "workers": [[w["backend"], w["n"], w["k"], w["ms"], w.get("error", w["seconds"])]
                                                     for w in workers],
                   "first_calls_s": t5 - t4 - warmup_s, "to_first_outputs_s": (t5 - t0) - (t3 - t2),
-                  "after_loading_s": t5 - t3, "plans": [l.main_plan.summary() for l in layers],
+                  "after_loading_s": t5 - t3, "tune_at_load": sel.tune_at_load,
+                  "plans": [l.main_plan.summary() for l in layers],
                   "first_calls": calls, "prepare_profile": text.getvalue().splitlines()[4:]}))
 """
 
 
+STATES = {"empty": "empty", "empty-workers": f"empty, warmup in {STARTUP_PROCESSES} processes", "warm": "warm",
+          "warm-profiled": "warm, prepare profiled", "warm-background": f"warm, background, {STARTUP_LOAD_S} s of loading"}
+"""``--startup-states``: the short name of each state, in the order they run (an empty one first: its caches
+are what the warm ones find)."""
+
+
 def phase_startup(report: dict[str, Any]) -> None:
     rows = []
+    shapes = report.get("startup_shapes") or STARTUP_SHAPES
+    states = [STATES[name] for name in report.get("startup_states") or STATES]
+    env = dict(os.environ)
     for backend in (b if b != "auto" else "" for b in report["startup_backends"]):
-        states = ("empty", f"empty, warmup in {STARTUP_PROCESSES} processes", "warm", "warm, prepare profiled",
-                  f"warm, background, {STARTUP_LOAD_S} s of loading")
         for state in states:
             if state.startswith("empty"):  # a fresh cache folder: every JIT compiles
                 cache = tempfile.mkdtemp(prefix="fp8select-startup-")
                 env = {**os.environ, "TRITON_CACHE_DIR": f"{cache}/triton", "DG_JIT_CACHE_DIR": f"{cache}/dg",
                        "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "TRTLLM_DG_CACHE_DIR": f"{cache}/fi-kernels",
-                       "XDG_CACHE_HOME": f"{cache}/xdg",
+                       "XDG_CACHE_HOME": f"{cache}/xdg", "FP8SELECT_CACHE_DIR": f"{cache}/fp8select",
                        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
             load = str(STARTUP_LOAD_S) if "background" in state else "0"
             processes = str(STARTUP_PROCESSES) if "processes" in state else "0"
-            done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(STARTUP_SHAPES),
+            done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(shapes),
                                    json.dumps(STARTUP_M), "profile" if "profiled" in state else "", load, processes],
                                   env=env, capture_output=True, text=True, timeout=240)
             line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None

@@ -6,7 +6,8 @@
   ``import fp8select``, ``detect_capabilities()``, the plugin scan, the first ``resolve()``, the
   background verification it starts (and the share of pure-Python work the main thread still
   gets meanwhile) and a second resolve; once with empty caches (verification compiles its
-  kernels) and once again (the passes are remembered).
+  kernels) and once again (the passes are remembered); and the shipped table's size, its JSON parse
+  and the whole read ``resolve()`` makes of the tables (best of seven each).
 * ``prepare``: per DeepSeek-V3 shape, ``selection.prepare()`` time against the backends' own
   ``prepare`` (layout work) for the backends its plan uses: the difference is the plan's cost.
 * ``nonfinite``: per accepted backend (pinned) and M, whether a NaN or an inf in one activation
@@ -60,12 +61,25 @@ sel = future.result()
 t7 = time.perf_counter()
 fp8select.resolve()
 t8 = time.perf_counter()
+from fp8select.measured.sources import find_tables, measurements_for
+from fp8select.measured.table import SHIPPED_DIR, table_path
+
+def fastest(call):  # the least of seven, in seconds
+    times = []
+    for _ in range(7):
+        s = time.perf_counter(); call(); times.append(time.perf_counter() - s)
+    return min(times)
+
+shipped = table_path(SHIPPED_DIR, sel.capabilities.device_name or "none")
+table = {"bytes": shipped.stat().st_size, "parse_s": fastest(lambda: json.loads(shipped.read_text())),
+         "read_s": fastest(lambda: measurements_for(sel.capabilities, sel.chain, [t for _, t in find_tables(sel.capabilities)]))
+         } if shipped.exists() else None
 print(json.dumps({"cuda_init_s": t1 - t0, "import_s": t2 - t1, "detect_s": t3 - t2, "plugins_s": t4 - t3,
                   "first_resolve_s": t6 - t5, "background": background,
                   "verification_s": t7 - t6 if background else None,  # it starts as resolve() returns
                   "resolve_to_verified_s": t7 - t5,
                   "main_thread_python_rate_while_verifying": busy / busy_s / idle_rate if busy_s > 0.05 else None,
-                  "second_resolve_s": t8 - t7, "chain": [b.name for b in sel.chain], "notes": list(sel.notes)}))
+                  "second_resolve_s": t8 - t7, "table": table, "chain": [b.name for b in sel.chain], "notes": list(sel.notes)}))
 """
 
 

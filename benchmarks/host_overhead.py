@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
-from benchmarks._startup import phase_startup
+from benchmarks._startup import STATES, phase_startup
 
 HOST_SHAPES = ((1024, 1024), (7168, 2048))
 HOST_M = 16
@@ -527,13 +527,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", default="host,compile,stack", help=f"comma-separated, of {','.join(PHASES)}")
     parser.add_argument("--startup-backends", default="auto,deepgemm,flashinfer",
                         help="startup: auto and/or the backends pinned, comma-separated")
+    parser.add_argument("--startup-shapes", default="", help="startup: the layer shapes (as bench --shapes takes them; "
+                        "default three DeepSeek-V3 ones)")
+    parser.add_argument("--startup-states", default="", help=f"startup: of {','.join(STATES)} (default all)")
     args = parser.parse_args(argv)
     require_cuda("host_overhead")
     import torch
     import triton
 
+    from fp8select.measure.bench import parse_shapes
+
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "triton": triton.__version__, "startup_backends": args.startup_backends.split(",")}
+                              "triton": triton.__version__, "startup_backends": args.startup_backends.split(","),
+                              "startup_shapes": [list(s) for s in parse_shapes(args.startup_shapes)] if args.startup_shapes else None,
+                              "startup_states": args.startup_states.split(",") if args.startup_states else None}
     args.out.mkdir(parents=True, exist_ok=True)
     for phase in args.phases.split(","):
         start = time.perf_counter()

@@ -77,13 +77,12 @@ def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
-    """With ``FP8SELECT_TUNE=load``: each shape's first ``prepare()`` (which measures it where its
-    plan is open) timed; the auto layers measured afterwards reuse what it found."""
+    """Where the selection measures at load time (by default where the cache directory can be written;
+    ``FP8SELECT_TUNE=off`` plans from the tables alone): each shape's first ``prepare()`` (which measures it
+    where its plan is open) timed; the auto layers measured afterwards reuse what it found."""
     import torch
 
-    from fp8select.measured.sources import wants_load_time_tuning
-
-    if not wants_load_time_tuning(selection.capabilities):
+    if not selection.tune_at_load:
         return []
     out = []
     for n, k in shapes:

@@ -29,7 +29,7 @@ from fp8select.errors import BackendRejectedError, BatchInvariantError, InvalidD
 from fp8select.inputs import check_max_weight_copies
 from fp8select.measure.loadtime import measure_moe_shape, measure_shape
 from fp8select.measured.invariance import batch_invariant_from_env, invariance_for
-from fp8select.measured.sources import find_tables, measurements_for
+from fp8select.measured.sources import find_tables, measurements_for, wants_load_time_tuning
 from fp8select.measured.table import check_table
 from fp8select.names import explicit_choice, parse_names
 from fp8select.plugins import LoadedPlugins, load_plugins, place, plugin_timeout
@@ -169,27 +169,33 @@ def _with_invariance(selection: Selection, invariant: bool) -> Selection:
 
 def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: dict[str, Any] | None,
                  group: Any = None) -> Selection:
-    """``selection`` with the device's measurements attached; with a group, rank 0's tables on
-    every rank (one measurement, the same plans on every rank)."""
+    """``selection`` with the device's measurements attached, and whether its layers measure shapes the
+    tables leave open at load time (by default only with the device's own tables and no explicit choice);
+    with a group, rank 0's tables and answer on every rank (one measurement, the same plans on every rank)."""
+    caps = selection.capabilities
     selection = replace(selection, load_time_measure=measure_shape, load_time_measure_moe=measure_moe_shape)
     if tuning is False:
-        return selection
+        return replace(selection, tune_at_load=wants_load_time_tuning(caps, by_default=False))
 
-    def local() -> list[tuple[str, dict[str, Any]]]:
-        return [("given", given)] if given is not None else find_tables(selection.capabilities)
+    def local() -> dict[str, Any]:
+        return {"tables": [("given", given)] if given is not None else find_tables(caps),
+                "tune": wants_load_time_tuning(caps, by_default=given is None and not selection.explicit)}
 
     if group is None:
-        tables = local()
+        found = local()
+        tables = found["tables"]
     else:
         from fp8select.distributed import measure_on_one_rank
 
-        shared = measure_on_one_rank(lambda: {"tables": local()}, None if isinstance(group, str) else group)
-        tables = [(f"{source} (rank 0)", table) for source, table in shared["tables"]]
-    measurements = measurements_for(selection.capabilities, selection.chain, [t for _, t in tables])
+        found = measure_on_one_rank(local, None if isinstance(group, str) else group)
+        tables = [(f"{source} (rank 0)", table) for source, table in found["tables"]]
+    selection = replace(selection, tune_at_load=bool(found["tune"]))
+    measurements = measurements_for(caps, selection.chain, [t for _, t in tables])
     if measurements is None:
         return selection
     return replace(selection, measurements=measurements, tuning_sources=tuple(source for source, _ in tables),
                    tables=tuple(table for _, table in tables))
+
 
 def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object,
                      tuning: object = True) -> None:

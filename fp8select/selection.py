@@ -14,7 +14,7 @@ from fp8select.dropin import PreparedLayers
 from fp8select.layer import Fp8Linear
 from fp8select.measured.invariance import Invariance
 from fp8select.measured.model import Measurements
-from fp8select.measured.sources import measurements_for, wants_load_time_tuning
+from fp8select.measured.sources import measurements_for
 from fp8select.moe import DEFAULT_TOP_K, Fp8MoE, check_moe_weights
 from fp8select.moe_plan import MoePlan, MoeTimes
 from fp8select.plan import Plan, build_plan, estimator
@@ -65,6 +65,8 @@ class Selection(Decision):
     the checkpoint's (None: no bound). ``group`` is the process group it was agreed in, if any.
     ``batch_invariant``: every layer's plan keeps each output row independent of its batch, by
     the records of ``invariance`` (:mod:`fp8select.measured.invariance`; see :mod:`fp8select.plan`).
+    ``tune_at_load``: ``prepare()`` measures a CUDA layer's shape where the tables leave its plan open
+    (:func:`fp8select.measured.sources.wants_load_time_tuning` says when).
     """
 
     measurements: Measurements | None = field(default=None, repr=False, compare=False)
@@ -74,6 +76,7 @@ class Selection(Decision):
     batch_invariant: bool = False
     invariance: Invariance | None = field(default=None, repr=False, compare=False)
     group: Any = field(default=None, repr=False, compare=False)
+    tune_at_load: bool = False
     # How to measure a layer shape at load time (set by resolve(): fp8select.measure.loadtime.measure_shape and
     # measure_moe_shape; measurement code sits above this module).
     load_time_measure: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False, compare=False)
@@ -117,6 +120,11 @@ class Selection(Decision):
             lines.extend("  " + line for line in self.measurements.describe().splitlines())
         else:
             lines.append("measurements: none for this device, so plans follow the priority order")
+        if caps.device_kind == "cuda":
+            lines.append("load-time measurement: " + (
+                "on: prepare() measures a shape whose plan the tables leave open, once, into the cache directory "
+                "(FP8SELECT_TUNE=off turns it off)" if self.tune_at_load else
+                "off (FP8SELECT_TUNE=load turns it on; unset, it is on where the cache directory can be written)"))
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -133,6 +141,7 @@ class Selection(Decision):
             "measured_backends": list(self.measurements.backends) if self.measurements is not None else [],
             "max_weight_copies": self.max_weight_copies,
             "batch_invariant": self.batch_invariant,
+            "tune_at_load": self.tune_at_load,
         }
 
     def prepare(self, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -141,13 +150,13 @@ class Selection(Decision):
         """Plan the layer and lay its weight out for the backends the plan uses, once; returns a callable layer.
 
         ``max_weight_copies`` overrides the selection's bound for this layer (None: no bound; the
-        default ``...`` keeps the selection's). ``tune`` (default: ``FP8SELECT_TUNE=load``) measures
-        a CUDA layer's shape first where the tables do not settle its plan
+        default ``...`` keeps the selection's). ``tune`` (default: ``tune_at_load``) measures a
+        CUDA layer's shape first where the tables do not settle its plan
         (:mod:`fp8select.measure.loadtime`; with a process group, on rank 0 for every rank).
         """
         copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
         measurements = self.measurements
-        wanted = tune if tune is not None else wants_load_time_tuning(self.capabilities)
+        wanted = self.tune_at_load if tune is None else tune
         if (wanted and isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2
                 and tuple(block_size) == (128, 128)):
             measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
@@ -191,7 +200,7 @@ class Selection(Decision):
         ``w13`` float8_e4m3fn ``[E, 2I, H]`` (gate rows, then up rows), ``w2`` ``[E, H, I]``, with fp32 block
         scales; ``top_k`` the experts per token the first plan is made for (default 8; others on first use);
         ``measured`` rows of this shape (:data:`fp8select.moe_plan.MoeTimes`; default: the tuning tables'
-        rows for it, per top-k). ``tune`` (default: ``FP8SELECT_TUNE=load``) measures a CUDA layer's shape
+        rows for it, per top-k). ``tune`` (default: ``tune_at_load``) measures a CUDA layer's shape
         at that top-k first where the tables do not settle its plan (:mod:`fp8select.measure.loadtime`; with a
         process group, on rank 0 for every rank). A batch-invariant selection plans one route for every M, or
         raises :class:`~fp8select.errors.BatchInvariantError`. See docs/moe.md.
@@ -201,7 +210,7 @@ class Selection(Decision):
 
         chain = moe_chain(self)
         table = moe_measurements(self, chain, self.tables) if measured is None else None
-        wanted = tune if tune is not None else wants_load_time_tuning(self.capabilities)
+        wanted = self.tune_at_load if tune is None else tune
         if measured is None and wanted and isinstance(w13, torch.Tensor) and w13.is_cuda:
             block = check_block_size(block_size)
             experts, hidden, inter = check_moe_weights(w13, w13_scale_inv, w2, w2_scale_inv, block)

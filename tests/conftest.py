@@ -1,4 +1,5 @@
-"""Every test runs with its own home and cache directories, so nothing reads or writes the user's.
+"""Every test runs with its own home and cache directories, so nothing reads or writes the user's; GPU tests
+plan from the tables (``FP8SELECT_TUNE=off``) unless they ask for load-time measurement.
 
 GPU tests need compiled Triton kernels; the CPU test modules that run Triton's interpreter set
 ``TRITON_INTERPRET=1`` for their whole process, so on a GPU machine a GPU test that shares a
@@ -31,8 +32,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def _private_home(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("home")
+    if request.node.get_closest_marker("gpu") is not None:  # plans from the tables; a test that measures at load says so
+        monkeypatch.setenv("FP8SELECT_TUNE", "off")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.delenv("FP8SELECT_CACHE_DIR", raising=False)

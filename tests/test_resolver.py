@@ -269,6 +269,23 @@ H200 = Capabilities(device_kind="cuda", device_name="NVIDIA H200", compute_capab
                     triton_backends=("nvidia",))
 
 
+def test_load_time_measurement_is_decided_once_and_explained(tmp_path: Any) -> None:
+    """The default (measure where it pays) needs the device's own tables: a given table or none keeps the
+    plans as they are; ``explain`` says which."""
+    caps = H200.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)})
+    default = resolve(caps, plugins=False, verify=False)
+    assert default.tune_at_load and default.to_dict()["tune_at_load"] is True
+    assert "load-time measurement: on" in default.explain()
+    assert not resolve(caps, plugins=False, verify=False, tuning=False).tune_at_load
+    assert not resolve(caps, backend="triton", plugins=False, verify=False).tune_at_load  # it runs wherever it can
+    assert not resolve(caps, plugins=False, verify=False, tuning=dict(default.tables[0])).tune_at_load
+    off = resolve(caps.with_overrides({"env.FP8SELECT_TUNE": "off"}), plugins=False, verify=False)
+    assert not off.tune_at_load and "load-time measurement: off" in off.explain()
+    assert resolve(caps.with_overrides({"env.FP8SELECT_TUNE": "load"}), plugins=False, verify=False,
+                   tuning=False).tune_at_load
+    assert "load-time measurement" not in resolve(CPU, plugins=False, verify=False).explain()
+
+
 def test_tuning_false_reads_no_table_even_where_one_ships() -> None:
     shipped = resolve(H200, plugins=False, verify=False)
     assert shipped.measurements is not None and shipped.tuning_sources and len(shipped.tables) == len(shipped.tuning_sources)

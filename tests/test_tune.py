@@ -168,10 +168,32 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     assert list(sel._memo.measured) == [(512, 768)]
     assert sel._measure_at_load(N, K, torch.device("cpu")) is sel.measurements  # measured: nothing to do
     assert sel._memo.measured[(N, K)] == {}  # and remembered, not derived again for the next layer
+
+
+def test_load_time_tuning_is_on_by_default_where_its_rows_can_be_kept(tmp_path: Any) -> None:
+    """Unset, a CUDA device measures at load time when its cache directory can be written (once per machine);
+    ``load`` forces it, any other value turns it off, and without the device's own tables it is off."""
+    import os
+
     from fp8select.measured.sources import wants_load_time_tuning
 
-    assert wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_TUNE": " Load "}))
-    assert not wants_load_time_tuning(CPU)
+    cuda = CPU.with_overrides({"device_kind": "cuda", "env.FP8SELECT_CACHE_DIR": str(tmp_path / "new" / "cache")})
+    assert wants_load_time_tuning(cuda)  # a folder still to be created, in one that can be written
+    assert not wants_load_time_tuning(cuda, by_default=False)
+    assert not wants_load_time_tuning(CPU.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)}))  # not CUDA
+    for value, wanted in ((" Load ", True), ("off", False), ("0", False)):
+        assert wants_load_time_tuning(cuda.with_overrides({"env.FP8SELECT_TUNE": value}), by_default=False) is wanted
+    (tmp_path / "file").write_text("")
+    assert not wants_load_time_tuning(cuda.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path / "file" / "x")}))
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # (root may write anywhere)
+            assert not wants_load_time_tuning(cuda.with_overrides({"env.FP8SELECT_CACHE_DIR": str(locked / "cache")}))
+            assert wants_load_time_tuning(cuda.with_overrides({"env.FP8SELECT_CACHE_DIR": str(locked / "cache"),
+                                                               "env.FP8SELECT_TUNE": "load"}))
+    finally:
+        locked.chmod(0o700)
 
 
 @pytest.mark.parametrize("runs", [False, True])

@@ -21,6 +21,7 @@ from fp8select.measured.table import (
     SHIPPED_DIR,
     backend_versions,
     cache_dir,
+    cache_writable,
     load_table,
     table_path,
     validate_header,
@@ -30,11 +31,19 @@ from fp8select.measured.table import (
 __all__ = ["ENV_TUNE", "find_tables", "measurements_for", "wants_load_time_tuning"]
 
 ENV_TUNE = "FP8SELECT_TUNE"
-"""``load``: measure each new layer shape at load time where its plan is open (:mod:`.loadtime`)."""
+"""``load``: measure each new layer shape at load time where its plan is open (:mod:`.loadtime`); ``off``
+(any other value): never. Unset: where it pays (:func:`wants_load_time_tuning`)."""
 
 
-def wants_load_time_tuning(caps: Capabilities) -> bool:
-    return caps.env.get(ENV_TUNE, "").strip().lower() == "load"
+def wants_load_time_tuning(caps: Capabilities, *, by_default: bool = True) -> bool:
+    """Whether ``prepare()`` measures a layer shape whose plan the tables leave open: ``FP8SELECT_TUNE=load``
+    yes, any other value no. Unset, where it pays: ``by_default`` (the device's own tables are read), on
+    a CUDA device whose cache directory can be written, so that each shape is measured once per machine
+    and later starts find its rows."""
+    value = caps.env.get(ENV_TUNE, "").strip().lower()
+    if value:
+        return value == "load"
+    return by_default and caps.device_kind == "cuda" and cache_writable(caps.env)
 
 
 def find_tables(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:

@@ -50,6 +50,7 @@ __all__ = [
     "TuningCacheWarning",
     "backend_versions",
     "cache_dir",
+    "cache_writable",
     "check_table",
     "config_problem",
     "device_path",
@@ -129,6 +130,15 @@ def cache_dir(env: Mapping[str, str]) -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "fp8select"
     return Path.home() / ".cache" / "fp8select"
+
+
+def cache_writable(env: Mapping[str, str]) -> bool:
+    """Whether a table could be written into the cache directory: it, or the nearest existing folder
+    that it would be created in, takes new files."""
+    folder = cache_dir(env)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
 def device_path(directory: Path | str, device_name: str, kind: str = "tuning") -> Path:
