@@ -153,8 +153,8 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
             group["shapes"][f"{N},{K}"]["16"]["us"] = 3.2
     sel = resolve(CPU, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
     todo = loadtime.points_to_measure(sel.chain, CPU, sel.measurements, 512, 768)
-    assert todo == {"small": [16], "large": [16]}
-    assert loadtime.points_to_measure(sel.chain, CPU, sel.measurements, N, K) == {}  # measured: nothing to do
+    assert todo == [(16, ["small", "large"])]
+    assert loadtime.points_to_measure(sel.chain, CPU, sel.measurements, N, K) == []  # measured: nothing to do
     cache = CPU.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)})
     sel = resolve(cache, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
     table = loadtime.measure_shape(sel, 512, 768, device="cpu")
@@ -168,6 +168,31 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     assert list(sel._memo.measured) == [(512, 768)]
     assert sel._measure_at_load(N, K, torch.device("cpu")) is sel.measurements  # measured: nothing to do
     assert sel._memo.measured[(N, K)] == {}  # and remembered, not derived again for the next layer
+
+
+def test_load_time_tuning_times_the_closest_contests_first_and_a_shape_once() -> None:
+    """A budget that ends early has settled the buckets where the estimates are nearest (a missing estimate
+    counts as a tie); a shape with any measured row (a table's, or an earlier start's partial measurement)
+    is planned from its rows and the model, not measured again at every start."""
+    from types import SimpleNamespace
+
+    from fp8select.measure import loadtime
+    from fp8select.measured.model import Measurements
+
+    def est(us: float) -> Any:
+        return SimpleNamespace(us=us)
+
+    contests = {1: {"a": est(10.0), "b": est(12.0)}, 2: {"a": est(10.0), "b": est(20.0)},
+                64: {"a": est(10.0), "b": est(10.2), "c": est(11.0)}, 128: {"a": est(10.0), "b": None},
+                256: {"a": est(10.0)}}
+    assert loadtime._by_closeness(contests) == [(128, ["a", "b"]), (64, ["a", "b", "c"]), (1, ["a", "b"])]
+    table = {**new_table("cpu-test"), "groups": [{"backend": "small", "versions": {}, "shapes": {
+        "512,768": {"16": {"us": 5.0}}, f"{N},{K}": {"16": {"us": 5.0}, "32": {"us": 6.0}}}}]}
+    partly = Measurements("cpu-test", [table], {"small": {}})
+    assert partly.holds(512, 768) and not partly.holds(768, 512)
+    sel = resolve(CPU, plugins=[Plugin()], tuning={**table, "device_name": "cpu-test"})
+    assert loadtime.points_to_measure(sel.chain, CPU, partly, 512, 768) == []
+    assert loadtime.points_to_measure(sel.chain, CPU, partly, 768, 512) != []
 
 
 def test_load_time_tuning_is_on_by_default_where_its_rows_can_be_kept(tmp_path: Any) -> None:

@@ -362,6 +362,8 @@ def test_load_time_tuning_of_a_moe_layer_measures_only_its_open_buckets(clocked:
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, unseen) == [16]
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, SHAPE) == []  # measured: nothing to do
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, None, unseen) == list(M_BUCKETS)  # nothing known
+    partly = {**known, "moe": [{**g, "shapes": {KEY: {"16": g["shapes"][KEY]["16"]}}} for g in known["moe"]]}
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, moe_measurements(sel, CHAIN, [partly]), SHAPE) == []  # once
     made: list[int] = []
     monkeypatch.setattr(tune_moe, "random_experts",
                         lambda e, h, i, device, gen: made.append(e) or random_moe(e, h, i, seed=1).weights())

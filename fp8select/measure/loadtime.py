@@ -1,19 +1,21 @@
-"""Measure a layer shape at load time, where the model is not sure (opt-in: ``FP8SELECT_TUNE=load``).
+"""Measure a layer shape at load time, where the model is not sure (by default where the rows can be kept:
+:func:`fp8select.measured.sources.wants_load_time_tuning`; ``FP8SELECT_TUNE=load`` or ``off`` decide instead).
 
-The plan's model (:mod:`fp8select.measured.model`) picks well on average but can lose 10-20% at
-a near tie on a shape far from any measured one. With ``FP8SELECT_TUNE=load`` (or
-``selection.prepare(..., tune=True)``), a layer whose shape the tables do not hold is measured
-before its plan is made, but only where it matters: the M buckets whose best estimates lie
-within :data:`CLOSE` of each other (and backends with no estimate at all), each of those
-backends once, Triton with at most two launch configurations, within a time budget
-(``FP8SELECT_TUNE_BUDGET_S``, default 1.75 s: no point starts after it, so a shape takes about
-2 s). The rows join the cache directory's table, so the next start finds them measured; with
-a process group, rank 0 measures and every rank gets its rows (the same plans everywhere).
+The plan's model (:mod:`fp8select.measured.model`) picks well on average but can lose 10-25% at
+a near tie on a shape far from any measured one. So a layer whose shape no table holds is measured
+once, before its plan is made, but only where it matters: the M buckets whose best estimates lie
+within :data:`CLOSE` of each other (and backends with no estimate at all), the closest contests
+first, each of those backends once, Triton with at most two launch configurations, within a time
+budget (``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s
+and the vendors' JIT compilation on a cold cache). The rows join the cache directory's table, so
+later starts find the shape held and plan it from its rows (the buckets the budget left out from
+the model); with a process group, rank 0 measures and every rank gets its rows (the same plans
+everywhere).
 
-MoE experts layers the same way (``prepare_moe(..., tune=True)``): the M buckets of a shape the tables do
-not hold where two or more routes have estimates within :data:`CLOSE` of the best (or none), timed as
-``tune --moe`` does with the layer's own weights as the first copy rotated through, at most two
-Triton configurations, within the same budget (:func:`measure_moe_shape`).
+MoE experts layers the same way (``prepare_moe``): the M buckets of a shape no table holds where two
+or more routes have estimates within :data:`CLOSE` of the best (or none), timed as ``tune --moe``
+does with the layer's own weights as the first copy rotated through, at most two Triton
+configurations, within the same budget (:func:`measure_moe_shape`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fp8select._log import get_logger
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.capabilities import Capabilities
-from fp8select.measured.model import MEASURED, Measurements
+from fp8select.measured.model import Measurements
 from fp8select.measured.table import cache_dir, load_table, merge_tables, save_table, table_path
 from fp8select.plan import gate
 from fp8select.problem import Problem
@@ -38,7 +40,7 @@ __all__ = ["CLOSE", "ENV_BUDGET", "measure_moe_shape", "measure_shape", "moe_buc
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
 """Backends whose estimates are within this factor of the best one's are measured."""
-DEFAULT_BUDGET_S = 1.75  # no new point after it: the last one ends within about 2 s
+DEFAULT_BUDGET_S = 3.0  # no new point after it: the last one ends within about 4 s
 BLOCK = (128, 128)
 
 
@@ -51,69 +53,76 @@ def budget_s(caps: Capabilities) -> float:
 
 
 def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements: Measurements | None,
-                      n: int, k: int) -> dict[str, list[int]]:
-    """Per backend, the M buckets worth measuring for an (N, K) layer: where its gate takes the
-    bucket, it has no row measured for this shape, and it has no estimate or one within
-    :data:`CLOSE` of the best; only buckets with two or more such contenders (a choice to make)."""
-    todo: dict[str, list[int]] = {}
+                      n: int, k: int) -> list[tuple[int, list[str]]]:
+    """The M buckets worth measuring for an (N, K) layer that no table holds (a shape measured before, by a
+    table or an earlier start, is not measured again), each with the backends to time there: those whose
+    gate takes the bucket and whose estimate is missing or within :data:`CLOSE` of the best, where there
+    are two or more. The closest contests first (:func:`_by_closeness`): a budget that ends early has
+    settled those."""
+    if measurements is not None and measurements.holds(n, k):
+        return []
     runnable = [b for b in chain if b.name != "reference" and gate(b, Problem(n, k, BLOCK), caps).ok]
+    contests = {}
     for bucket in M_BUCKETS:
         contenders = [b for b in runnable if gate(b, Problem(n, k, BLOCK, bucket), caps).ok]
-        est = {b.name: measurements.estimate(b.name, n, k, bucket) if measurements else None for b in contenders}
-        close = _close(est)
-        unmeasured = [name for name in close if (e := est[name]) is None or e.source != MEASURED]
-        if len(close) >= 2 and unmeasured:
-            for name in unmeasured:
-                todo.setdefault(name, []).append(bucket)
-    return todo
+        contests[bucket] = {b.name: measurements.estimate(b.name, n, k, bucket) if measurements else None
+                            for b in contenders}
+    return _by_closeness(contests)
 
 
 def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = None) -> dict[str, Any] | None:
     """Measure what :func:`points_to_measure` names for (N, K) (on rank 0 of ``group`` when given),
     add it to the cache directory's table and return the new rows (None when nothing was needed)."""
     caps = selection.capabilities
-    todo = points_to_measure(selection.chain, caps, selection.measurements, n, k)
+    todo = dict(points_to_measure(selection.chain, caps, selection.measurements, n, k))
     if not todo:
         return None
 
     def measure() -> dict[str, Any]:
         from fp8select.measure.tune import tune
 
-        table, _ = tune(selection, [(n, k)], sorted({m for ms in todo.values() for m in ms}), force=True, replays=10,
-                        max_configs=2, budget_s=budget_s(caps), only=lambda name, m: m in todo.get(name, ()),
-                        device=device)
+        table, _ = tune(selection, [(n, k)], list(todo), force=True, replays=10, max_configs=2,
+                        budget_s=budget_s(caps), only=lambda name, m: name in todo[m], device=device)
         return table
 
-    return _measured_and_saved(caps, measure, group, n=n, k=k, backends=sorted(todo))
+    return _measured_and_saved(caps, measure, group, n=n, k=k, buckets=list(todo))
 
 
 def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any, shape: tuple[int, int, int, int]
                            ) -> list[int]:
-    """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends): no route
-    has a row there for this shape in ``table`` (:class:`~fp8select.measured.moe.MoeMeasurements` or None),
-    two or more routes' gates accept it, and two or more of those have no estimate or one within
-    :data:`CLOSE` of the best."""
+    """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends) that no
+    table holds (:class:`~fp8select.measured.moe.MoeMeasurements` or None; a shape with rows is not measured
+    again): where two or more routes' gates accept it and two or more of those have no estimate or one
+    within :data:`CLOSE` of the best; the closest contests first."""
     from fp8select.backends.moe import MoeProblem
     from fp8select.moe_plan import route_name
 
-    times = table.times(*shape) if table else {}
+    if table and any(table.times(*shape).values()):
+        return []
     estimates = table.estimates(*shape) if table else {}
-    todo = []
+    contests = {}
     for bucket in M_BUCKETS:
-        if any(bucket in rows for rows in times.values()):
-            continue
         problem = MoeProblem(*shape, m=bucket)
-        est = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
-               for b in chain if b.name != "reference" for layout in b.layouts if b.supports(problem, caps, layout).ok}
-        if len(_close(est)) >= 2:
-            todo.append(bucket)
-    return todo
+        contests[bucket] = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
+                            for b in chain if b.name != "reference" for layout in b.layouts
+                            if b.supports(problem, caps, layout).ok}
+    return [bucket for bucket, _ in _by_closeness(contests)]
 
 
-def _close(estimates: Mapping[str, Any]) -> list[str]:
-    """The names whose estimate (anything with ``us``) is None or within :data:`CLOSE` of the best one."""
-    best = min((e.us for e in estimates.values() if e is not None), default=math.inf)
-    return [name for name, e in estimates.items() if e is None or e.us <= best * CLOSE]
+def _by_closeness(contests: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, list[str]]]:
+    """Per M bucket, the names whose estimate (anything with ``us``, or None) is missing or within :data:`CLOSE`
+    of the best, where there are two or more; ordered by how close the contest is (the runner-up's estimate
+    over the best one's, a missing estimate counting as a tie), then by M."""
+    found = []
+    for bucket, estimates in contests.items():
+        best = min((e.us for e in estimates.values() if e is not None), default=math.inf)
+        close = [name for name, e in estimates.items() if e is None or e.us <= best * CLOSE]
+        if len(close) < 2:
+            continue
+        known = sorted(estimates[name].us for name in close if estimates[name] is not None)
+        gap = 1.0 if len(known) < len(close) else known[1] / known[0]
+        found.append((gap, bucket, close))
+    return [(bucket, close) for _, bucket, close in sorted(found, key=lambda item: item[:2])]
 
 
 def measure_moe_shape(selection: Any, chain: Sequence[Any], table: Any, experts: Sequence[Any],

@@ -129,6 +129,10 @@ class Measurements:
         rows = self._rows.get(backend)
         return tuple(sorted(rows.shapes)) if rows else ()
 
+    def holds(self, n: int, k: int) -> bool:
+        """Whether any backend has rows measured at (N, K)."""
+        return any((n, k) in rows.shapes for rows in self._rows.values())
+
     def describe(self) -> str:
         """One line per backend: how many shapes, and at which versions."""
         lines = []
