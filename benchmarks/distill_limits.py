@@ -33,12 +33,16 @@ def _prefill(point: dict[str, Any]) -> dict[str, Any]:
             "layer_us": point.get("triton_layer_us"), "vendors_us": point.get("vendors_us")}
 
 
-def json_lines(head: Mapping[str, Any], lists: Mapping[str, Sequence[Any]]) -> str:
-    """JSON text of ``head`` and ``lists`` (empty lists left out) with a header key per line and a
-    list item per line: the form results are kept in (small diffs, one point per line)."""
+def json_lines(head: Mapping[str, Any], lists: Mapping[str, Sequence[Any]], per_line: int = 1) -> str:
+    """JSON text of ``head`` and ``lists`` (empty lists left out) with a header key per line and
+    ``per_line`` list items per line: the form results are kept in (small diffs, a point or a shape's
+    points per line)."""
+    def rows(items: Sequence[Any]) -> list[str]:
+        return ["  " + ", ".join(json.dumps(item) for item in items[i:i + per_line])
+                for i in range(0, len(items), per_line)]
+
     lines = [f' "{k}": {json.dumps(v)}' for k, v in head.items()]
-    lines += [f' "{k}": [\n' + ",\n".join("  " + json.dumps(item) for item in items) + "\n ]"
-              for k, items in lists.items() if items]
+    lines += [f' "{k}": [\n' + ",\n".join(rows(items)) + "\n ]" for k, items in lists.items() if items]
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 

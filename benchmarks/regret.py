@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "tuning_sources": [_portable(source) for source in selection.tuning_sources],
             "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
     with open(args.out, "w", encoding="utf-8") as fh:
-        fh.write(json_lines(head, {"points": points}))
+        fh.write(json_lines(head, {"points": points}, per_line=len(bench.parse_ms(args.m))))  # a shape a line
 
 
 if __name__ == "__main__":
