@@ -33,10 +33,12 @@ SETS = {
     "vendors, served shapes (table)": ("regret_vendors_served",),
     "no vendors, served shapes (table)": ("regret_novendors_served",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
-    "vendors, other models (measured at load)": ("regret_vendors_other_load",),
+    "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
+    "vendors, models not listed (default: measured at load)": ("regret_vendors_unseen_default",),
     "no vendors, DeepSeek-V3 (table)": ("regret_novendors_deepseek",),
     "no vendors, other models (model)": ("regret_novendors_other_model",),
-    "no vendors, other models (measured at load)": ("regret_novendors_other_load",),
+    "no vendors, models not listed (model)": ("regret_novendors_unseen_model",),
+    "no vendors, models not listed (default: measured at load)": ("regret_novendors_unseen_default",),
 }
 PLOT_SHAPES = ((2112, 7168), (7168, 2048))
 COLORS = {"deepgemm": "tab:orange", "flashinfer": "tab:green", "cutlass": "tab:purple", "cuda-scaled-mm": "tab:blue",

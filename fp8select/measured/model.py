@@ -25,7 +25,7 @@ changes much between releases, and any data beats none), and says so.
   A modelled estimate names the measured shapes its backend's standing came from, with their shares
   of the weight (``sources``; the three largest in ``detail``, which ``explain --layer`` shows, with
   the standing and the nearest shape where it was measured). Where that matters, measure: ``fp8select tune``,
-  or ``FP8SELECT_TUNE=load`` at load time.
+  or load-time measurement (the default where the cache directory can be written: :mod:`fp8select.measure.loadtime`).
   ``fp8select tune --shapes N,K`` measures a shape exactly; a launch configuration (Triton's) is
   borrowed from the nearest measured shape (the estimate says which: ``config_shape``), and the
   backend fits it to this one (:meth:`fp8select.backends.base.Backend.fit_config`).
