@@ -34,11 +34,11 @@ SETS = {
     "no vendors, served shapes (table)": ("regret_novendors_served",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
-    "vendors, models not listed (default: measured at load)": ("regret_vendors_unseen_default",),
+    "vendors, models not listed (measured at load, the default)": ("regret_vendors_unseen_default",),
     "no vendors, DeepSeek-V3 (table)": ("regret_novendors_deepseek",),
     "no vendors, other models (model)": ("regret_novendors_other_model",),
     "no vendors, models not listed (model)": ("regret_novendors_unseen_model",),
-    "no vendors, models not listed (default: measured at load)": ("regret_novendors_unseen_default",),
+    "no vendors, models not listed (measured at load, the default)": ("regret_novendors_unseen_default",),
 }
 PLOT_SHAPES = ((2112, 7168), (7168, 2048))
 COLORS = {"deepgemm": "tab:orange", "flashinfer": "tab:green", "cutlass": "tab:purple", "cuda-scaled-mm": "tab:blue",
