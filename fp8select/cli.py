@@ -205,11 +205,27 @@ def _main(argv: Sequence[str] | None) -> int:
     except Fp8SelectError as exc:
         print(f"fp8select: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    at_load = [_measured_at_load(selection, n, k) for n, k in layers]
     if args.json:
-        print(json.dumps({**selection.to_dict(), "plans": [plan.to_dict() for plan in plans], "moe": moe_data}, indent=2))
+        print(json.dumps({**selection.to_dict(), "plans": [{**plan.to_dict(), "measured_at_load": buckets}
+                                                           for plan, buckets in zip(plans, at_load, strict=True)],
+                          "moe": moe_data}, indent=2))
     else:
-        print("\n\n".join([selection.explain(), *(plan.describe() for plan in plans), moe_text]))
+        described = [plan.describe() + (f"\nprepare() measures this shape first at M buckets {', '.join(map(str, buckets))} "
+                                        "(closest contests first, within the load-time budget): the plan above is the "
+                                        "model's, before that" if buckets else "")
+                     for plan, buckets in zip(plans, at_load, strict=True)]
+        print("\n\n".join([selection.explain(), *described, moe_text]))
     return 0
+
+
+def _measured_at_load(selection: Any, n: int, k: int) -> list[int]:
+    """The M buckets ``prepare()`` would measure for an (N, K) layer at load time (none where it does not)."""
+    if not selection.tune_at_load:
+        return []
+    from fp8select.measure.loadtime import points_to_measure
+
+    return [bucket for bucket, _ in points_to_measure(selection.chain, selection.capabilities, selection.measurements, n, k)]
 
 
 def _layer_shape(text: str) -> tuple[int, int]:

@@ -211,3 +211,23 @@ def test_explain_shows_the_plan_of_a_layer_shape(capsys: pytest.CaptureFixture[s
     assert len({r["backend"] for r in data["plans"][0]["routes"]}) == 1 and len(data["plans"][0]["routes"]) == 14
     assert main(["explain", "--layer", "0,5"]) == 2
     assert "--layer '0,5': expected N,K" in capsys.readouterr().err
+
+
+def test_explain_says_which_buckets_a_shape_no_table_holds_measures_at_load(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """On the H200 (a snapshot) with a writable cache directory: a shape of the shipped table is a table hit;
+    one no table holds is measured first where the estimates are close, and explain says where."""
+    from fp8select.cli import main
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    snapshot = json.loads((results / "regret_vendors_unseen_model.json").read_text())["capabilities"]
+    snapshot["env"] = {"FP8SELECT_CACHE_DIR": str(tmp_path / "cache")}
+    path = tmp_path / "h200.json"
+    path.write_text(json.dumps(snapshot))
+    assert main(["explain", "--capabilities", str(path), "--no-plugins", "--layer", "7168,2048", "--layer", "6144,3072"]) == 0
+    out = capsys.readouterr().out
+    assert "load-time measurement: on" in out and out.count("prepare() measures this shape first") == 1
+    assert main(["explain", "--capabilities", str(path), "--no-plugins", "--json", "--layer", "7168,2048",
+                 "--layer", "6144,3072"]) == 0
+    held, unseen = (plan["measured_at_load"] for plan in json.loads(capsys.readouterr().out)["plans"])
+    assert held == [] and unseen and set(unseen) <= {2 ** i for i in range(14)}
