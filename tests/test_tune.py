@@ -170,6 +170,31 @@ def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, t
     assert sel._memo.measured[(N, K)] == {}  # and remembered, not derived again for the next layer
 
 
+def test_a_load_time_measurement_that_fails_leaves_the_plan_to_the_tables(clocked: Any, tmp_path: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On by default, so never the reason a model fails to load: an error while measuring (out of memory while
+    the engine loads its weights) is logged, nothing is saved, and the layer is planned as without it."""
+    from structlog.testing import capture_logs
+
+    from fp8select.measure import loadtime
+    from fp8select.measure import tune as tune_module
+
+    known, _ = tune(clocked, [(N, K)], ms=(16,), device="cpu")
+    cache = CPU.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)})
+    sel = resolve(cache, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(tune_module, "tune", out_of_memory)
+    with capture_logs() as logs:
+        assert loadtime.measure_shape(sel, 512, 768, device="cpu") is None
+        assert sel._measure_at_load(512, 768, torch.device("cpu")) is sel.measurements
+    failed = [e for e in logs if e["event"] == "fp8select.load_time_tuning_failed"]
+    assert len(failed) == 2 and "OutOfMemoryError" in failed[0]["error"] and failed[0]["n"] == 512
+    assert not list(tmp_path.iterdir())  # nothing saved
+
+
 def test_load_time_tuning_times_the_closest_contests_first_and_a_shape_once() -> None:
     """A budget that ends early has settled the buckets where the estimates are nearest (a missing estimate
     counts as a tie); a shape with any measured row (a table's, or an earlier start's partial measurement)

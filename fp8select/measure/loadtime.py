@@ -30,6 +30,7 @@ from fp8select._log import get_logger
 from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.capabilities import Capabilities
+from fp8select.guard import PASS_THROUGH
 from fp8select.measured.model import Measurements
 from fp8select.measured.table import cache_dir, load_table, merge_tables, save_table, table_path
 from fp8select.plan import gate
@@ -145,20 +146,42 @@ def measure_moe_shape(selection: Any, chain: Sequence[Any], table: Any, experts:
     return _measured_and_saved(caps, measure, group, moe=list(shape), buckets=buckets)
 
 
-def _measured_and_saved(caps: Capabilities, measure: Any, group: Any, **what: Any) -> dict[str, Any]:
+def _measured_and_saved(caps: Capabilities, measure: Any, group: Any, **what: Any) -> dict[str, Any] | None:
     """``measure()``'s table (run on rank 0 of ``group`` when given, every rank getting it), logged with
-    ``what`` and added to the cache directory's table."""
+    ``what`` and added to the cache directory's table; None when nothing was measured. Best effort: a
+    measurement that fails (out of memory while the engine loads, a backend's error outside its own
+    checks) is logged (``fp8select.load_time_tuning_failed``) and the layer is planned without it."""
     start = time.monotonic()
+
+    def attempt() -> dict[str, Any]:
+        try:
+            return dict(measure())
+        except PASS_THROUGH:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged; the plan goes on from the tables and the model
+            get_logger().warning("fp8select.load_time_tuning_failed", **what, error=f"{type(exc).__name__}: {exc}"[:300])
+            _free_device_cache()
+            return {}
+
     if group is None:
-        table = measure()
+        table = attempt()
     else:
         from fp8select.distributed import measure_on_one_rank
 
-        table = measure_on_one_rank(measure, None if isinstance(group, str) else group)
+        table = measure_on_one_rank(attempt, None if isinstance(group, str) else group)
     points = sum(len(b) for section in ("groups", "moe") for g in table.get(section, ()) for b in g["shapes"].values())
     get_logger().info("fp8select.load_time_tuning", **what, points=points, seconds=round(time.monotonic() - start, 3))
+    if not points:
+        return None
     _save(caps, table)
     return table
+
+
+def _free_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _save(caps: Capabilities, table: Mapping[str, Any]) -> None:
