@@ -44,6 +44,12 @@ class SelectionMemo:
         return SelectionMemo, ()
 
 
+def _can_measure_now() -> bool:
+    """Not while a CUDA graph is being captured or ``torch.compile`` traces (a layer prepared at its first call,
+    as ``Selection.linear`` does, inside an engine's capture): measuring there would break it."""
+    return not torch.compiler.is_compiling() and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def _measured_once(found: dict[Any, Mapping[str, Any]], key: Any,
                    measure: Callable[[], Mapping[str, Any] | None]) -> list[Mapping[str, Any]] | None:
     """Every table measured at load time so far, ``key``'s by ``measure()`` first if it is new; None when
@@ -158,7 +164,7 @@ class Selection(Decision):
         measurements = self.measurements
         wanted = self.tune_at_load if tune is None else tune
         if (wanted and isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2
-                and tuple(block_size) == (128, 128)):
+                and tuple(block_size) == (128, 128) and _can_measure_now()):
             measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
         return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
                          measurements=measurements, explicit=self.explicit,
@@ -211,7 +217,7 @@ class Selection(Decision):
         chain = moe_chain(self)
         table = moe_measurements(self, chain, self.tables) if measured is None else None
         wanted = self.tune_at_load if tune is None else tune
-        if measured is None and wanted and isinstance(w13, torch.Tensor) and w13.is_cuda:
+        if measured is None and wanted and isinstance(w13, torch.Tensor) and w13.is_cuda and _can_measure_now():
             block = check_block_size(block_size)
             experts, hidden, inter = check_moe_weights(w13, w13_scale_inv, w2, w2_scale_inv, block)
             if block == (128, 128):

@@ -195,6 +195,20 @@ def test_a_load_time_measurement_that_fails_leaves_the_plan_to_the_tables(clocke
     assert not list(tmp_path.iterdir())  # nothing saved
 
 
+def test_nothing_is_measured_while_a_graph_is_captured_or_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer prepared at its first call (``Selection.linear``) may be prepared inside an engine's CUDA-graph
+    capture or a ``torch.compile`` trace: there its shape is not measured."""
+    from fp8select import selection
+
+    assert selection._can_measure_now()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not selection._can_measure_now()
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not selection._can_measure_now()
+
+
 def test_load_time_tuning_times_the_closest_contests_first_and_a_shape_once() -> None:
     """A budget that ends early has settled the buckets where the estimates are nearest (a missing estimate
     counts as a tie); a shape with any measured row (a table's, or an earlier start's partial measurement)
