@@ -32,6 +32,7 @@ SETS = {
     "vendors, DeepSeek-V3 (table)": ("regret_vendors_deepseek", "regret_vendors_deepseek_rest"),
     "vendors, served shapes (table)": ("regret_vendors_served",),
     "no vendors, served shapes (table)": ("regret_novendors_served",),
+    "no vendors, 44 shipped shapes (table)": ("regret_novendors_shipped",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
     "vendors, models not listed (measured at load, the default)": ("regret_vendors_unseen_default",),
