@@ -39,8 +39,8 @@ from fp8select.verify import device_for, remember, remembered, verification_key,
 D = TypeVar("D", bound=Decision)
 """A decision or a subclass of it (a Selection): returned as the type it was given."""
 
-__all__ = ["BACKGROUND_DEVICES", "all_remembered", "import_in_background", "usable_device", "verify_chain",
-           "verify_in_background"]
+__all__ = ["BACKGROUND_DEVICES", "all_remembered", "import_in_background", "load_vendors", "usable_device",
+           "verify_chain", "verify_in_background"]
 
 BACKGROUND_DEVICES = ("cuda", "cpu")
 """Device types verified on a side thread (CUDA: on the caller's device and a stream of its own).
@@ -172,30 +172,45 @@ def import_in_background(selection: D, log: Any, device: torch.device | None = N
     DeepGEMM starts its JIT compiler). A package that fails to import, or a warm-up that fails, is
     logged (``fp8select.import_failed``, ``fp8select.warm_up_failed``) and left to ``prepare``, which
     says why; the future never raises."""
-    import importlib
-    import sys
-
-    from fp8select.backends.base import Backend
-
-    modules = dict.fromkeys(m for b in selection.chain for m in getattr(b, "packages", ()) if m not in sys.modules)
-    warm = [b for b in selection.chain if device is not None and type(b).warm_up is not Backend.warm_up]
+    modules, warm = _vendor_setup(selection.chain, device)
     if not modules and not warm:
         done: Future[D] = Future()
         done.set_result(selection)
         return done
 
     def work() -> D:
-        for module in modules:
-            outcome = call_foreign(importlib.import_module, module)  # a vendor's import may raise anything
-            if outcome.error is not None:
-                log.warning("fp8select.import_failed", module=module, error=outcome.error)
-        for backend in warm:
-            warmed = call_foreign(backend.warm_up, selection.capabilities, device)
-            if warmed.error is not None:
-                log.warning("fp8select.warm_up_failed", backend=backend.name, error=warmed.error)
+        load_vendors(selection.chain, selection.capabilities, device, log)
         return selection
 
     return _in_background(work, device if warm and device is not None else torch.device("cpu"), _IMPORT_THREAD)
+
+
+def load_vendors(backends: Any, caps: Capabilities, device: torch.device | None, log: Any) -> None:
+    """The once-per-process setup of ``backends``' vendors, here and now: their packages not yet imported,
+    then (with ``device``) each backend's :meth:`~fp8select.backends.base.Backend.warm_up` there. A package
+    that fails to import, or a warm-up that fails, is logged (``fp8select.import_failed``,
+    ``fp8select.warm_up_failed``) and left to ``prepare``, which says why; nothing raises."""
+    import importlib
+
+    modules, warm = _vendor_setup(backends, device)
+    for module in modules:
+        outcome = call_foreign(importlib.import_module, module)  # a vendor's import may raise anything
+        if outcome.error is not None:
+            log.warning("fp8select.import_failed", module=module, error=outcome.error)
+    for backend in warm:
+        warmed = call_foreign(backend.warm_up, caps, device)
+        if warmed.error is not None:
+            log.warning("fp8select.warm_up_failed", backend=backend.name, error=warmed.error)
+
+
+def _vendor_setup(backends: Any, device: torch.device | None) -> tuple[list[str], list[Any]]:
+    """The packages of ``backends`` not yet imported, and (with ``device``) the backends with a warm-up."""
+    import sys
+
+    from fp8select.backends.base import Backend
+
+    modules = list(dict.fromkeys(m for b in backends for m in getattr(b, "packages", ()) if m not in sys.modules))
+    return modules, [b for b in backends if device is not None and type(b).warm_up is not Backend.warm_up]
 
 
 def _in_background(work: Callable[[], D], device: torch.device, name: str) -> Future[D]:

@@ -195,6 +195,29 @@ def test_a_load_time_measurement_that_fails_leaves_the_plan_to_the_tables(clocke
     assert not list(tmp_path.iterdir())  # nothing saved
 
 
+def test_the_vendors_are_loaded_before_the_load_time_budget_starts(clocked: Any, tmp_path: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vendor's once-per-process import is not paid out of the first shape's budget: the backends to be timed
+    have their packages imported before ``tune`` (and its clock) starts."""
+    import sys
+
+    from fp8select.measure import loadtime
+    from fp8select.measure import tune as tune_module
+
+    known, _ = tune(clocked, [(N, K)], ms=tuple(2**i for i in range(14)), device="cpu")
+    for group in known["groups"]:
+        if group["backend"] == "small":
+            group["shapes"][f"{N},{K}"]["16"]["us"] = 3.2
+    monkeypatch.setattr(Clocked, "packages", ("colorsys",), raising=False)  # a module nothing imported yet
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    seen: list[bool] = []
+    real = tune_module.tune
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: seen.append("colorsys" in sys.modules) or real(*a, **k))
+    sel = resolve(CPU.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)}), plugins=[Plugin()],
+                  tuning={**known, "device_name": "cpu-test"})
+    assert loadtime.measure_shape(sel, 512, 768, device="cpu") is not None and seen == [True]
+
+
 def test_nothing_is_measured_while_a_graph_is_captured_or_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer prepared at its first call (``Selection.linear``) may be prepared inside an engine's CUDA-graph
     capture or a ``torch.compile`` trace: there its shape is not measured."""
