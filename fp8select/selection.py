@@ -162,13 +162,17 @@ class Selection(Decision):
         """
         copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
         measurements = self.measurements
-        wanted = self.tune_at_load if tune is None else tune
-        if (wanted and isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2
-                and tuple(block_size) == (128, 128) and _can_measure_now()):
+        if (isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2
+                and tuple(block_size) == (128, 128) and self._measures_now(tune)):
             measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
         return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
                          measurements=measurements, explicit=self.explicit,
                          max_weight_copies=copies, invariance=self._invariance())
+
+    def _measures_now(self, tune: bool | None) -> bool:
+        """Whether ``prepare()`` / ``prepare_moe()`` measure a CUDA layer's shape: ``tune``, else ``tune_at_load``;
+        never while a CUDA graph is captured or ``torch.compile`` traces."""
+        return (self.tune_at_load if tune is None else tune) and _can_measure_now()
 
     def _measure_at_load(self, n: int, k: int, device: torch.device) -> Measurements | None:
         """The selection's measurements with those measured for (N, K) now (once per shape per selection)."""
@@ -216,8 +220,7 @@ class Selection(Decision):
 
         chain = moe_chain(self)
         table = moe_measurements(self, chain, self.tables) if measured is None else None
-        wanted = self.tune_at_load if tune is None else tune
-        if measured is None and wanted and isinstance(w13, torch.Tensor) and w13.is_cuda and _can_measure_now():
+        if measured is None and isinstance(w13, torch.Tensor) and w13.is_cuda and self._measures_now(tune):
             block = check_block_size(block_size)
             experts, hidden, inter = check_moe_weights(w13, w13_scale_inv, w2, w2_scale_inv, block)
             if block == (128, 128):
