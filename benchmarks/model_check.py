@@ -10,7 +10,8 @@ all of the layer's M buckets, geometric mean, among those measured at every one)
 per-bucket choice gains over an engine that runs one backend. ``--table``: the tuning table (default: the
 shipped H200 table), cross-validated two ways: leave-one-shape-out (each shape removed in turn and planned
 from the others) and leave-one-model-out (every shape of one model removed together: the model that serves
-it first in :mod:`fp8select.measured.shapes`, else the shape alone). ``--regret FILE``: a ``benchmarks.regret``
+it first in :mod:`fp8select.measured.shapes`, else the shape alone); and each shape left out with 10, 20 or 30
+of its rows put back as load-time measurement takes them (``partly_measured``). ``--regret FILE``: a ``benchmarks.regret``
 result, its pinned backends' times as the truth, planned from the table without the file's shapes (one the
 table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
@@ -25,25 +26,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import geomean
+from fp8select.measure.loadtime import by_closeness
 from fp8select.measured import model
 from fp8select.measured.shapes import served_shapes
 from fp8select.measured.table import SHIPPED_DIR
 
 Truth = dict[tuple[int, int, int], dict[str, float]]
 WITHOUT_VENDORS = ("cuda-scaled-mm", "triton")
+PARTLY = (10, 20, 30)
+"""Rows of a left-out shape put back (``partly_measured``): what a load-time budget measures of a shape."""
 
 
-def _measurements(table: dict[str, Any], drop: tuple[int, int] | set[tuple[int, int]] | None = None) -> model.Measurements:
-    """The model's index of ``table`` (every group at its own versions), without the shape(s) ``drop``."""
+def _measurements(table: dict[str, Any], drop: tuple[int, int] | set[tuple[int, int]] | None = None,
+                  *more: dict[str, Any]) -> model.Measurements:
+    """The model's index of ``table`` (every group at its own versions) without the shape(s) ``drop``, then the
+    tables ``more`` (of the same backends and versions)."""
     dropped = set() if drop is None else {drop} if isinstance(drop, tuple) else drop
     keys = {f"{n},{k}" for n, k in dropped}
     groups = [{**g, "shapes": {s: b for s, b in g["shapes"].items() if s not in keys}} for g in table["groups"]]
-    installed = {g["backend"]: g["versions"] for g in table["groups"]}
-    return model.Measurements(table["device_name"], [{**table, "groups": groups}], installed)
+    return model.Measurements(table["device_name"], [{**table, "groups": groups}, *more], _installed(table))
+
+
+def _installed(table: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {g["backend"]: g["versions"] for g in table["groups"]}
 
 
 def _table_truth(table: dict[str, Any]) -> Truth:
@@ -134,6 +144,33 @@ def cross_validation(table: dict[str, Any], keep: set[str] | None) -> dict[str, 
     return out
 
 
+def partly_measured(table: dict[str, Any], keep: set[str] | None, budgets: Sequence[int] = PARTLY) -> dict[str, Any]:
+    """Each shape of ``table`` left out, then as many of its rows put back as load-time measurement takes
+    within a budget of that many rows (whole M buckets, the closest contests first, as
+    :func:`fp8select.measure.loadtime.points_to_measure` orders them), and its points planned from those and
+    the other shapes: a summary per budget."""
+    truth = _only(_table_truth(table), keep)
+    points: dict[int, list[dict[str, Any]]] = {budget: [] for budget in budgets}
+    for n, k in sorted({(n, k) for n, k, _ in truth}):
+        without = _measurements(table, (n, k))
+        at = {m: times for (pn, pk, m), times in truth.items() if (pn, pk) == (n, k)}
+        order = by_closeness({m: {b: without.estimate(b, n, k, m) for b in times} for m, times in at.items()})
+        for budget in budgets:
+            rows: dict[str, dict[str, dict[str, float]]] = {}
+            taken = 0
+            for m, names in order:
+                if taken + len(names) > budget:
+                    break
+                taken += len(names)
+                for name in names:
+                    rows.setdefault(name, {})[str(m)] = {"us": at[m][name]}
+            measured = {**table, "groups": [{"backend": b, "versions": _installed(table)[b], "shapes": {f"{n},{k}": r}}
+                                            for b, r in rows.items()]}
+            partly = _measurements(table, (n, k), measured)
+            points[budget] += choice_regret({(n, k, m): times for m, times in at.items()}, lambda _n, _k, partly=partly: partly)
+    return {f"{budget}_rows_measured": summary(found) for budget, found in points.items()}
+
+
 def unseen_regret(table: dict[str, Any], truth: Truth) -> dict[str, Any]:
     """The summary of ``truth`` (another run's times) planned from ``table`` without the shapes it holds."""
     unseen = _measurements(table, {(n, k) for n, k, _ in truth})
@@ -173,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "all": None, "without vendors": set(WITHOUT_VENDORS)}
     for label, keep in choices.items():
         report[label] = cross_validation(table, keep)
+        report[label].update(partly_measured(table, keep))
         report["models"] = report[label].pop("models")  # the same for every choice
         for path in args.regret:
             report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(

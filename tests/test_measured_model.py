@@ -189,3 +189,52 @@ def test_an_estimate_is_computed_once_per_backend_shape_and_bucket(monkeypatch: 
     again = [meas.estimate("a", 2048, 2048, b) for b in (16, 32)] + [meas.estimate("b", 2048, 2048, 16)]
     assert first == again and first[2] is None
     assert computed == [("a", 2048, 2048, 16), ("a", 2048, 2048, 32), ("b", 2048, 2048, 16)]
+
+
+def _partly_measured(own: dict[str, dict[int, float]]) -> Measurements:
+    """Two neighbours where a runs at 2x its floor and b at 1.3x a, at buckets 4, 16 and 256; and the layer shape
+    (2048, 2048) with ``own`` rows (per backend, per bucket), as load-time measurement leaves it."""
+    others = [(1024, 2048), (4096, 2048)]
+    rows = {"a": {s: {b: _eff(*s, b, 2.0) for b in (4, 16, 256)} for s in others},
+            "b": {s: {b: _eff(*s, b, 2.6) for b in (4, 16, 256)} for s in others}}
+    for name, buckets in own.items():
+        rows[name][(2048, 2048)] = buckets
+    return _measurements(*(_group(name, shapes) for name, shapes in rows.items()))
+
+
+def test_a_partly_measured_shape_scales_its_estimates_to_its_own_speed() -> None:
+    """The layer ran a at 3x what the other shapes predict (a small shape, launch-bound): b, left unmeasured
+    there, is modelled at 1.3x a's measured time, not at 1.3x a's model (which would beat the measured a)."""
+    model_a = _eff(2048, 2048, 16, 2.0)
+    meas = _partly_measured({"a": {16: 3 * model_a}})
+    a, b = meas.estimate("a", 2048, 2048, 16), meas.estimate("b", 2048, 2048, 16)
+    assert a is not None and a.source == MEASURED and b is not None and b.source == MODEL
+    assert b.us == pytest.approx(1.3 * a.us, rel=1e-9)
+    assert "scaled 3.00x to this shape's measured speed" in b.detail
+    assert all(shape != (2048, 2048) for shape, _ in b.sources)  # the shape does not model itself
+
+
+def test_the_scale_is_interpolated_in_log_m_between_measured_buckets() -> None:
+    """Measured 3x at M 4 and 1.5x at M 256: at M 16 (a third of the way in log M) the scale is
+    3 ** (2/3) * 1.5 ** (1/3); beyond the last measured bucket, the last one's."""
+    meas = _partly_measured({"a": {4: 3 * _eff(2048, 2048, 4, 2.0), 256: 1.5 * _eff(2048, 2048, 256, 2.0)}})
+    for name, standing in (("a", 1.0), ("b", 1.3)):
+        est = meas.estimate(name, 2048, 2048, 16)
+        assert est is not None and est.us == pytest.approx(standing * 3 ** (2 / 3) * 1.5 ** (1 / 3) * _eff(2048, 2048, 16, 2.0))
+    b4 = meas.estimate("b", 2048, 2048, 4)
+    assert b4 is not None and b4.us == pytest.approx(1.3 * 3 * _eff(2048, 2048, 4, 2.0))
+
+
+def test_the_scale_follows_the_fastest_row_measured_at_a_bucket() -> None:
+    """Both measured at M 16 (a at 2x its model, b at 1.6x a's model): the fastest row there sets the scale
+    (1.6x), so a stays measured and unmeasured M 256 gets a and b at 1.6x their models."""
+    meas = _partly_measured({"a": {16: 2 * _eff(2048, 2048, 16, 2.0)}, "b": {16: 1.6 * _eff(2048, 2048, 16, 2.0)}})
+    a, b = meas.estimate("a", 2048, 2048, 256), meas.estimate("b", 2048, 2048, 256)
+    assert a is not None and a.us == pytest.approx(1.6 * _eff(2048, 2048, 256, 2.0))
+    assert b is not None and b.us == pytest.approx(1.6 * 1.3 * _eff(2048, 2048, 256, 2.0))
+
+
+def test_a_shape_without_rows_is_not_scaled() -> None:
+    meas = _partly_measured({})
+    est = meas.estimate("b", 2048, 2048, 16)
+    assert est is not None and est.us == pytest.approx(1.3 * _eff(2048, 2048, 16, 2.0)) and "scaled" not in est.detail

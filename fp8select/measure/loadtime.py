@@ -36,7 +36,7 @@ from fp8select.measured.table import cache_dir, load_table, merge_tables, save_t
 from fp8select.plan import gate
 from fp8select.problem import Problem
 
-__all__ = ["CLOSE", "ENV_BUDGET", "measure_moe_shape", "measure_shape", "moe_buckets_to_measure", "points_to_measure"]
+__all__ = ["CLOSE", "ENV_BUDGET", "by_closeness", "measure_moe_shape", "measure_shape", "moe_buckets_to_measure", "points_to_measure"]
 
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
@@ -58,7 +58,7 @@ def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements
     """The M buckets worth measuring for an (N, K) layer that no table holds (a shape measured before, by a
     table or an earlier start, is not measured again), each with the backends to time there: those whose
     gate takes the bucket and whose estimate is missing or within :data:`CLOSE` of the best, where there
-    are two or more. The closest contests first (:func:`_by_closeness`): a budget that ends early has
+    are two or more. The closest contests first (:func:`by_closeness`): a budget that ends early has
     settled those."""
     if measurements is not None and measurements.holds(n, k):
         return []
@@ -68,7 +68,7 @@ def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements
         contenders = [b for b in runnable if gate(b, Problem(n, k, BLOCK, bucket), caps).ok]
         contests[bucket] = {b.name: measurements.estimate(b.name, n, k, bucket) if measurements else None
                             for b in contenders}
-    return _by_closeness(contests)
+    return by_closeness(contests)
 
 
 def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = None) -> dict[str, Any] | None:
@@ -109,10 +109,10 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
         contests[bucket] = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
                             for b in chain if b.name != "reference" for layout in b.layouts
                             if b.supports(problem, caps, layout).ok}
-    return [bucket for bucket, _ in _by_closeness(contests)]
+    return [bucket for bucket, _ in by_closeness(contests)]
 
 
-def _by_closeness(contests: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, list[str]]]:
+def by_closeness(contests: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, list[str]]]:
     """Per M bucket, the names whose estimate (anything with ``us``, or None) is missing or within :data:`CLOSE`
     of the best, where there are two or more; ordered by how close the contest is (the runner-up's estimate
     over the best one's, a missing estimate counting as a tie), then by M."""

@@ -17,7 +17,13 @@ changes much between releases, and any data beats none), and says so.
       log(t / best):      the weighted median of log(t_j / best_j) over the shapes j where this backend ran
       w = 1 / (d + 0.5)**2,   d = sqrt((log2(N'/N))**2 + (log2(K'/K))**2)
 
-  ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). A median, not a mean: a
+  ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). A shape with rows of its own
+  at some buckets (measured at load time within a budget, or a backend its measurement left out) is
+  modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
+  at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
+  log M between the nearest two, the nearest one's beyond them. The model's absolute level can be 2-3x
+  off on small shapes (launch-bound at 5-7 us where the floor says 2); its standings are what it
+  knows, and a measured row must not be compared with an estimate of another level. A median, not a mean: a
   backend's standing jumps irregularly between neighbouring shapes (Triton against cuBLAS at M 256:
   1.56x at 5120x5120, 0.94x at 12288x4096), and one such neighbour moves a mean across a near tie but
   not a median. ``benchmarks/model_check.py`` scores it from measurements alone, each shape of the table
@@ -120,6 +126,8 @@ class Measurements:
         self._weights: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
         self._trained: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self._fastest: dict[tuple[tuple[int, int], int], float] | None = None
+        self._modelled_memo: dict[tuple[str, int, int, int], Any] = {}
+        self._levels: dict[tuple[int, int], dict[int, float]] = {}  # per shape with rows: bucket -> log(measured / modelled)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -162,19 +170,57 @@ class Measurements:
         row = rows.row((n, k), bucket)
         if row is not None:
             return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
-        train = self._train(backend, bucket)
-        if not train:
+        modelled = self._modelled(backend, n, k, bucket)
+        if modelled is None:
             return None
-        weights = self._weights_at(n, k)
-        best_eff, _, _ = _weighted_median(self._values(None, bucket), weights)
-        standing, shares, (mn, mk) = _weighted_median(self._values(backend, bucket), weights)
-        us = floor_us(n, k, bucket) * math.exp(best_eff + standing)
+        log_us, standing, shares, (mn, mk) = modelled
+        level = self._level(n, k, bucket)
+        us = math.exp(log_us + level)
         sources = tuple(sorted(shares.items(), key=lambda item: (-item[1], item[0])))
         nearest = sources[0][0]
         named = ", ".join(f"{sn}x{sk} {share:.0%}" for (sn, sk), share in sources[:_NAMED])
-        detail = (f"{us:.1f} us modelled from {len(train)} measured shapes ({named}{', ...' if len(sources) > _NAMED else ''}),"
-                  f" {math.exp(standing):.2f}x the fastest as at {mn}x{mk}{note}")
+        scaled = f", scaled {math.exp(level):.2f}x to this shape's measured speed" if level else ""
+        detail = (f"{us:.1f} us modelled from {len(sources)} measured shapes ({named}{', ...' if len(sources) > _NAMED else ''}),"
+                  f" {math.exp(standing):.2f}x the fastest as at {mn}x{mk}{scaled}{note}")
         return Estimate(us, MODEL, detail, rows.row(nearest, bucket).config, nearest, sources)  # type: ignore[union-attr]
+
+    def _modelled(self, backend: str, n: int, k: int, bucket: int
+                  ) -> tuple[float, float, dict[tuple[int, int], float], tuple[int, int]] | None:
+        """The model's log time of ``backend`` at (N, K) from the other shapes (never (N, K)'s own rows), its
+        standing, the shapes' shares and the nearest shape with that standing; None without training rows."""
+        if (backend, n, k, bucket) not in self._modelled_memo:
+            train = [shape for shape in self._train(backend, bucket) if shape != (n, k)]
+            found = None
+            if train:
+                weights = self._weights_at(n, k)
+                best_eff, _, _ = _weighted_median(self._values(None, bucket), weights, (n, k))
+                standing, shares, at = _weighted_median(self._values(backend, bucket), weights, (n, k))
+                found = math.log(floor_us(n, k, bucket)) + best_eff + standing, standing, shares, at
+            self._modelled_memo[(backend, n, k, bucket)] = found
+        return self._modelled_memo[(backend, n, k, bucket)]
+
+    def _level(self, n: int, k: int, bucket: int) -> float:
+        """log(measured / modelled) of the fastest at (N, K): at a bucket with rows of its own, else interpolated
+        in log M between the nearest two such buckets (the nearest one's beyond them); 0 without rows."""
+        if (n, k) not in self._levels:
+            levels = {}
+            for (shape, b), us in self._best().items():
+                if shape != (n, k):
+                    continue
+                modelled = [found[0] for name in self._rows if (found := self._modelled(name, n, k, b)) is not None]
+                if modelled:
+                    levels[b] = math.log(us) - min(modelled)
+            self._levels[(n, k)] = dict(sorted(levels.items()))
+        levels = self._levels[(n, k)]
+        if not levels or bucket in levels:
+            return levels.get(bucket, 0.0)
+        below = [b for b in levels if b < bucket]
+        above = [b for b in levels if b > bucket]
+        if not below or not above:
+            return levels[below[-1] if below else above[0]]
+        lo, hi = below[-1], above[0]
+        f = math.log2(bucket / lo) / math.log2(hi / lo)
+        return (1 - f) * levels[lo] + f * levels[hi]
 
     def _values(self, backend: str | None, bucket: int) -> list[tuple[tuple[int, int], float]]:
         """The model's values at ``bucket`` in increasing order, per measured shape: the fastest backend's
@@ -228,10 +274,11 @@ def _distance(shape: tuple[int, int], n: int, k: int) -> float:
     return math.hypot(_N_WEIGHT * math.log2(shape[0] / n), math.log2(shape[1] / k))
 
 
-def _weighted_median(ordered: list[tuple[tuple[int, int], float]], weights: Mapping[tuple[int, int], float]
-                     ) -> tuple[float, dict[tuple[int, int], float], tuple[int, int]]:
-    """The weighted median of values at measured shapes (``ordered`` by value; see the module docstring),
-    each shape's share of the weight, and the nearest shape with that value."""
+def _weighted_median(ordered: list[tuple[tuple[int, int], float]], weights: Mapping[tuple[int, int], float],
+                     without: tuple[int, int]) -> tuple[float, dict[tuple[int, int], float], tuple[int, int]]:
+    """The weighted median of values at measured shapes but ``without`` (``ordered`` by value; see the module
+    docstring), each shape's share of the weight, and the nearest shape with that value."""
+    ordered = [point for point in ordered if point[0] != without]
     reached = list(itertools.accumulate(weights[shape] for shape, _ in ordered))
     _, median = ordered[bisect.bisect_left(reached, reached[-1] / 2)]
     at = max((shape for shape, value in ordered if value == median), key=lambda shape: (weights[shape], shape))
