@@ -10,6 +10,7 @@ import torch
 
 from fp8select import Capabilities, hookimpl, resolve
 from fp8select.backends.reference import ReferenceBackend
+from fp8select.buckets import M_BUCKETS
 from fp8select.measure import bench, timing
 from fp8select.measure.timing import Timing
 from fp8select.measure.tune import tune
@@ -232,10 +233,10 @@ def test_nothing_is_measured_while_a_graph_is_captured_or_compiled(monkeypatch: 
     assert not selection._can_measure_now()
 
 
-def test_load_time_tuning_times_the_closest_contests_first_and_a_shape_once() -> None:
+def test_load_time_tuning_times_the_closest_contests_first_and_a_bucket_once() -> None:
     """A budget that ends early has settled the buckets where the estimates are nearest (a missing estimate
-    counts as a tie); a shape with any measured row (a table's, or an earlier start's partial measurement)
-    is planned from its rows and the model, not measured again at every start."""
+    counts as a tie); a bucket with a measured row of the shape (a table's, or an earlier start's partial
+    measurement) is planned from it, not measured again; the next start measures the open ones left."""
     from types import SimpleNamespace
 
     from fp8select.measure import loadtime
@@ -251,10 +252,12 @@ def test_load_time_tuning_times_the_closest_contests_first_and_a_shape_once() ->
     table = {**new_table("cpu-test"), "groups": [{"backend": "small", "versions": {}, "shapes": {
         "512,768": {"16": {"us": 5.0}}, f"{N},{K}": {"16": {"us": 5.0}, "32": {"us": 6.0}}}}]}
     partly = Measurements("cpu-test", [table], {"small": {}})
-    assert partly.holds(512, 768) and not partly.holds(768, 512)
+    assert partly.buckets_held(512, 768) == {16} and partly.buckets_held(N, K) == {16, 32}
+    assert partly.buckets_held(768, 512) == frozenset()
     sel = resolve(CPU, plugins=[Plugin()], tuning={**table, "device_name": "cpu-test"})
-    assert loadtime.points_to_measure(sel.chain, CPU, partly, 512, 768) == []
-    assert loadtime.points_to_measure(sel.chain, CPU, partly, 768, 512) != []
+    for (n, k), held in (((512, 768), {16}), ((N, K), {16, 32}), ((768, 512), set())):
+        todo = [bucket for bucket, _ in loadtime.points_to_measure(sel.chain, CPU, partly, n, k)]
+        assert sorted(todo) == [b for b in M_BUCKETS if b not in held], (n, k)  # "large" has no rows: all open
 
 
 def test_load_time_tuning_is_on_by_default_where_its_rows_can_be_kept(tmp_path: Any) -> None:

@@ -344,8 +344,8 @@ def test_merge_tuning_folds_moe_rows_in_keeping_only_improvements(tmp_path: Any)
 def test_load_time_tuning_of_a_moe_layer_measures_only_its_open_buckets(clocked: Any, monkeypatch: pytest.MonkeyPatch,
                                                                       tmp_path: Any) -> None:
     """A shape no table holds is measured at load time where its routes' estimates are close (or missing),
-    with the layer's own weights first; the rows go to the cache directory and into the layer's plan, once
-    per shape."""
+    with the layer's own weights first; the rows go to the cache directory and into the layer's plan; a bucket
+    with rows is not measured again."""
     from fp8select.measure import loadtime
     from fp8select.measured.table import load_table, table_path
     from fp8select.moe_select import moe_measurements
@@ -363,7 +363,10 @@ def test_load_time_tuning_of_a_moe_layer_measures_only_its_open_buckets(clocked:
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, SHAPE) == []  # measured: nothing to do
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, None, unseen) == list(M_BUCKETS)  # nothing known
     partly = {**known, "moe": [{**g, "shapes": {KEY: {"16": g["shapes"][KEY]["16"]}}} for g in known["moe"]]}
-    assert loadtime.moe_buckets_to_measure(CHAIN, caps, moe_measurements(sel, CHAIN, [partly]), SHAPE) == []  # once
+    # measured at M 16 only (a budget that ended): the next start measures the other buckets (none has rows
+    # anywhere now, so every one is open), never 16 again
+    held = moe_measurements(sel, CHAIN, [partly])
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, held, SHAPE) == [b for b in M_BUCKETS if b != 16]
     made: list[int] = []
     monkeypatch.setattr(tune_moe, "random_experts",
                         lambda e, h, i, device, gen: made.append(e) or random_moe(e, h, i, seed=1).weights())

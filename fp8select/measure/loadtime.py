@@ -3,14 +3,15 @@
 
 The plan's model (:mod:`fp8select.measured.model`) picks well on average but can lose 10-25% at
 a near tie on a shape far from any measured one. So a layer whose shape no table holds is measured
-once, before its plan is made, but only where it matters: the M buckets whose best estimates lie
-within :data:`CLOSE` of each other (and backends with no estimate at all), the closest contests
-first, each of those backends once, Triton with at most two launch configurations, within a time
-budget (``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s
-and the vendors' JIT compilation on a cold cache). The rows join the cache directory's table, so
-later starts find the shape held and plan it from its rows (the buckets the budget left out from
-the model); with a process group, rank 0 measures and every rank gets its rows (the same plans
-everywhere).
+before its plan is made, but only where it matters: the M buckets whose best estimates lie within
+:data:`CLOSE` of each other (and backends with no estimate at all), the closest contests first, each
+of those backends once, Triton with at most two launch configurations, within a time budget
+(``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s and the
+vendors' JIT compilation on a cold cache, where their first calls at a new shape take 2-4 s each and
+a first start measures only a few rows). The rows join the cache directory's table; a later start
+plans the shape from its rows (the buckets not measured yet by the model, scaled to the speed the rows
+show) and measures the open buckets that are left, until none are; with a process group, rank 0
+measures and every rank gets its rows (the same plans everywhere).
 
 MoE experts layers the same way (``prepare_moe``): the M buckets of a shape no table holds where two
 or more routes have estimates within :data:`CLOSE` of the best (or none), timed as ``tune --moe``
@@ -55,16 +56,17 @@ def budget_s(caps: Capabilities) -> float:
 
 def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements: Measurements | None,
                       n: int, k: int) -> list[tuple[int, list[str]]]:
-    """The M buckets worth measuring for an (N, K) layer that no table holds (a shape measured before, by a
-    table or an earlier start, is not measured again), each with the backends to time there: those whose
-    gate takes the bucket and whose estimate is missing or within :data:`CLOSE` of the best, where there
-    are two or more. The closest contests first (:func:`by_closeness`): a budget that ends early has
-    settled those."""
-    if measurements is not None and measurements.holds(n, k):
-        return []
+    """The M buckets of an (N, K) layer worth measuring, each with the backends to time there: the buckets no
+    table holds a row of (a table's, or an earlier start's) where two or more backends' gates take the
+    bucket and their estimates are missing or within :data:`CLOSE` of the best. The closest contests
+    first (:func:`by_closeness`): a budget that ends early has settled those, and the next start measures
+    the rest (on a cold JIT cache the vendors' compiles take most of a first start's budget)."""
+    held = measurements.buckets_held(n, k) if measurements is not None else frozenset()
     runnable = [b for b in chain if b.name != "reference" and gate(b, Problem(n, k, BLOCK), caps).ok]
     contests = {}
     for bucket in M_BUCKETS:
+        if bucket in held:
+            continue
         contenders = [b for b in runnable if gate(b, Problem(n, k, BLOCK, bucket), caps).ok]
         contests[bucket] = {b.name: measurements.estimate(b.name, n, k, bucket) if measurements else None
                             for b in contenders}
@@ -93,18 +95,19 @@ def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = N
 
 def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any, shape: tuple[int, int, int, int]
                            ) -> list[int]:
-    """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends) that no
-    table holds (:class:`~fp8select.measured.moe.MoeMeasurements` or None; a shape with rows is not measured
-    again): where two or more routes' gates accept it and two or more of those have no estimate or one
-    within :data:`CLOSE` of the best; the closest contests first."""
+    """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends), given
+    ``table`` (:class:`~fp8select.measured.moe.MoeMeasurements` or None): those with no row of the shape
+    where two or more routes' gates accept it and two or more of those have no estimate or one within
+    :data:`CLOSE` of the best; the closest contests first (the next start measures what a budget left)."""
     from fp8select.backends.moe import MoeProblem
     from fp8select.moe_plan import route_name
 
-    if table and any(table.times(*shape).values()):
-        return []
+    held = {bucket for rows in (table.times(*shape) if table else {}).values() for bucket in rows}
     estimates = table.estimates(*shape) if table else {}
     contests = {}
     for bucket in M_BUCKETS:
+        if bucket in held:
+            continue
         problem = MoeProblem(*shape, m=bucket)
         contests[bucket] = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
                             for b in chain if b.name != "reference" for layout in b.layouts

@@ -137,9 +137,9 @@ class Measurements:
         rows = self._rows.get(backend)
         return tuple(sorted(rows.shapes)) if rows else ()
 
-    def holds(self, n: int, k: int) -> bool:
-        """Whether any backend has rows measured at (N, K)."""
-        return any((n, k) in rows.shapes for rows in self._rows.values())
+    def buckets_held(self, n: int, k: int) -> frozenset[int]:
+        """The M buckets where some backend has a row measured at (N, K)."""
+        return frozenset(int(b) for rows in self._rows.values() for b in rows.shapes.get((n, k), {}))
 
     def describe(self) -> str:
         """One line per backend: how many shapes, and at which versions."""
