@@ -32,14 +32,17 @@ SETS = {
     "vendors, DeepSeek-V3 (table)": ("regret_vendors_deepseek", "regret_vendors_deepseek_rest"),
     "vendors, served shapes (table)": ("regret_vendors_served",),
     "no vendors, served shapes (table)": ("regret_novendors_served",),
-    "no vendors, 44 shipped shapes (table)": ("regret_novendors_shipped",),
+    "vendors, 47 more shipped shapes (table)": ("regret_vendors_shipped", "regret_vendors_shipped_rest"),
+    "no vendors, 92 shipped shapes (table)": ("regret_novendors_shipped", "regret_novendors_shipped_rest"),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
     "vendors, models not listed (measured at load, the default)": ("regret_vendors_unseen_default",),
+    "vendors, models not listed (the default, second start)": ("regret_vendors_unseen_second",),
     "no vendors, DeepSeek-V3 (table)": ("regret_novendors_deepseek",),
     "no vendors, other models (model)": ("regret_novendors_other_model",),
     "no vendors, models not listed (model)": ("regret_novendors_unseen_model",),
     "no vendors, models not listed (measured at load, the default)": ("regret_novendors_unseen_default",),
+    "no vendors, models not listed (the default, second start)": ("regret_novendors_unseen_second",),
 }
 PLOT_SHAPES = ((2112, 7168), (7168, 2048))
 COLORS = {"deepgemm": "tab:orange", "flashinfer": "tab:green", "cutlass": "tab:purple", "cuda-scaled-mm": "tab:blue",

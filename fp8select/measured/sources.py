@@ -38,8 +38,8 @@ ENV_TUNE = "FP8SELECT_TUNE"
 def wants_load_time_tuning(caps: Capabilities, *, by_default: bool = True) -> bool:
     """Whether ``prepare()`` measures a layer shape whose plan the tables leave open: ``FP8SELECT_TUNE=load``
     yes, any other value no. Unset, where it pays: ``by_default`` (the device's own tables are read), on
-    a CUDA device whose cache directory can be written, so that each shape is measured once per machine
-    and later starts find its rows."""
+    a CUDA device whose cache directory can be written, so that a shape's open buckets are measured once
+    per machine and later starts find its rows."""
     value = caps.env.get(ENV_TUNE, "").strip().lower()
     if value:
         return value == "load"
