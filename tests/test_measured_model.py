@@ -2,8 +2,8 @@
 
 The expected numbers come from the module's documented formula (efficiency over the roofline floor of the
 fastest backend, and each backend's standing relative to it, each the median of the measured shapes' values
-weighted by ``1 / (d + 0.5)**2`` over the log2 distance of (N, K)), worked out here for shapes where the answer
-is simple enough to state.
+weighted by ``1 / (d + 0.5)**4`` over the log2 distance of (N, K), N counted twice), worked out here for shapes
+where the answer is simple enough to state.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def _eff(n: int, k: int, bucket: int, factor: float) -> float:
 
 
 def _weight(shape: tuple[int, int], n: int, k: int) -> float:
-    d = math.hypot(math.log2(shape[0] / n), math.log2(shape[1] / k))
-    return 1.0 / (d + 0.5) ** 2
+    d = math.hypot(2 * math.log2(shape[0] / n), math.log2(shape[1] / k))
+    return 1.0 / (d + 0.5) ** 4
 
 
 def test_a_measured_shape_is_its_own_row() -> None:
@@ -61,10 +61,11 @@ def test_one_efficiency_everywhere_gives_that_efficiency_at_any_shape() -> None:
         assert est.us == pytest.approx(_eff(n, k, 16, 3.0), rel=1e-9)
 
 
-def test_efficiencies_are_the_median_weighted_by_inverse_square_distance() -> None:
-    """One shape at 2x its floor at log2 distance 1 from the query (weight 1/1.5**2 = 0.44), others at 8x at
-    distance 2 (0.16 each): two of them weigh less than the near one, which is the median; three weigh more."""
-    near, far = (512, 2048), [(4096, 2048), (256, 2048), (1024, 8192)]
+def test_efficiencies_are_the_median_weighted_by_inverse_distance() -> None:
+    """One shape at 2x its floor at log2 distance 1 from the query (K 2x off: weight 1/1.5**4 = 0.198), others
+    at 8x at distance 1.4 (K or N 2**1.4 or 2**0.7 off: 0.077 each): two of them weigh less than the near one,
+    which is the median; three weigh more."""
+    near, far = (1024, 4096), [(1024, 5405), (1024, 776), (1663, 2048)]
     assert _weight(near, 1024, 2048) > 2 * _weight(far[0], 1024, 2048)
     assert _weight(near, 1024, 2048) < 3 * _weight(far[0], 1024, 2048)
     for count, eff in ((2, 2.0), (3, 8.0)):
@@ -73,28 +74,28 @@ def test_efficiencies_are_the_median_weighted_by_inverse_square_distance() -> No
         assert est is not None and est.us == pytest.approx(_eff(1024, 2048, 64, eff), rel=1e-9), count
 
 
-def test_distance_counts_n_and_k_alike() -> None:
-    """Two shapes, one 2x off in N and one 2x off in K (the same distance, the same weight): the median is the
-    lower value, whichever of the two holds it; one 2x off in both is further (sqrt 2) than one 2x off in one,
-    and outweighs one 4x off in one."""
+def test_distance_counts_n_twice() -> None:
+    """A shape's N sets how many tiles it has (its waves over the SMs), what moves a backend's standing most: a
+    shape 2x off in N is as far as one 4x off in K (the same weight: the median is the lower value, whichever
+    of the two holds it), and further than one 2x off in K, whose value wins either way."""
     for n_off, k_off in ((2.0, 8.0), (8.0, 2.0)):
         meas = _measurements(_group("a", {(2048, 1024): {8: _eff(2048, 1024, 8, n_off)},
-                                          (1024, 2048): {8: _eff(1024, 2048, 8, k_off)}}))
+                                          (1024, 4096): {8: _eff(1024, 4096, 8, k_off)}}))
         est = meas.estimate("a", 1024, 1024, 8)
         assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, 2.0), rel=1e-9)
-    diagonal, straight = (2048, 2048), (1024, 4096)
-    w_d, w_s = _weight(diagonal, 1024, 1024), _weight(straight, 1024, 1024)
-    assert w_d == pytest.approx(1 / (math.sqrt(2) + 0.5) ** 2) and w_s == pytest.approx(1 / 2.5**2)
-    meas = _measurements(_group("a", {diagonal: {8: _eff(*diagonal, 8, 8.0)}, straight: {8: _eff(*straight, 8, 2.0)}}))
-    est = meas.estimate("a", 1024, 1024, 8)
-    assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, 8.0), rel=1e-9)
-    assert est.config_shape == diagonal  # the nearer of the two
+    n_off, k_off = (2048, 1024), (1024, 2048)
+    assert _weight(n_off, 1024, 1024) == pytest.approx(1 / 2.5**4) and _weight(k_off, 1024, 1024) == pytest.approx(1 / 1.5**4)
+    for k_value in (2.0, 8.0):
+        meas = _measurements(_group("a", {n_off: {8: _eff(*n_off, 8, 10.0 - k_value)}, k_off: {8: _eff(*k_off, 8, k_value)}}))
+        est = meas.estimate("a", 1024, 1024, 8)
+        assert est is not None and est.us == pytest.approx(_eff(1024, 1024, 8, k_value), rel=1e-9)
+        assert est.config_shape == k_off  # the nearer of the two
 
 
 def test_one_neighbour_far_off_does_not_move_the_median() -> None:
     """Four neighbours at the same distance, where b ran 1.1x, 1.2x, 1.3x and 5x the fastest (a): b is modelled
     at 1.2x a (a weighted mean of the logs would give 1.7x), and the detail says where that standing was measured."""
-    ratios = {(512, 1024): 1.1, (2048, 1024): 1.2, (1024, 512): 1.3, (1024, 2048): 5.0}
+    ratios = {(512, 1024): 1.1, (2048, 1024): 1.2, (1024, 256): 1.3, (1024, 4096): 5.0}
     meas = _measurements(_group("a", {s: {16: _eff(*s, 16, 2.0)} for s in ratios}),
                          _group("b", {s: {16: _eff(*s, 16, 2.0 * r)} for s, r in ratios.items()}))
     a, b = meas.estimate("a", 1024, 1024, 16), meas.estimate("b", 1024, 1024, 16)

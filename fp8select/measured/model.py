@@ -15,9 +15,13 @@ changes much between releases, and any data beats none), and says so.
 
       log(best / floor):  the weighted median of log(best_i / floor_i) over the shapes i measured at this bucket
       log(t / best):      the weighted median of log(t_j / best_j) over the shapes j where this backend ran
-      w = 1 / (d + 0.5)**2,   d = sqrt((log2(N'/N))**2 + (log2(K'/K))**2)
+      w = 1 / (d + 0.5)**4,   d = sqrt((2 log2(N'/N))**2 + (log2(K'/K))**2)
 
-  ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). A shape with rows of its own
+  ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). N counts twice: it sets how
+  many output tiles a shape has, so its waves over the SMs, what moves a backend's standing most; K
+  only the length of each tile's loop. The constants were chosen among 48 (eps 0.25-1, power 1-4,
+  N counted 0.5-3 times) on the table's folds and checked on other runs' shapes the table lacks
+  (docs/performance.md, "Shapes in no table"). A shape with rows of its own
   at some buckets (measured at load time within a budget, or a backend its measurement left out) is
   modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
   at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
@@ -56,8 +60,8 @@ __all__ = ["Estimate", "Measurements", "Row"]
 
 MEASURED, MODEL = "measured", "model"
 _EPS = 0.5
-_POWER = 2
-_N_WEIGHT = 1.0
+_POWER = 4
+_N_WEIGHT = 2.0
 _NAMED = 3  # measured shapes a modelled estimate's detail names
 
 

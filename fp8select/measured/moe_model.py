@@ -18,7 +18,7 @@ what the plan's choice depends on (the route with the least standing has the lea
 of the experts a uniform batch touches and the FP8 compute floor, plus :data:`FIXED_US` of launches.
 
 Why so simple: five shapes are measured on the H200, too few to fit anything with more parameters
-(the constants are the dense model's, not refitted; adding ``log2 E`` or ``log2 M`` as coordinates
+(the constants are the ones the dense model had then, not refitted; adding ``log2 E`` or ``log2 M`` as coordinates
 moved the figures below by at most 0.3%, pooling every M bucket made them worse). Left out in turn
 and planned from the other four, choosing by these standings came within 1.6% of the fastest route
 (geometric mean over 70 points, the worst 1.37x), against 1.24x (2.04x) for the rule and 1.03x
