@@ -85,6 +85,16 @@ class Estimate:
     sources: tuple[tuple[tuple[int, int], float], ...] = ()  # MODEL: the measured shapes and their share, largest first
 
 
+class _Modelled(NamedTuple):
+    """A backend's estimate at a shape from the other shapes: log time, standing, the shapes' shares of the
+    weight, and the nearest shape with that standing."""
+
+    log_us: float
+    standing: float
+    shares: dict[tuple[int, int], float]
+    at: tuple[int, int]
+
+
 @dataclass(frozen=True)
 class _BackendRows:
     """One backend's rows at the versions used: per shape, its buckets' rows as the table holds them
@@ -130,7 +140,7 @@ class Measurements:
         self._weights: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
         self._trained: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self._fastest: dict[tuple[tuple[int, int], int], float] | None = None
-        self._modelled_memo: dict[tuple[str, int, int, int], Any] = {}
+        self._modelled: dict[tuple[str, int, int, int], _Modelled | None] = {}  # _model_from_others(), remembered
         self._levels: dict[tuple[int, int], dict[int, float]] = {}  # per shape with rows: bucket -> log(measured / modelled)
 
     @property
@@ -174,13 +184,13 @@ class Measurements:
         row = rows.row((n, k), bucket)
         if row is not None:
             return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
-        modelled = self._modelled(backend, n, k, bucket)
+        modelled = self._model_from_others(backend, n, k, bucket)
         if modelled is None:
             return None
-        log_us, standing, shares, (mn, mk) = modelled
+        standing, (mn, mk) = modelled.standing, modelled.at
         level = self._level(n, k, bucket)
-        us = math.exp(log_us + level)
-        sources = tuple(sorted(shares.items(), key=lambda item: (-item[1], item[0])))
+        us = math.exp(modelled.log_us + level)
+        sources = tuple(sorted(modelled.shares.items(), key=lambda item: (-item[1], item[0])))
         nearest = sources[0][0]
         named = ", ".join(f"{sn}x{sk} {share:.0%}" for (sn, sk), share in sources[:_NAMED])
         scaled = f", scaled {math.exp(level):.2f}x to this shape's measured speed" if level else ""
@@ -188,20 +198,19 @@ class Measurements:
                   f" {math.exp(standing):.2f}x the fastest as at {mn}x{mk}{scaled}{note}")
         return Estimate(us, MODEL, detail, rows.row(nearest, bucket).config, nearest, sources)  # type: ignore[union-attr]
 
-    def _modelled(self, backend: str, n: int, k: int, bucket: int
-                  ) -> tuple[float, float, dict[tuple[int, int], float], tuple[int, int]] | None:
-        """The model's log time of ``backend`` at (N, K) from the other shapes (never (N, K)'s own rows), its
-        standing, the shapes' shares and the nearest shape with that standing; None without training rows."""
-        if (backend, n, k, bucket) not in self._modelled_memo:
-            train = [shape for shape in self._train(backend, bucket) if shape != (n, k)]
+    def _model_from_others(self, backend: str, n: int, k: int, bucket: int) -> _Modelled | None:
+        """``backend``'s model at (N, K) from the other shapes (never (N, K)'s own rows); None where it was
+        measured at no other shape at this bucket."""
+        key = (backend, n, k, bucket)
+        if key not in self._modelled:
             found = None
-            if train:
+            if any(shape != (n, k) for shape in self._train(backend, bucket)):
                 weights = self._weights_at(n, k)
                 best_eff, _, _ = _weighted_median(self._values(None, bucket), weights, (n, k))
                 standing, shares, at = _weighted_median(self._values(backend, bucket), weights, (n, k))
-                found = math.log(floor_us(n, k, bucket)) + best_eff + standing, standing, shares, at
-            self._modelled_memo[(backend, n, k, bucket)] = found
-        return self._modelled_memo[(backend, n, k, bucket)]
+                found = _Modelled(math.log(floor_us(n, k, bucket)) + best_eff + standing, standing, shares, at)
+            self._modelled[key] = found
+        return self._modelled[key]
 
     def _level(self, n: int, k: int, bucket: int) -> float:
         """log(measured / modelled) of the fastest at (N, K): at a bucket with rows of its own, else interpolated
@@ -211,7 +220,7 @@ class Measurements:
             for (shape, b), us in self._best().items():
                 if shape != (n, k):
                     continue
-                modelled = [found[0] for name in self._rows if (found := self._modelled(name, n, k, b)) is not None]
+                modelled = [found.log_us for name in self._rows if (found := self._model_from_others(name, n, k, b)) is not None]
                 if modelled:
                     levels[b] = math.log(us) - min(modelled)
             self._levels[(n, k)] = dict(sorted(levels.items()))
