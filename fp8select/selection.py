@@ -128,7 +128,7 @@ class Selection(Decision):
             lines.append("measurements: none for this device, so plans follow the priority order")
         if caps.device_kind == "cuda":
             lines.append("load-time measurement: " + (
-                "on: prepare() measures a shape whose plan the tables leave open, once, into the cache directory "
+                "on: prepare() measures the M buckets the tables leave open for a shape, each once, into the cache directory "
                 "(FP8SELECT_TUNE=off turns it off)" if self.tune_at_load else
                 "off (FP8SELECT_TUNE=load turns it on; unset, it is on where the cache directory can be written)"))
         lines.extend(self.notes)
