@@ -217,13 +217,11 @@ class Measurements:
         in log M between the nearest two such buckets (the nearest one's beyond them); 0 without rows."""
         if (n, k) not in self._levels:
             levels = {}
-            for (shape, b), us in self._best().items():
-                if shape != (n, k):
-                    continue
+            for b in sorted(self.buckets_held(n, k)):
                 modelled = [found.log_us for name in self._rows if (found := self._model_from_others(name, n, k, b)) is not None]
                 if modelled:
-                    levels[b] = math.log(us) - min(modelled)
-            self._levels[(n, k)] = dict(sorted(levels.items()))
+                    levels[b] = math.log(self._best()[((n, k), b)]) - min(modelled)
+            self._levels[(n, k)] = levels
         levels = self._levels[(n, k)]
         if not levels or bucket in levels:
             return levels.get(bucket, 0.0)
