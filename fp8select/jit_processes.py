@@ -1,4 +1,5 @@
-"""A plan's JIT kernels compiled in worker processes, side by side: ``warmup(..., processes=N)``.
+"""JIT kernels compiled in worker processes, side by side: a plan's (``warmup(..., processes=N)``), and the
+vendors' at the points load-time measurement times (``FP8SELECT_JIT_PROCESSES``, :mod:`fp8select.measure.loadtime`).
 
 DeepGEMM, FlashInfer and Triton compile a kernel the first time a process calls it at a new shape
 (2-5 s each for the vendors on the H200) and keep it in an on-disk cache that later processes read
@@ -9,7 +10,7 @@ would idle: :func:`jit_jobs`), run their compilers at once on separate cores, an
 warm-up then loads what they wrote. Each worker (:mod:`fp8select.jit_worker`) resolves with that
 backend pinned, prepares a random weight of the layer's shape and calls it at each of its Ms, with
 the caller's environment, so the same caches. A worker that fails or times out costs only its time:
-the caller's warm-up compiles what is missing itself.
+the caller compiles what is missing itself.
 
 Worth it on cold caches only (a new deployment, new shapes): on warm ones each worker is a process
 start (importing torch and the vendors, a CUDA context) for nothing.
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 
 from fp8select.problem import dtype_name
 
-__all__ = ["JitJob", "compile_in_processes", "jit_jobs"]
+__all__ = ["JitJob", "compile_in_processes", "jit_jobs", "split_jobs"]
 
 _POLL_S = 0.05
 WORKER = "fp8select.jit_worker"
@@ -53,9 +54,7 @@ class JitJob:
 def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype, processes: int) -> list[JitJob]:
     """The jobs of warm-up ``calls`` (``(layer, m)`` of dense layers) whose route's backend compiles
     kernels just in time (:attr:`~fp8select.backends.base.Backend.jit`); e4m3fn weights only (what a
-    worker's random weight is). One job per backend and shape, holding its Ms (each worker start,
-    a few seconds, paid once per shape), then the jobs with the most Ms split in halves while there
-    are fewer jobs than ``processes`` (every process busy)."""
+    worker's random weight is): :func:`split_jobs` of their Ms per backend and shape."""
     groups: dict[tuple[str, int, int, str], dict[int, None]] = {}
     for layer, m in calls:
         if layer.weight_dtype != torch.float8_e4m3fn or layer.main_plan.route(m).backend is None:
@@ -63,12 +62,19 @@ def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype, processes
         backend = layer.backend_for(m, act_dtype)
         if backend.jit:
             groups.setdefault((backend.name, layer.n, layer.k, str(layer.device)), {})[m] = None
-    parts = [(key, tuple(ms)) for key, ms in groups.items()]
+    return split_jobs({key: tuple(ms) for key, ms in groups.items()}, dtype_name(act_dtype), processes)
+
+
+def split_jobs(calls: Mapping[tuple[str, int, int, str], Sequence[int]], act_dtype: str, processes: int) -> list[JitJob]:
+    """One job per ``(backend, n, k, device)`` holding its Ms (each worker start, a few seconds, paid once per
+    shape), then the jobs with the most Ms split in halves while there are fewer jobs than ``processes``
+    (every process busy)."""
+    parts = [(key, tuple(ms)) for key, ms in calls.items() if ms]
     while len(parts) < processes and any(len(ms) > 1 for _, ms in parts):
         key, ms = max(parts, key=lambda part: len(part[1]))
         parts.remove((key, ms))
         parts += [(key, ms[: len(ms) // 2]), (key, ms[len(ms) // 2:])]
-    return [JitJob(name, n, k, ms, dtype_name(act_dtype), device) for (name, n, k, device), ms in parts]
+    return [JitJob(name, n, k, ms, act_dtype, device) for (name, n, k, device), ms in parts]
 
 
 def compile_in_processes(jobs: Sequence[JitJob], processes: int, timeout_s: float = 600.0) -> list[dict[str, Any]]:

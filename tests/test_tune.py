@@ -219,6 +219,38 @@ def test_the_vendors_are_loaded_before_the_load_time_budget_starts(clocked: Any,
     assert loadtime.measure_shape(sel, 512, 768, device="cpu") is not None and seen == [True]
 
 
+def test_jit_processes_compile_the_vendors_points_before_the_budget_starts(clocked: Any, tmp_path: Any,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FP8SELECT_JIT_PROCESSES=N``: the JIT backends' kernels at the points to be timed are compiled in worker
+    processes first (a cold JIT cache would spend the budget compiling), split over the N processes; Triton's are
+    not (its search picks the configurations then), nor anyone's without the variable."""
+    from fp8select import jit_processes
+    from fp8select.jit_processes import JitJob
+    from fp8select.measure import loadtime
+    from fp8select.measure import tune as tune_module
+
+    known, _ = tune(clocked, [(N, K)], ms=tuple(2**i for i in range(14)), device="cpu")
+    for group in known["groups"]:
+        if group["backend"] == "small":  # open contests at M 16-64 of a new shape
+            for bucket, us in (("16", 3.1), ("32", 3.2), ("64", 3.3)):
+                group["shapes"][f"{N},{K}"][bucket]["us"] = us
+    monkeypatch.setattr(Small, "jit", True, raising=False)
+    events: list[Any] = []
+    monkeypatch.setattr(jit_processes, "compile_in_processes",
+                        lambda jobs, processes, timeout_s: events.append((sorted(jobs, key=lambda j: j.ms), processes))
+                        or [{"seconds": 1.0}, {"seconds": 1.0, "error": "exit 1: no GPU"}][:len(jobs)])
+    real = tune_module.tune
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: events.append("tune") or real(*a, **k))
+    split = [JitJob("small", 512, 768, (16,), "bfloat16", "cpu"), JitJob("small", 512, 768, (32, 64), "bfloat16", "cpu")]
+    for start, (processes, jobs) in enumerate(((None, None), ("x", None), ("2", split))):
+        events.clear()
+        env = {"env.FP8SELECT_CACHE_DIR": str(tmp_path / str(start))}  # a fresh cache each time: all open again
+        cache = CPU.with_overrides(env if processes is None else {**env, "env.FP8SELECT_JIT_PROCESSES": processes})
+        sel = resolve(cache, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
+        assert loadtime.measure_shape(sel, 512, 768, device="cpu") is not None
+        assert events == (["tune"] if jobs is None else [(jobs, 2), "tune"])
+
+
 def test_later_starts_measure_what_an_earlier_budget_left(clocked: Any, tmp_path: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget that ends after one bucket (a cold JIT cache spends most of a first start's on compiling) leaves

@@ -8,7 +8,10 @@ before its plan is made, but only where it matters: the M buckets whose best est
 of those backends once, Triton with at most two launch configurations, within a time budget
 (``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s and the
 vendors' JIT compilation on a cold cache, where their first calls at a new shape take 2-4 s each and
-a first start measures only a few rows). The rows join the cache directory's table; a later start
+a first start measures only a few rows). ``FP8SELECT_JIT_PROCESSES=N`` (for a cold JIT cache: a new
+machine, a new model) first compiles the vendors' kernels at the points to be timed in up to N worker
+processes at once (:mod:`fp8select.jit_processes`), outside the budget, so that the budget times
+instead of compiling. The rows join the cache directory's table; a later start
 plans the shape from its rows (the buckets not measured yet by the model, scaled to the speed the rows
 show) and measures the open buckets that are left, until none are; with a process group, rank 0
 measures and every rank gets its rows (the same plans everywhere).
@@ -37,12 +40,15 @@ from fp8select.measured.table import cache_dir, load_table, merge_tables, save_t
 from fp8select.plan import gate
 from fp8select.problem import Problem
 
-__all__ = ["CLOSE", "ENV_BUDGET", "by_closeness", "measure_moe_shape", "measure_shape", "moe_buckets_to_measure", "points_to_measure"]
+__all__ = ["CLOSE", "ENV_BUDGET", "ENV_JIT_PROCESSES", "by_closeness", "measure_moe_shape", "measure_shape",
+           "moe_buckets_to_measure", "points_to_measure"]
 
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
 """Backends whose estimates are within this factor of the best one's are measured."""
 DEFAULT_BUDGET_S = 3.0  # no new point after it: the last one ends within about 4 s
+ENV_JIT_PROCESSES = "FP8SELECT_JIT_PROCESSES"
+JIT_TIMEOUT_S = 120.0  # per worker: a few compiles take 10-20 s, a hung one must not hold the start
 BLOCK = (128, 128)
 
 
@@ -52,6 +58,12 @@ def budget_s(caps: Capabilities) -> float:
     except ValueError:
         return DEFAULT_BUDGET_S
     return value if math.isfinite(value) and value > 0 else DEFAULT_BUDGET_S
+
+
+def jit_processes(caps: Capabilities) -> int:
+    """``FP8SELECT_JIT_PROCESSES`` as a count of worker processes (0, the default, when unset or not a count)."""
+    value = caps.env.get(ENV_JIT_PROCESSES, "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements: Measurements | None,
@@ -84,8 +96,9 @@ def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = N
     def measure() -> dict[str, Any]:
         from fp8select.measure.tune import tune
 
-        timed = {name for names in todo.values() for name in names}
-        _vendors_loaded([b for b in selection.chain if b.name in timed], caps, device)
+        timed = [b for b in selection.chain if any(b.name in names for names in todo.values())]
+        _compiled_in_processes(timed, todo, caps, n, k, device)
+        _vendors_loaded(timed, caps, device)
         table, _ = tune(selection, [(n, k)], list(todo), force=True, replays=10, max_configs=2,
                         budget_s=budget_s(caps), only=lambda name, m: name in todo[m], device=device)
         return table
@@ -181,6 +194,25 @@ def _measured_and_saved(caps: Capabilities, measure: Any, group: Any, **what: An
         return None
     _save(caps, table)
     return table
+
+
+def _compiled_in_processes(backends: Sequence[Backend], todo: Mapping[int, Sequence[str]], caps: Capabilities,
+                           n: int, k: int, device: Any) -> None:
+    """With ``FP8SELECT_JIT_PROCESSES=N``: the JIT vendors' kernels for (N, K) at the buckets ``todo`` times them,
+    compiled in up to N worker processes at once (Triton's are not: it times configurations its search finds
+    then, not the one a worker would run). A worker that fails only leaves its compiles to the measurement."""
+    processes = jit_processes(caps)
+    compilers = [b.name for b in backends if b.jit and b.name != "triton"]
+    if not processes or not compilers:
+        return
+    from fp8select.jit_processes import compile_in_processes, split_jobs
+
+    start = time.monotonic()
+    jobs = split_jobs({(name, n, k, str(device)): tuple(m for m, names in todo.items() if name in names)
+                       for name in compilers}, "bfloat16", processes)
+    done = compile_in_processes(jobs, processes, timeout_s=JIT_TIMEOUT_S)
+    get_logger().info("fp8select.load_time_jit", n=n, k=k, jobs=len(jobs), failed=sum("error" in d for d in done),
+                      seconds=round(time.monotonic() - start, 3))
 
 
 def _vendors_loaded(backends: Sequence[Any], caps: Capabilities, device: Any) -> None:
