@@ -29,9 +29,13 @@ from typing import Any
 
 import torch
 
+from fp8select.capabilities import Capabilities
 from fp8select.problem import dtype_name
 
-__all__ = ["JitJob", "compile_in_processes", "jit_jobs", "split_jobs"]
+__all__ = ["ENV_PROCESSES", "JitJob", "compile_in_processes", "jit_jobs", "processes_wanted", "split_jobs"]
+
+ENV_PROCESSES = "FP8SELECT_JIT_PROCESSES"
+"""Worker processes to compile in where the caller does not say (warm-up, load-time measurement); unset: none."""
 
 _POLL_S = 0.05
 WORKER = "fp8select.jit_worker"
@@ -49,6 +53,12 @@ class JitJob:
     ms: tuple[int, ...]
     act_dtype: str
     device: str
+
+
+def processes_wanted(caps: Capabilities) -> int:
+    """:data:`ENV_PROCESSES` of the snapshot as a count (0 when unset or not a count)."""
+    value = caps.env.get(ENV_PROCESSES, "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype, processes: int) -> list[JitJob]:

@@ -1,8 +1,9 @@
 """Warm-up: run every kernel a layer's plan can use once, so CUDA-graph capture and serving never compile.
 
 DeepGEMM and FlashInfer compile a kernel the first time they see a shape (2-5 s each on the
-H200), Triton the first time it sees a launch configuration; with ``processes`` the dense layers'
-compilers run in that many worker processes at once first (:mod:`fp8select.jit_processes`). :func:`warmup` calls each
+H200), Triton the first time it sees a launch configuration; with ``processes`` (default
+``FP8SELECT_JIT_PROCESSES``, else none) the dense layers' compilers run in that many worker processes at
+once first (:mod:`fp8select.jit_processes`). :func:`warmup` calls each
 distinct layer (same shape, dtype, device and plan: the kernels are the same) with the
 activation sizes of every route of its plan: by default both ends of each M bucket, or the
 ``ms`` an engine will capture. It logs ``fp8select.warmup_progress`` every few seconds on long
@@ -31,6 +32,7 @@ import torch
 from fp8select._log import get_logger
 from fp8select.buckets import bucket_range
 from fp8select.errors import InvalidDtypeError, InvalidInputError
+from fp8select.jit_processes import compile_in_processes, jit_jobs, processes_wanted
 from fp8select.kernels.moe_routing import uniform_routing
 from fp8select.layer import Fp8Linear
 from fp8select.moe import Fp8MoE
@@ -116,18 +118,21 @@ def _default_ms(layer: Layer) -> list[int]:
 
 
 def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype = torch.bfloat16,
-           progress: Callable[[str], None] | None = None, every_s: float = 5.0, processes: int = 0) -> WarmupReport:
+           progress: Callable[[str], None] | None = None, every_s: float = 5.0, processes: int | None = None) -> WarmupReport:
     """Call every distinct layer of ``target`` at each M of ``ms`` (default: both ends of every M bucket
     its plan routes) with ``dtype`` activations; returns what was run and how long it took.
 
     ``processes`` > 0: first compile the dense calls' JIT kernels (DeepGEMM, FlashInfer, Triton) in up
     to that many worker processes at once (:mod:`fp8select.jit_processes`; for cold caches), then
-    make the calls here, which load them from the caches."""
+    make the calls here, which load them from the caches; None: ``FP8SELECT_JIT_PROCESSES`` of the
+    layers' snapshot, else none."""
     if ms is not None and (not ms or not all(isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms)):
         raise InvalidInputError(f"ms: expected positive integers, found {ms!r}")
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+    if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int) or processes < 0):
         raise InvalidInputError(f"processes: expected an int >= 0, found {processes!r}")
     layers = _layers(target)
+    if processes is None:
+        processes = max((processes_wanted(layer.caps) for layer in layers if isinstance(layer, Fp8Linear)), default=0)
     if ms is not None:
         for layer in layers:
             _check_fits(layer, max(ms), dtype)
@@ -139,8 +144,6 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
     start = last = time.perf_counter()
     workers: tuple[dict[str, Any], ...] = ()
     if processes:
-        from fp8select.jit_processes import compile_in_processes, jit_jobs
-
         jobs = jit_jobs(((layer, m) for layer, m in todo if isinstance(layer, Fp8Linear)), dtype, processes)
         workers = tuple(compile_in_processes(jobs, processes))
         log.info("fp8select.warmup_workers", jobs=len(jobs), failed=sum("error" in w for w in workers),

@@ -46,11 +46,16 @@ def test_workers_run_their_calls_and_failures_are_reported_not_raised(interprete
     assert late["error"] == "timed out after 0 s"
 
 
-def test_warmup_with_processes_compiles_first_then_calls(interpreted: None) -> None:
+def test_warmup_with_processes_compiles_first_then_calls(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer("triton")
     report = warmup(layer, ms=[2, 17], processes=2)
     assert report.calls == 2 and sorted(w["ms"] for w in report.workers) == [(2,), (17,)]
     assert all("error" not in w for w in report.workers)
     assert warmup(layer, ms=[2]).workers == ()  # none unless asked
+    monkeypatch.setenv("FP8SELECT_JIT_PROCESSES", "2")  # asked where the layers' selection was resolved
+    assert warmup(layer, ms=[2, 17]).workers == ()
+    asked = _layer("triton")
+    assert sorted(w["ms"] for w in warmup(asked, ms=[2, 17]).workers) == [(2,), (17,)]
+    assert warmup(asked, ms=[2], processes=0).workers == ()
     with pytest.raises(InvalidInputError, match="processes"):
         warmup(layer, processes=-1)

@@ -224,7 +224,6 @@ def test_jit_processes_compile_the_vendors_points_before_the_budget_starts(clock
     """``FP8SELECT_JIT_PROCESSES=N``: the JIT backends' kernels at the points to be timed are compiled in worker
     processes first (a cold JIT cache would spend the budget compiling), split over the N processes; Triton's are
     not (its search picks the configurations then), nor anyone's without the variable."""
-    from fp8select import jit_processes
     from fp8select.jit_processes import JitJob
     from fp8select.measure import loadtime
     from fp8select.measure import tune as tune_module
@@ -236,7 +235,7 @@ def test_jit_processes_compile_the_vendors_points_before_the_budget_starts(clock
                 group["shapes"][f"{N},{K}"][bucket]["us"] = us
     monkeypatch.setattr(Small, "jit", True, raising=False)
     events: list[Any] = []
-    monkeypatch.setattr(jit_processes, "compile_in_processes",
+    monkeypatch.setattr(loadtime, "compile_in_processes",
                         lambda jobs, processes, timeout_s: events.append((sorted(jobs, key=lambda j: j.ms), processes))
                         or [{"seconds": 1.0}, {"seconds": 1.0, "error": "exit 1: no GPU"}][:len(jobs)])
     real = tune_module.tune

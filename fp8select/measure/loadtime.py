@@ -35,19 +35,19 @@ from fp8select.backends.base import Backend
 from fp8select.buckets import M_BUCKETS
 from fp8select.capabilities import Capabilities
 from fp8select.guard import PASS_THROUGH
+from fp8select.jit_processes import compile_in_processes, processes_wanted, split_jobs
 from fp8select.measured.model import Measurements
 from fp8select.measured.table import cache_dir, load_table, merge_tables, save_table, table_path
 from fp8select.plan import gate
 from fp8select.problem import Problem
 
-__all__ = ["CLOSE", "ENV_BUDGET", "ENV_JIT_PROCESSES", "by_closeness", "measure_moe_shape", "measure_shape",
+__all__ = ["CLOSE", "ENV_BUDGET", "by_closeness", "measure_moe_shape", "measure_shape",
            "moe_buckets_to_measure", "points_to_measure"]
 
 ENV_BUDGET = "FP8SELECT_TUNE_BUDGET_S"
 CLOSE = 1.25
 """Backends whose estimates are within this factor of the best one's are measured."""
 DEFAULT_BUDGET_S = 3.0  # no new point after it: the last one ends within about 4 s
-ENV_JIT_PROCESSES = "FP8SELECT_JIT_PROCESSES"
 JIT_TIMEOUT_S = 120.0  # per worker: a few compiles take 10-20 s, a hung one must not hold the start
 BLOCK = (128, 128)
 
@@ -58,12 +58,6 @@ def budget_s(caps: Capabilities) -> float:
     except ValueError:
         return DEFAULT_BUDGET_S
     return value if math.isfinite(value) and value > 0 else DEFAULT_BUDGET_S
-
-
-def jit_processes(caps: Capabilities) -> int:
-    """``FP8SELECT_JIT_PROCESSES`` as a count of worker processes (0, the default, when unset or not a count)."""
-    value = caps.env.get(ENV_JIT_PROCESSES, "").strip()
-    return int(value) if value.isdigit() else 0
 
 
 def points_to_measure(chain: Sequence[Backend], caps: Capabilities, measurements: Measurements | None,
@@ -201,12 +195,10 @@ def _compiled_in_processes(backends: Sequence[Backend], todo: Mapping[int, Seque
     """With ``FP8SELECT_JIT_PROCESSES=N``: the JIT vendors' kernels for (N, K) at the buckets ``todo`` times them,
     compiled in up to N worker processes at once (Triton's are not: it times configurations its search finds
     then, not the one a worker would run). A worker that fails only leaves its compiles to the measurement."""
-    processes = jit_processes(caps)
+    processes = processes_wanted(caps)
     compilers = [b.name for b in backends if b.jit and b.name != "triton"]
     if not processes or not compilers:
         return
-    from fp8select.jit_processes import compile_in_processes, split_jobs
-
     start = time.monotonic()
     jobs = split_jobs({(name, n, k, str(device)): tuple(m for m, names in todo.items() if name in names)
                        for name in compilers}, "bfloat16", processes)
