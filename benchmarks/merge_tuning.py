@@ -1,6 +1,6 @@
 """Fold a narrower re-tune into a tuning table (schema 2), keeping only improvements.
 
-    python -m benchmarks.merge_tuning BASE.json NEW.json OUT.json [--margin 0.02]
+    python -m benchmarks.merge_tuning BASE.json NEW.json OUT.json [--margin 0.02 | --all]
 
 A row of NEW replaces BASE's row for the same backend, versions, shape and M bucket (and, for the
 MoE rows of a table's ``moe`` list, the same layout; ``fp8select tune --moe`` writes them) only where
@@ -11,6 +11,10 @@ report (``benchmarks/results/limits_*.json``, or ``benchmarks.decode_ab --distil
 replace BASE's rows where they beat the table's configuration timed in the same report by
 more than the margin (times of two runs differ by a few percent: the comparison stays within
 one run), at the versions of its ``environment``.
+
+``--all`` takes every row of NEW: for a re-timing of whole points (``tune --force``, every backend of a point
+timed together, interleaved), which replaces rows that other runs timed and kept only where faster (a
+faster-only merge keeps each row's luckiest timing, and a plan then compares rows of different runs).
 """
 
 from __future__ import annotations
@@ -72,14 +76,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("base")
     parser.add_argument("new")
     parser.add_argument("out")
-    parser.add_argument("--margin", type=float, default=0.0)
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--margin", type=float, default=0.0)
+    how.add_argument("--all", action="store_true", help="take every row of NEW (a re-timing of whole points)")
     args = parser.parse_args(argv)
     base = check_table(json.loads(Path(args.base).read_text()), args.base)
     new = json.loads(Path(args.new).read_text())
     if "environment" in new:  # a limits report: compared within its run already
         kept, taken = improvements(base, check_table(from_limits(new, args.margin), args.new), -math.inf)
     else:
-        kept, taken = improvements(base, check_table(new, args.new), args.margin)
+        kept, taken = improvements(base, check_table(new, args.new), -math.inf if args.all else args.margin)
     save_table(args.out, merge_tables(base, kept))
     print("\n".join(taken) or "no row improved")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -132,6 +133,27 @@ def test_decode_ab_distills_medians_into_rows_merge_tuning_folds_in() -> None:
     table = merge_tuning.from_limits(got, 0.02)
     assert table["groups"][0]["shapes"]["7168,16384"]["8"]["us"] == 37.0
     assert merge_tuning.from_limits(got, 0.06)["groups"][0]["shapes"] == {}  # 5.1% faster: not by 6%
+
+
+def test_merge_tuning_takes_faster_rows_by_its_margin_or_every_row_of_a_retiming(tmp_path: Any) -> None:
+    """By default a row of NEW replaces BASE's only where faster by more than the margin (a narrower re-tune never
+    makes a row worse); ``--all`` takes every row of NEW, slower ones too (a re-timing of whole points)."""
+    from benchmarks import merge_tuning
+
+    def table(rows: dict[str, dict[str, float]]) -> dict:
+        return {"schema": 2, "device_name": "gpu", "groups": [
+            {"backend": b, "versions": {"torch": "2"}, "shapes": {"256,512": {m: {"us": us} for m, us in by_m.items()}}}
+            for b, by_m in rows.items()]}
+
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    base.write_text(json.dumps(table({"a": {"1": 10.0, "2": 10.0}, "b": {"1": 9.0}})))
+    new.write_text(json.dumps(table({"a": {"1": 9.9, "2": 8.0}, "b": {"1": 9.5}})))
+    for flags, want in (([], {"a": {"1": 9.9, "2": 8.0}, "b": {"1": 9.0}}),
+                        (["--margin", "0.02"], {"a": {"1": 10.0, "2": 8.0}, "b": {"1": 9.0}}),
+                        (["--all"], {"a": {"1": 9.9, "2": 8.0}, "b": {"1": 9.5}})):
+        merge_tuning.main([str(base), str(new), str(tmp_path / "out.json"), *flags])
+        out = json.loads((tmp_path / "out.json").read_text())
+        assert {g["backend"]: {m: r["us"] for m, r in g["shapes"]["256,512"].items()} for g in out["groups"]} == want, flags
 
 
 def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_single_backend() -> None:
