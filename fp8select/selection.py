@@ -11,6 +11,7 @@ import torch
 
 from fp8select.decision import Decision
 from fp8select.dropin import PreparedLayers
+from fp8select.jit_processes import processes_wanted
 from fp8select.layer import Fp8Linear
 from fp8select.measured.invariance import Invariance
 from fp8select.measured.model import Measurements
@@ -127,9 +128,12 @@ class Selection(Decision):
         else:
             lines.append("measurements: none for this device, so plans follow the priority order")
         if caps.device_kind == "cuda":
+            processes = processes_wanted(caps)
             lines.append("load-time measurement: " + (
                 "on: prepare() measures the M buckets the tables leave open for a shape, each once, into the cache directory "
-                "(FP8SELECT_TUNE=off turns it off)" if self.tune_at_load else
+                "(FP8SELECT_TUNE=off turns it off)" + (f"; the vendors' kernels compiled first in up to {processes} worker "
+                                                       "processes (FP8SELECT_JIT_PROCESSES)" if processes else "")
+                if self.tune_at_load else
                 "off (FP8SELECT_TUNE=load turns it on; unset, it is on where the cache directory can be written)"))
         lines.extend(self.notes)
         return "\n".join(lines)

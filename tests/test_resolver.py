@@ -275,7 +275,9 @@ def test_load_time_measurement_is_decided_once_and_explained(tmp_path: Any) -> N
     caps = H200.with_overrides({"env.FP8SELECT_CACHE_DIR": str(tmp_path)})
     default = resolve(caps, plugins=False, verify=False)
     assert default.tune_at_load and default.to_dict()["tune_at_load"] is True
-    assert "load-time measurement: on" in default.explain()
+    assert "load-time measurement: on" in default.explain() and "worker processes" not in default.explain()
+    workers = resolve(caps.with_overrides({"env.FP8SELECT_JIT_PROCESSES": "16"}), plugins=False, verify=False)
+    assert "compiled first in up to 16 worker processes (FP8SELECT_JIT_PROCESSES)" in workers.explain()
     assert not resolve(caps, plugins=False, verify=False, tuning=False).tune_at_load
     assert not resolve(caps, backend="triton", plugins=False, verify=False).tune_at_load  # it runs wherever it can
     assert not resolve(caps, plugins=False, verify=False, tuning=dict(default.tables[0])).tune_at_load
