@@ -221,9 +221,10 @@ def test_the_vendors_are_loaded_before_the_load_time_budget_starts(clocked: Any,
 
 def test_jit_processes_compile_the_vendors_points_before_the_budget_starts(clocked: Any, tmp_path: Any,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """``FP8SELECT_JIT_PROCESSES=N``: the JIT backends' kernels at the points to be timed are compiled in worker
-    processes first (a cold JIT cache would spend the budget compiling), split over the N processes; Triton's are
-    not (its search picks the configurations then), nor anyone's without the variable."""
+    """``FP8SELECT_JIT_PROCESSES=N``: at a shape's first measurement the JIT backends' kernels at every open point are
+    compiled in worker processes first (a cold JIT cache would spend the budget compiling), split over the N
+    processes; Triton's are not (its search picks the configurations then), nor anyone's without the variable. A
+    later start, which measures what the first one's budget left, finds those compiled and starts no worker."""
     from fp8select.jit_processes import JitJob
     from fp8select.measure import loadtime
     from fp8select.measure import tune as tune_module
@@ -238,16 +239,20 @@ def test_jit_processes_compile_the_vendors_points_before_the_budget_starts(clock
     monkeypatch.setattr(loadtime, "compile_in_processes",
                         lambda jobs, processes, timeout_s: events.append((sorted(jobs, key=lambda j: j.ms), processes))
                         or [{"seconds": 1.0}, {"seconds": 1.0, "error": "exit 1: no GPU"}][:len(jobs)])
-    real = tune_module.tune
-    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: events.append("tune") or real(*a, **k))
+    real = tune_module.tune  # a budget that ends after the first bucket
+    monkeypatch.setattr(tune_module, "tune", lambda sel, shapes, ms, **k: events.append("tune") or real(sel, shapes, list(ms)[:1], **k))
     split = [JitJob("small", 512, 768, (16,), "bfloat16", "cpu"), JitJob("small", 512, 768, (32, 64), "bfloat16", "cpu")]
     for start, (processes, jobs) in enumerate(((None, None), ("x", None), ("2", split))):
         events.clear()
         env = {"env.FP8SELECT_CACHE_DIR": str(tmp_path / str(start))}  # a fresh cache each time: all open again
         cache = CPU.with_overrides(env if processes is None else {**env, "env.FP8SELECT_JIT_PROCESSES": processes})
         sel = resolve(cache, plugins=[Plugin()], tuning={**known, "device_name": "cpu-test"})
-        assert loadtime.measure_shape(sel, 512, 768, device="cpu") is not None
+        found = loadtime.measure_shape(sel, 512, 768, device="cpu")
+        assert found is not None
         assert events == (["tune"] if jobs is None else [(jobs, 2), "tune"])
+    events.clear()  # the next start: M 32 and 64 still open, their kernels compiled by the first start's workers
+    later = resolve(cache, plugins=[Plugin()], tuning=merge_tables({**known, "device_name": "cpu-test"}, found))
+    assert loadtime.measure_shape(later, 512, 768, device="cpu") is not None and events == ["tune"]
 
 
 def test_later_starts_measure_what_an_earlier_budget_left(clocked: Any, tmp_path: Any,

@@ -9,9 +9,9 @@ of those backends once, Triton with at most two launch configurations, within a 
 (``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s and the
 vendors' JIT compilation on a cold cache, where their first calls at a new shape take 2-4 s each and
 a first start measures only a few rows). ``FP8SELECT_JIT_PROCESSES=N`` (for a cold JIT cache: a new
-machine, a new model) first compiles the vendors' kernels at the points to be timed in up to N worker
-processes at once (:mod:`fp8select.jit_processes`), outside the budget, so that the budget times
-instead of compiling. The rows join the cache directory's table; a later start
+machine, a new model) first compiles the vendors' kernels at every open point of a shape measured for
+the first time in up to N worker processes at once (:mod:`fp8select.jit_processes`), outside the budget,
+so that the budget times instead of compiling. The rows join the cache directory's table; a later start
 plans the shape from its rows (the buckets not measured yet by the model, scaled to the speed the rows
 show) and measures the open buckets that are left, until none are; with a process group, rank 0
 measures and every rank gets its rows (the same plans everywhere).
@@ -91,7 +91,8 @@ def measure_shape(selection: Any, n: int, k: int, *, device: Any, group: Any = N
         from fp8select.measure.tune import tune
 
         timed = [b for b in selection.chain if any(b.name in names for names in todo.values())]
-        _compiled_in_processes(timed, todo, caps, n, k, device)
+        if selection.measurements is None or not selection.measurements.buckets_held(n, k):
+            _compiled_in_processes(timed, todo, caps, n, k, device)
         _vendors_loaded(timed, caps, device)
         table, _ = tune(selection, [(n, k)], list(todo), force=True, replays=10, max_configs=2,
                         budget_s=budget_s(caps), only=lambda name, m: name in todo[m], device=device)
@@ -194,7 +195,10 @@ def _compiled_in_processes(backends: Sequence[Backend], todo: Mapping[int, Seque
                            n: int, k: int, device: Any) -> None:
     """With ``FP8SELECT_JIT_PROCESSES=N``: the JIT vendors' kernels for (N, K) at the buckets ``todo`` times them,
     compiled in up to N worker processes at once (Triton's are not: it times configurations its search finds
-    then, not the one a worker would run). A worker that fails only leaves its compiles to the measurement."""
+    then, not the one a worker would run). A worker that fails only leaves its compiles to the measurement.
+    Called at a shape's first measurement only (it holds no row yet): that compiles every open point, so a
+    later start finds the kernels of what the budget left compiled (each worker is a process start, 10-20 s
+    a shape on the H200, for nothing on warm caches)."""
     processes = processes_wanted(caps)
     compilers = [b.name for b in backends if b.jit and b.name != "triton"]
     if not processes or not compilers:
