@@ -2,12 +2,15 @@
 :mod:`benchmarks.host_overhead`.
 
 Three DeepSeek-V3 shapes (or ``--startup-shapes``), first outputs at M 1/64/4096, for auto and each backend
-of ``--startup-backends`` pinned, in these states (or those of ``--startup-states``): empty JIT caches (a fresh cache folder: the first
+of ``--startup-backends`` pinned, in these states (or those of ``--startup-states``, in that order, a name
+repeated for another start): empty JIT caches (a fresh cache folder: the first
 calls compile), empty caches with ``warmup(layers, ms, processes=8)`` before the first calls (the
-kernels compiled in worker processes side by side), warm caches (with ``prepare`` profiled once),
+kernels compiled in worker processes side by side), empty caches with ``FP8SELECT_JIT_PROCESSES=16``
+(load-time measurement's and warm-up's kernels compiled in worker processes; the warm states after it keep
+the variable), warm caches (with ``prepare`` profiled once),
 and warm with ``resolve(background=True)`` taken before :data:`STARTUP_LOAD_S` seconds of weight
 loading (its side thread imports the vendors meanwhile): ``after_loading_s`` is what is left to
-first outputs.
+first outputs. Each row says how many rows load-time measurement took per shape (``measured_at_load``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ STARTUP_SHAPES = ((7168, 2048), (4096, 7168), (24576, 1536))
 STARTUP_M = (1, 64, 4096)
 STARTUP_LOAD_S = 2.0
 STARTUP_PROCESSES = 8  # the "empty caches, warmup in worker processes" rows: warmup(..., processes=8)
+STARTUP_JIT_PROCESSES = 16  # the "empty-jit" rows: the environment asks for JIT workers (load-time measurement, warmup)
 
 
 _STARTUP_CHILD = r"""
@@ -74,12 +78,15 @@ print(json.dumps({"import_s": t1 - t0, "resolve_s": t2 - t1, "result_wait_s": wa
                                                     for w in workers],
                   "first_calls_s": t5 - t4 - warmup_s, "to_first_outputs_s": (t5 - t0) - (t3 - t2),
                   "after_loading_s": t5 - t3, "tune_at_load": sel.tune_at_load,
+                  "measured_at_load": [sum(len(b) for g in sel._memo.measured.get((n, k), {}).get("groups", [])
+                                           for b in g["shapes"].values()) for n, k in shapes],
                   "plans": [l.main_plan.summary() for l in layers],
                   "first_calls": calls, "prepare_profile": text.getvalue().splitlines()[4:]}))
 """
 
 
-STATES = {"empty": "empty", "empty-workers": f"empty, warmup in {STARTUP_PROCESSES} processes", "warm": "warm",
+STATES = {"empty": "empty", "empty-workers": f"empty, warmup in {STARTUP_PROCESSES} processes",
+          "empty-jit": f"empty, FP8SELECT_JIT_PROCESSES={STARTUP_JIT_PROCESSES}", "warm": "warm",
           "warm-profiled": "warm, prepare profiled", "warm-background": f"warm, background, {STARTUP_LOAD_S} s of loading"}
 """``--startup-states``: the short name of each state, in the order they run (an empty one first: its caches
 are what the warm ones find)."""
@@ -98,6 +105,8 @@ def phase_startup(report: dict[str, Any]) -> None:
                        "FLASHINFER_WORKSPACE_BASE": f"{cache}/fi", "TRTLLM_DG_CACHE_DIR": f"{cache}/fi-kernels",
                        "XDG_CACHE_HOME": f"{cache}/xdg", "FP8SELECT_CACHE_DIR": f"{cache}/fp8select",
                        "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor"}
+                if state == STATES["empty-jit"]:  # and the warm states after it: an engine's setting stays
+                    env["FP8SELECT_JIT_PROCESSES"] = str(STARTUP_JIT_PROCESSES)
             load = str(STARTUP_LOAD_S) if "background" in state else "0"
             processes = str(STARTUP_PROCESSES) if "processes" in state else "0"
             done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(shapes),
