@@ -131,8 +131,9 @@ def replan(directory: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for path in sorted(directory.glob("regret_*.json")):
         run = json.loads(path.read_text())
-        if "NVIDIA H200" not in run["environment"].get("device", "") or run.get("load_time_tuning"):
-            continue  # (a run measured at load time planned from those measurements, not the table)
+        if "NVIDIA H200" not in run["environment"].get("device", "") or any(
+                shape.get("measured") for shape in run.get("load_time_tuning") or ()):
+            continue  # (a run that measured rows at load time planned from them, not from the table alone)
         caps = Capabilities.from_dict(run["capabilities"]) if "capabilities" in run else _h200_snapshot(run, table)
         selection = resolve(caps, plugins=False, order=run["chain"])
         plans: dict[tuple[int, int], Any] = {}
