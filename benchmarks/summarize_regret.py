@@ -37,6 +37,8 @@ SETS = {
     "vendors, every shipped shape (table)": ("regret_vendors_deepseek", "regret_vendors_served", "regret_vendors_shipped",
                                              "regret_vendors_shipped_rest", "regret_vendors_shipped_last"),
     "no vendors, 92 shipped shapes (table)": ("regret_novendors_shipped", "regret_novendors_shipped_rest"),
+    "vendors, five shapes of the re-timed points (table)": ("regret_vendors_retimed",),
+    "no vendors, the same five (table)": ("regret_novendors_retimed",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
     "vendors, models not listed (measured at load, the default)": ("regret_vendors_unseen_default",),
