@@ -24,6 +24,7 @@ import functools
 import importlib
 import importlib.metadata as md
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -248,3 +249,35 @@ def test_nan_and_inf_rows_propagate(backend: str, m: int) -> None:
     good = [r for r in range(m) if r not in bad]
     assert torch.isfinite(out[good]).all()
     assert rel_err(out[good], expected(x[good], w, s, BLOCK)) < TOL
+
+
+# =============================================================================== load-time measurement
+
+
+def test_load_time_measurement_compiles_the_vendors_kernels_in_jit_workers_first(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FP8SELECT_JIT_PROCESSES``: a shape no table holds, on empty caches, has the vendors' kernels at its open
+    points compiled in worker processes (every worker done, none failed), then measured within the budget; the
+    rows go to the cache directory and the plan runs the buckets they cover as measured."""
+    _require("deepgemm")
+    from structlog.testing import capture_logs
+
+    for name, sub in (("FP8SELECT_CACHE_DIR", "fp8select"), ("DG_JIT_CACHE_DIR", "dg"), ("TRTLLM_DG_CACHE_DIR", "fi")):
+        monkeypatch.setenv(name, str(tmp_path / sub))  # the workers' JIT caches empty (this process's may be warm)
+    monkeypatch.setenv("FP8SELECT_JIT_PROCESSES", "4")
+    monkeypatch.delenv("FP8SELECT_TUNE", raising=False)
+    fp8select.forget_detected()
+    selection = fp8select.resolve(plugins=False)
+    assert selection.tune_at_load and "FP8SELECT_JIT_PROCESSES" in selection.explain()
+    n, k = 2304, 3200  # in no table
+    w, s = random_problem(n, k, BLOCK, seed=5, device="cuda")
+    with capture_logs() as logs:
+        layer = selection.prepare(w, s, BLOCK)
+    (jit,) = [e for e in logs if e["event"] == "fp8select.load_time_jit"]
+    assert jit["jobs"] >= 1 and jit["failed"] == 0, jit
+    (measured,) = [e for e in logs if e["event"] == "fp8select.load_time_tuning"]
+    assert measured["points"] > 0, measured
+    assert "measured" in {route.why for route in layer.main_plan.routes}
+    assert list((tmp_path / "fp8select").glob("tuning-*.json"))
+    x = _randn(64, k, seed=3)
+    assert rel_err(layer(x).float(), expected(x, w, s, BLOCK)) < TOL
