@@ -108,7 +108,7 @@ def phase_startup(report: dict[str, Any]) -> None:
                 if state == STATES["empty-jit"]:  # and the warm states after it: an engine's setting stays
                     env["FP8SELECT_JIT_PROCESSES"] = str(STARTUP_JIT_PROCESSES)
             load = str(STARTUP_LOAD_S) if "background" in state else "0"
-            processes = str(STARTUP_PROCESSES) if "processes" in state else "0"
+            processes = str(STARTUP_PROCESSES) if state == STATES["empty-workers"] else "0"
             done = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, backend, json.dumps(shapes),
                                    json.dumps(STARTUP_M), "profile" if "profiled" in state else "", load, processes],
                                   env=env, capture_output=True, text=True, timeout=240)
