@@ -114,10 +114,15 @@ def _grouped_gemm_kernel(
     stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
     A_ROWS: tl.constexpr, OUT_SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1, SWAP_AB: tl.constexpr = False,
+    QUANT: tl.constexpr = 0, eps=0.0, FP8_MAX: tl.constexpr = 0.0, FP8_MANT_BITS: tl.constexpr = 0,
+    FP8_MIN_EXP_BIASED: tl.constexpr = 0, FP8_NAN_BITS: tl.constexpr = 0, HW_RNE: tl.constexpr = False,
 ):
     """``out[o] = dequant(a[i]) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
 
-    ``a_ptr``: fp8 ``[*, K]``, K-contiguous, with fp32 scales ``as_ptr`` (one per 1x128 group). For
+    ``a_ptr``: fp8 ``[*, K]``, K-contiguous, with fp32 scales ``as_ptr`` (one per 1x128 group); with
+    ``QUANT`` the rows are quantized here, per K step, as :mod:`.quant` does (``as_ptr`` not read):
+    ``QUANT`` 1, ``a_ptr`` is bf16/fp16/fp32 ``[*, K]``; ``QUANT`` 2, it is the fp32 gate-up output
+    ``[*, 2K]`` and the row is ``silu(gate) * up`` (:func:`_silu_mul_quant_kernel`'s values). For
     sorted row ``r`` holding slot ``s``: ``i`` is ``r`` (``A_ROWS`` 0), ``s`` (1) or ``s // TOP_K``
     (2), and ``o`` is ``s``, or ``r`` with ``OUT_SORTED``. Padding rows load zeros and store nothing.
     ``SWAP_AB`` computes the transposed tile ``[BLOCK_N, BLOCK_M] = W_tile @ A_tile^T`` (the weight rows on
@@ -142,24 +147,55 @@ def _grouped_gemm_kernel(
     col_ok = cols < N
     w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
-    scale_rows = ws_ptr + expert.to(tl.int64) * stride_wse + (w_rows // 128) * stride_wsn
+    ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
+    if BLOCK_N <= 128:  # the tile lies in one 128-row scale block: one weight scale per K step
+        b_scale_ptr = ws_base + (pid_n * BLOCK_N // 128) * stride_wsn
+    else:
+        b_scale_ptr = ws_base + (w_rows // 128) * stride_wsn
+    a_scale_ptr = as_ptr + a_rows * stride_asm
     lane = tl.arange(0, 128)
     if OUT_SORTED:
         out_rows = offs_r.to(tl.int64)
     else:
         out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
+    # The scales are loaded one K step ahead: the pipeliner prefetches the dot operands only, and at
+    # decode a step is short enough that an exposed L2 round trip per step is a large share of it.
+    k_blocks = tl.cdiv(K, 128)
+    b_scale_next = tl.load(b_scale_ptr)
+    if not QUANT:
+        a_scale_next = tl.load(a_scale_ptr, mask=row_ok, other=0.0)
     # SWAP_AB: the transposed tile, weight rows first (the same products and scales per element)
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, 128)):
+    for kb in range(0, k_blocks):
+        kb_next = tl.minimum(kb + 1, k_blocks - 1)
+        b_scale = b_scale_next
+        b_scale_next = tl.load(b_scale_ptr + kb_next)
         offs_k = kb * 128 + lane
         k_ok = offs_k < K
-        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0)
+        a_mask = row_ok[:, None] & k_ok[None, :]
+        a_base = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+        if QUANT == 0:
+            a = tl.load(a_base, mask=a_mask, other=0.0)
+            a_scale = a_scale_next
+            a_scale_next = tl.load(a_scale_ptr + kb_next * stride_ask, mask=row_ok, other=0.0)
+        else:
+            if QUANT == 1:
+                a = tl.load(a_base, mask=a_mask, other=0.0)
+            else:
+                gate = tl.load(a_base, mask=a_mask, other=0.0).to(tl.float32)
+                up = tl.load(a_base + K, mask=a_mask, other=0.0).to(tl.float32)
+                a = tl.where(a_mask, gate / (1.0 + tl.exp(-gate)) * up, 0.0)
+            a, a_scale = fp8_group_quantize(a, eps, w_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
+                                            FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
         b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
-        a_scale = tl.load(as_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
-        b_scale = tl.load(scale_rows + kb)
-        if SWAP_AB:
+        if BLOCK_N <= 128:
+            scale = b_scale * a_scale
+            if SWAP_AB:
+                acc += tl.dot(tl.trans(b), tl.trans(a)) * scale[None, :]
+            else:
+                acc += tl.dot(a, b) * scale[:, None]
+        elif SWAP_AB:
             acc += tl.dot(tl.trans(b), tl.trans(a)) * (b_scale[:, None] * a_scale[None, :])
         else:
             acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
@@ -175,20 +211,22 @@ def _weighted_sum_kernel(
     TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """``y[t, cols] = sum_j w[t, j] * out[row(t, j), cols]`` over the slots whose id is in ``[0, E)``;
-    ``row(t, j)`` is the slot itself or, with ``HAS_MAP``, ``row_map[slot]``."""
+    ``row(t, j)`` is the slot itself or, with ``HAS_MAP``, ``row_map[slot]``. The token's ``k`` rows are
+    one load (their ids, weights and rows loaded together, not one after another: at decode the chain
+    of dependent loads was the kernel's time)."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < H
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        slot = token * TOP_K + j
-        expert = tl.load(ids_ptr + slot)
-        if (expert >= 0) & (expert < E):
-            row = slot.to(tl.int64)  # (rows x H passes 2^31 elements from about 300k rows)
-            if HAS_MAP:
-                row = tl.load(row_map_ptr + slot).to(tl.int64)  # int32 or int64 maps
-            weight = tl.load(w_ptr + slot).to(tl.float32)
-            acc += weight * tl.load(out_ptr + row * stride_om + cols, mask=col_ok, other=0.0).to(tl.float32)
+    j = tl.arange(0, triton.next_power_of_2(TOP_K))
+    slot = token * TOP_K + j
+    expert = tl.load(ids_ptr + slot, mask=j < TOP_K, other=-1)
+    used = (j < TOP_K) & (expert >= 0) & (expert < E)
+    row = slot.to(tl.int64)  # (rows x H passes 2^31 elements from about 300k rows)
+    if HAS_MAP:
+        row = tl.load(row_map_ptr + slot, mask=used, other=0).to(tl.int64)  # int32 or int64 maps
+    weight = tl.load(w_ptr + slot, mask=used, other=0.0).to(tl.float32)
+    rows = tl.load(out_ptr + row[:, None] * stride_om + cols[None, :], mask=used[:, None] & col_ok[None, :], other=0.0)
+    acc = tl.sum(weight[:, None] * rows.to(tl.float32), axis=0)
     tl.store(y_ptr + token * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
