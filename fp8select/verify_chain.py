@@ -204,13 +204,15 @@ def load_vendors(backends: Any, caps: Capabilities, device: torch.device | None,
 
 
 def _vendor_setup(backends: Any, device: torch.device | None) -> tuple[list[str], list[Any]]:
-    """The packages of ``backends`` not yet imported, and (with ``device``) the backends with a warm-up."""
+    """The packages of ``backends`` not yet imported, and (with ``device``) the backends with a warm-up (MoE
+    backends have none)."""
     import sys
 
     from fp8select.backends.base import Backend
 
     modules = list(dict.fromkeys(m for b in backends for m in getattr(b, "packages", ()) if m not in sys.modules))
-    return modules, [b for b in backends if device is not None and type(b).warm_up is not Backend.warm_up]
+    return modules, [b for b in backends
+                     if device is not None and getattr(type(b), "warm_up", Backend.warm_up) is not Backend.warm_up]
 
 
 def _in_background(work: Callable[[], D], device: torch.device, name: str) -> Future[D]:

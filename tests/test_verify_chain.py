@@ -284,3 +284,20 @@ def test_with_a_device_the_future_warms_each_backend_up_there_and_a_failure_is_l
     idle = Warmed()
     assert resolve(MATRIX["cpu-only"][0], plugins=[_plugin(idle)], verify=False, background=True).result(timeout=30)
     assert idle.warmed == []
+
+
+def test_load_vendors_warms_dense_backends_and_passes_moe_backends_over() -> None:
+    """Load-time measurement of a MoE layer loads its routes' vendors on the GPU (``device`` given): MoE backends
+    have no warm-up (on the H200 this raised AttributeError and the layer kept its rule's plan); a dense one in
+    the same list still warms up."""
+
+    class MoeLike:
+        name = "moe-like"
+        packages = ()
+
+    dense = Warmed()
+    device = torch.device("cpu")
+    with capture_logs() as logs:
+        fp8select.verify_chain.load_vendors([MoeLike(), dense], MATRIX["cpu-only"][0], device,
+                                            fp8select.resolver.get_logger())
+    assert dense.warmed == [(threading.current_thread().name, device)] and logs == []
