@@ -231,16 +231,3 @@ def test_the_transposed_tile_within_1e2_and_as_the_normal_one(problem, block_m: 
     plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0)
     _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1}), plain, m, skew=True, twin_tol=5e-3)
-
-
-@pytest.mark.parametrize("stages", [3, 4])
-@pytest.mark.parametrize("m", [1, 64, 300])
-def test_quantizing_in_the_k_loops_within_1e2_and_as_the_quantization_kernels(problem, stages: int, m: int) -> None:  # type: ignore[no-untyped-def]
-    """``QUANT_IN_KERNEL`` 1 with the plain structure on the transposed tile, compiled: the gate-up quantizes
-    the tokens and the down GEMM ``silu(gate) * up`` in their K loops, against fp64 and against the same tile
-    with the quantization kernels (the same quantizer; compiled, fp32 rounding of silu may differ), under skew."""
-    from fp8select.kernels.moe_config import MoeTritonConfig
-
-    kernels = MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=stages, QUANT_IN_KERNEL=0,
-                              FUSED_ACT=0, SWAP_AB=1)
-    _as_its_twin(problem, MoeTritonConfig(**{**kernels.to_dict(), "QUANT_IN_KERNEL": 1}), kernels, m, skew=True)

@@ -252,26 +252,22 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
         # on the tl.dot kernel's tiles (the fused structure has no wgmma kernel)
         fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, SWAP_AB=0, BLOCK_M=min(configs[0].BLOCK_M, 64), num_warps=4)
         assert configs[0].FUSED_ACT == 0 and configs[-2:] == [fused, replace(fused, QUANT_IN_KERNEL=1)]
-        # the plain structure quantizes in its K loops on the transposed tl.dot tile only (decode)
-        assert all(c.SWAP_AB and not c.WGMMA for c in configs if c.QUANT_IN_KERNEL and not c.FUSED_ACT)
+        assert all(c.QUANT_IN_KERNEL == 0 for c in configs if not c.FUSED_ACT)
     prefill = tuning_configs(8192, 8, 32)  # 2048 tokens per expert: the wgmma kernel's 128-row tile
     assert prefill[0].WGMMA == 1 and prefill[0].BLOCK_M == 128 and replace(prefill[0], num_stages=3) in prefill
     assert replace(prefill[0], BLOCK_M=64, num_warps=4) in prefill
     assert replace(prefill[0], WGMMA=0, BLOCK_M=64, num_warps=4, num_stages=3) in prefill  # the tl.dot kernel's tile
-    decode = tuning_configs(1, 8, 32)  # the transposed 16-row tile, quantizing in the K loops, the wgmma tile, normal
-    assert decode[0].SWAP_AB == 1 and decode[1:3] == [replace(decode[0], QUANT_IN_KERNEL=1),
-                                                      replace(decode[0], QUANT_IN_KERNEL=1, num_stages=3)]
-    assert decode[3].WGMMA == 1 and decode[4] == replace(decode[0], SWAP_AB=0)
+    decode = tuning_configs(1, 8, 32)  # the transposed 16-row tile, then the wgmma one and the normal orientation
+    assert decode[0].SWAP_AB == 1 and decode[1].WGMMA == 1 and decode[2] == replace(decode[0], SWAP_AB=0)
     assert replace(decode[0], BLOCK_N=64) in decode  # twice the programs at decode
     near = tuning_configs(64, 8, 32)  # 16 per expert: the wgmma tile, its other row tile, the rule's below 16
     assert near[2] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
-    assert near[3] == replace(near[2], QUANT_IN_KERNEL=1)
 
 
 def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:
     """FUSED_ACT: 1 when a mapping lacks it (the rows and records written before it), left out of to_dict
     at 1, so every shipped row and record reads back as it is written; validated like the other fields;
-    quantizing in the K loop is for the tl.dot kernels only."""
+    the plain gate-up (0) reads the quantized activation only."""
     old = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
     fused = MoeTritonConfig.from_dict(old)
     assert fused.FUSED_ACT == 1 and fused.to_dict() == old
@@ -283,9 +279,8 @@ def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_tri
     for bad in (2, -1, True, 1.0):
         with pytest.raises(ValueError, match="FUSED_ACT"):
             MoeTritonConfig(**{**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": bad})
-    assert MoeTritonConfig(**{**old, "FUSED_ACT": 0}).describe() == "moe 16x128 w4 s4 qk plain"  # each GEMM quantizes
-    with pytest.raises(ValueError, match=r"QUANT_IN_KERNEL.*WGMMA 1"):
-        MoeTritonConfig(**{**old, "BLOCK_M": 64, "FUSED_ACT": 0, "WGMMA": 1})
+    with pytest.raises(ValueError, match=r"QUANT_IN_KERNEL.*FUSED_ACT 0"):
+        MoeTritonConfig(**{**old, "FUSED_ACT": 0})
     with pytest.raises(ValueError, match="unknown \\['GATE_UP_N'\\]"):
         MoeTritonConfig.from_dict({**old, "GATE_UP_N": 64})  # the split gate-up, removed
     shipped = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text(encoding="utf-8"))

@@ -51,13 +51,10 @@ class MoeTritonConfig:
             blocks are neighbours, so its weight tile stays in L2 across them).
         num_warps: warps per GEMM program, a power of two.
         num_stages: software-pipeline depth of the GEMMs' K loops.
-        QUANT_IN_KERNEL: 1 quantizes each GEMM's input per 1x128 group inside its K loop: the fused
-            gate-up its tokens' (no fp8 copy of the activation in memory, one launch fewer; on the H200
-            slower at every M measured, :func:`default_config`); the plain structure the tokens in the
-            gate-up and ``silu(gate) * up`` of its fp32 output in the down GEMM (two launches fewer:
-            neither the activation's quantizer nor :func:`.moe_triton.silu_mul_quant` runs; each column
-            tile quantizes its rows again). 0 runs the quantization kernels (each row quantized once
-            however many column tiles read it). Not with ``WGMMA``, whose operands come by TMA.
+        QUANT_IN_KERNEL: 1 quantizes each token's 1x128 groups inside the gate-up GEMM's K loop (no
+            fp8 copy of the activation in memory, one launch fewer; on the H200 slower at every M
+            measured, :func:`default_config`), 0 runs the quantization kernel first (each token
+            quantized once however many column tiles read it). The plain gate-up takes 0 only.
         FUSED_ACT: 1, the fused gate-up (the default); 0, the plain one (the module docstring).
         WGMMA: 1 runs both GEMMs of the plain structure on the Hopper ``wgmma`` kernel
             (:mod:`.gluon_gemm`, the tiles' rows one warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128),
@@ -93,9 +90,9 @@ class MoeTritonConfig:
         for key in _FLAGS:
             if getattr(self, key) not in (0, 1):
                 raise ValueError(f"MoeTritonConfig {key!r} must be 0 or 1, got {getattr(self, key)!r}")
-        if self.WGMMA and self.QUANT_IN_KERNEL:
-            raise ValueError("MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 with WGMMA 1 (its operands come by TMA, "
-                             "quantized)")
+        if not self.FUSED_ACT and self.QUANT_IN_KERNEL:
+            raise ValueError("MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 with FUSED_ACT 0 (the plain gate-up "
+                             "reads the quantized activation)")
         if self.WGMMA and (self.FUSED_ACT or self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128)):
             raise ValueError("MoeTritonConfig 'WGMMA' 1 needs FUSED_ACT 0, BLOCK_M 16 * num_warps (a warpgroup's 64 "
                              f"rows per 4 warps) and BLOCK_N 64 or 128, got {self.describe()}")
@@ -174,15 +171,13 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
-    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the same with
-    each GEMM quantizing its input in its K loop (``QUANT_IN_KERNEL``: two launches fewer), also with one
-    pipeline stage fewer (the fp32 gate-up rows the down GEMM reads take shared memory in every stage),
-    the ``wgmma`` kernel's 64 x 128 tile, the same 16-row tile in the normal orientation, the 64 x 128
-    tile on the ``tl.dot`` kernels (one row block for up to 64 tokens of an expert: vLLM's tuned H200 tile
-    at M 64 of DeepSeek-V3's 32 experts), half the columns per program, one pipeline stage fewer. At
-    prefill (the ``wgmma`` rule): its other row tile (64 x 128 with 4 warps
-    or 128 x 128 with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16; also
-    quantizing in the K loop), 64 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
+    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the ``wgmma``
+    kernel's 64 x 128 tile, the same 16-row tile in the normal orientation, the 64 x 128 tile on the
+    ``tl.dot`` kernels (one row block for up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of
+    DeepSeek-V3's 32 experts), the transposed tile with 32 rows, half the columns per program, 8 warps,
+    one pipeline stage fewer. At prefill (the ``wgmma`` rule): its other row tile (64 x 128 with 4 warps
+    or 128 x 128 with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16),
+    64 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
     configurations take 16-64), and the ``tl.dot`` kernels' 64 x 128 tile with 3 stages (the rule before
     the ``wgmma`` kernel, and what runs where that kernel does not). Then, everywhere, the fused gate-up
     with the ``tl.dot`` tiles, and quantizing its activation in the K loop (both measured slower on the
@@ -192,13 +187,12 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     tl_dot = {**normal, "WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
     if base.WGMMA:
         other = {"BLOCK_M": 64, "num_warps": 4} if base.BLOCK_M == 128 else {"BLOCK_M": 128, "num_warps": 8}
-        swap = {"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}
-        near_decode = [swap, {**swap, "QUANT_IN_KERNEL": 1}] if _tokens_per_expert(m, top_k, experts) < 32 else []
+        near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if _tokens_per_expert(m, top_k, experts) < 32 else []
         steps: list[dict[str, int]] = [other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32},
                                        {**tl_dot, "num_stages": 3}]
     else:
-        steps = [{"QUANT_IN_KERNEL": 1}, {"QUANT_IN_KERNEL": 1, "num_stages": 3}, {**normal, "WGMMA": 1, "BLOCK_M": 64},
-                 normal, {**normal, "BLOCK_M": 64}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_stages": 3}]
+        steps = [{**normal, "WGMMA": 1, "BLOCK_M": 64}, normal, {**normal, "BLOCK_M": 64}, {"BLOCK_M": 32},
+                 {"BLOCK_N": base.BLOCK_N // 2}, {"num_warps": 8}, {"num_stages": 3}]
     steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:

@@ -31,10 +31,6 @@ _SUM_BLOCK_H = 1024
 A_SORTED, A_SLOT, A_TOKEN = 0, 1, 2
 """``A_ROWS`` of ``_grouped_gemm_kernel``: the A row a sorted row reads."""
 
-QUANT_ROWS, QUANT_SILU = 1, 2
-"""``QUANT`` of ``_grouped_gemm_kernel``: its A rows quantized in its K loop (the activation), or
-``silu(gate) * up`` of an fp32 gate-up output quantized there."""
-
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -65,14 +61,9 @@ class TritonExperts:
         routing = route(topk_ids, self.experts, config.BLOCK_M)
         if config.WGMMA and self._wgmma and routing.rows:
             return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
+        q, q_scale = self.gate_up(x, routing, k, config)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
-        if config.QUANT_IN_KERNEL and not config.FUSED_ACT:  # each GEMM quantizes its own input
-            h = self._plain_gate_up(x, routing, k, config)
-            _grouped_gemm(self._kernels, h, h, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED,
-                          quant=QUANT_SILU, constexprs=self._constexprs)
-        else:
-            q, q_scale = self.gate_up(x, routing, k, config)
-            _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED)
+        _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED)
         return weighted_sum(out, None, topk_ids, topk_weights, self.experts, x.dtype)
 
     def gate_up(self, x: torch.Tensor, routing: Routing, top_k: int,
@@ -82,7 +73,11 @@ class TritonExperts:
         inter = self.inter
         blocks = routing.rows // config.BLOCK_M
         if not config.FUSED_ACT:
-            h = self._plain_gate_up(x, routing, top_k, config)
+            h = torch.empty((routing.rows, 2 * inter), dtype=torch.float32, device=self.device)
+            if blocks:
+                a, a_scale = self._quantize(x)
+                _grouped_gemm(self._kernels, a, a_scale, self.w13, self.w13_scale, routing, h, config,
+                              a_rows=A_TOKEN, out_sorted=True, top_k=top_k)
             return silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots)
         q = torch.empty((routing.rows, inter), dtype=self.w2.dtype, device=self.device)
         q_scale = torch.empty((routing.rows, _ceil_div(inter, 128)), dtype=torch.float32, device=self.device)
@@ -100,22 +95,6 @@ class TritonExperts:
             TOP_K=top_k, QUANT_IN_KERNEL=bool(config.QUANT_IN_KERNEL), BLOCK_M=config.BLOCK_M, GROUP_M=config.GROUP_M,
             num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
         return q, q_scale
-
-    def _plain_gate_up(self, x: torch.Tensor, routing: Routing, top_k: int, config: MoeTritonConfig) -> torch.Tensor:
-        """The gate-up GEMM over all ``2I`` columns into fp32 sorted rows ``[rows, 2I]``; the activation
-        quantized first, or with ``QUANT_IN_KERNEL`` in the GEMM's K loop."""
-        h = torch.empty((routing.rows, 2 * self.inter), dtype=torch.float32, device=self.device)
-        if routing.rows == 0:
-            return h
-        if config.QUANT_IN_KERNEL:
-            x = x if x.stride(-1) == 1 else x.contiguous()
-            _grouped_gemm(self._kernels, x, x, self.w13, self.w13_scale, routing, h, config, a_rows=A_TOKEN,
-                          out_sorted=True, top_k=top_k, quant=QUANT_ROWS, constexprs=self._constexprs)
-        else:
-            a, a_scale = self._quantize(x)
-            _grouped_gemm(self._kernels, a, a_scale, self.w13, self.w13_scale, routing, h, config, a_rows=A_TOKEN,
-                          out_sorted=True, top_k=top_k)
-        return h
 
     def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,
                     config: MoeTritonConfig) -> torch.Tensor:
@@ -145,12 +124,10 @@ class TritonExperts:
 
 def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                   routing: Routing, out: torch.Tensor, config: MoeTritonConfig, *, a_rows: int,
-                  out_sorted: bool = False, top_k: int = 1, quant: int = 0,
-                  constexprs: dict[str, float | int | bool] | None = None) -> None:
+                  out_sorted: bool = False, top_k: int = 1) -> None:
     """``_grouped_gemm_kernel`` on fp8 ``a`` with scales ``a_scale``, ``config``'s tiles: A rows per
     ``a_rows`` (:data:`A_SORTED`, :data:`A_SLOT`, :data:`A_TOKEN`), out rows the slots or, with
-    ``out_sorted``, the sorted rows. With ``quant`` (:data:`QUANT_ROWS`, :data:`QUANT_SILU`) ``a`` is
-    quantized in the kernel (``a_scale`` unread) with ``constexprs``, the weights' fp8 format's."""
+    ``out_sorted``, the sorted rows."""
     blocks = routing.rows // config.BLOCK_M
     n, kdim = w.shape[1], w.shape[2]
     if blocks == 0:
@@ -161,8 +138,7 @@ def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: to
         a.stride(0), a_scale.stride(0), a_scale.stride(1), w.stride(0), w.stride(1), w_scale.stride(0),
         w_scale.stride(1), out.stride(0),
         A_ROWS=a_rows, OUT_SORTED=out_sorted, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
-        TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages,
-        **({"QUANT": quant, "eps": DEFAULT_EPS, **(constexprs or {})} if quant else {}))
+        TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

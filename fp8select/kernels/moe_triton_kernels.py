@@ -114,15 +114,10 @@ def _grouped_gemm_kernel(
     stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
     A_ROWS: tl.constexpr, OUT_SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1, SWAP_AB: tl.constexpr = False,
-    QUANT: tl.constexpr = 0, eps=0.0, FP8_MAX: tl.constexpr = 0.0, FP8_MANT_BITS: tl.constexpr = 0,
-    FP8_MIN_EXP_BIASED: tl.constexpr = 0, FP8_NAN_BITS: tl.constexpr = 0, HW_RNE: tl.constexpr = False,
 ):
     """``out[o] = dequant(a[i]) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
 
-    ``a_ptr``: fp8 ``[*, K]``, K-contiguous, with fp32 scales ``as_ptr`` (one per 1x128 group); with
-    ``QUANT`` the rows are quantized here, per K step, as :mod:`.quant` does (``as_ptr`` not read):
-    ``QUANT`` 1, ``a_ptr`` is bf16/fp16/fp32 ``[*, K]``; ``QUANT`` 2, it is the fp32 gate-up output
-    ``[*, 2K]`` and the row is ``silu(gate) * up`` (:func:`_silu_mul_quant_kernel`'s values). For
+    ``a_ptr``: fp8 ``[*, K]``, K-contiguous, with fp32 scales ``as_ptr`` (one per 1x128 group). For
     sorted row ``r`` holding slot ``s``: ``i`` is ``r`` (``A_ROWS`` 0), ``s`` (1) or ``s // TOP_K``
     (2), and ``o`` is ``s``, or ``r`` with ``OUT_SORTED``. Padding rows load zeros and store nothing.
     ``SWAP_AB`` computes the transposed tile ``[BLOCK_N, BLOCK_M] = W_tile @ A_tile^T`` (the weight rows on
@@ -162,31 +157,19 @@ def _grouped_gemm_kernel(
     # decode a step is short enough that an exposed L2 round trip per step is a large share of it.
     k_blocks = tl.cdiv(K, 128)
     b_scale_next = tl.load(b_scale_ptr)
-    if not QUANT:
-        a_scale_next = tl.load(a_scale_ptr, mask=row_ok, other=0.0)
+    a_scale_next = tl.load(a_scale_ptr, mask=row_ok, other=0.0)
     # SWAP_AB: the transposed tile, weight rows first (the same products and scales per element)
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, k_blocks):
         kb_next = tl.minimum(kb + 1, k_blocks - 1)
         b_scale = b_scale_next
+        a_scale = a_scale_next
         b_scale_next = tl.load(b_scale_ptr + kb_next)
+        a_scale_next = tl.load(a_scale_ptr + kb_next * stride_ask, mask=row_ok, other=0.0)
         offs_k = kb * 128 + lane
         k_ok = offs_k < K
-        a_mask = row_ok[:, None] & k_ok[None, :]
-        a_base = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
-        if QUANT == 0:
-            a = tl.load(a_base, mask=a_mask, other=0.0)
-            a_scale = a_scale_next
-            a_scale_next = tl.load(a_scale_ptr + kb_next * stride_ask, mask=row_ok, other=0.0)
-        else:
-            if QUANT == 1:
-                a = tl.load(a_base, mask=a_mask, other=0.0)
-            else:
-                gate = tl.load(a_base, mask=a_mask, other=0.0).to(tl.float32)
-                up = tl.load(a_base + K, mask=a_mask, other=0.0).to(tl.float32)
-                a = tl.where(a_mask, gate / (1.0 + tl.exp(-gate)) * up, 0.0)
-            a, a_scale = fp8_group_quantize(a, eps, w_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
-                                            FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
+        a = tl.load(a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)
         b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
         if BLOCK_N <= 128:
