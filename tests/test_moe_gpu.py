@@ -231,3 +231,15 @@ def test_the_transposed_tile_within_1e2_and_as_the_normal_one(problem, block_m: 
     plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0)
     _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1}), plain, m, skew=True, twin_tol=5e-3)
+
+
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("m", [1, 64])
+def test_the_fused_gate_up_on_the_transposed_tile_within_1e2_and_as_the_plain_one(problem, stages: int, m: int) -> None:  # type: ignore[no-untyped-def]
+    """``FUSED_ACT`` 1 with ``SWAP_AB`` 1 compiled (both gate-up products on ``wgmma``'s transposed tile, silu*up
+    quantized in the epilogue): against fp64 and against the plain structure on the same tile, under skew."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+
+    plain = MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=stages, QUANT_IN_KERNEL=0,
+                            FUSED_ACT=0, SWAP_AB=1)
+    _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "FUSED_ACT": 1}), plain, m, skew=True, twin_tol=5e-3)

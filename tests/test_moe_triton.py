@@ -299,27 +299,29 @@ def test_on_gfx942_the_experts_become_e4m3fnuz_and_match_fp64_on_that_grid(probl
 
 @pytest.mark.parametrize(("block_m", "block_n"), [(16, 32), (32, 64)])
 def test_the_transposed_tile_is_the_plain_structure_and_within_1e2(problem, block_m: int, block_n: int) -> None:  # type: ignore[no-untyped-def]
-    """``SWAP_AB`` 1: both plain GEMMs on ``[BLOCK_N, BLOCK_M]`` tiles (weights on the MMA's wide side), the
-    same products and scales as the normal tiles (the interpreter sums K in another order: within 1e-3 of
-    them) and within 1e-2 of fp64, under skew with -1 ids; a NaN token's row NaN; checked as a config."""
+    """``SWAP_AB`` 1: both GEMMs on ``[BLOCK_N, BLOCK_M]`` tiles (weights on the MMA's wide side), of the plain
+    structure and of the fused one (whose gate-up tile is 128 columns of gate and of up), the same products
+    and scales as the normal tiles (the interpreter sums K in another order: within 1e-3 of them) and within
+    1e-2 of fp64, under skew with -1 ids; a NaN token's row NaN; checked as a config."""
     plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, num_warps=4, num_stages=2,
                             QUANT_IN_KERNEL=0, FUSED_ACT=0)
-    swap = dataclasses.replace(plain, SWAP_AB=1)
-    assert swap.describe().endswith(" swap") and MoeTritonConfig.from_dict(swap.to_dict()) == swap
-    for bad in ({"FUSED_ACT": 1}, {"WGMMA": 1, "BLOCK_M": 64, "BLOCK_N": 128}):
+    fused = dataclasses.replace(plain, FUSED_ACT=1)
+    for normal in (plain, fused):
+        swap = dataclasses.replace(normal, SWAP_AB=1)
+        assert swap.describe().endswith(" swap") and MoeTritonConfig.from_dict(swap.to_dict()) == swap
         with pytest.raises(ValueError, match="SWAP_AB"):
-            MoeTritonConfig(**{**swap.to_dict(), **bad})
-    experts = moe_triton.TritonExperts(*problem.weights())
-    for m, skew in ((1, False), (9, True)):
-        w, ids = random_routing(m, 2, problem.experts, seed=m, skew=skew)
-        ids[0, -1] = -1
-        x = torch.randn(m, problem.hidden, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+            MoeTritonConfig(**{**plain.to_dict(), "SWAP_AB": 1, "WGMMA": 1, "BLOCK_M": 64, "BLOCK_N": 128})
+        experts = moe_triton.TritonExperts(*problem.weights())
+        for m, skew in ((1, False), (9, True)):
+            w, ids = random_routing(m, 2, problem.experts, seed=m, skew=skew)
+            ids[0, -1] = -1
+            x = torch.randn(m, problem.hidden, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+            y = experts(x, w, ids, swap)
+            assert rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
+            assert rel_err(y, experts(x, w, ids, normal)) < 1e-3
+        x[m - 1, 3] = float("nan")
         y = experts(x, w, ids, swap)
-        assert rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
-        assert rel_err(y, experts(x, w, ids, plain)) < 1e-3
-    x[m - 1, 3] = float("nan")
-    y = experts(x, w, ids, swap)
-    assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
+        assert torch.isnan(y[m - 1]).all() and torch.isfinite(y[: m - 1]).all()
 
 
 def _inputs_for(problem, m: int):  # type: ignore[no-untyped-def]

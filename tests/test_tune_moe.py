@@ -257,8 +257,10 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
     assert prefill[0].WGMMA == 1 and prefill[0].BLOCK_M == 128 and replace(prefill[0], num_stages=3) in prefill
     assert replace(prefill[0], BLOCK_M=64, num_warps=4) in prefill
     assert replace(prefill[0], WGMMA=0, BLOCK_M=64, num_warps=4, num_stages=3) in prefill  # the tl.dot kernel's tile
-    decode = tuning_configs(1, 8, 32)  # the transposed 16-row tile, then the wgmma one and the normal orientation
-    assert decode[0].SWAP_AB == 1 and decode[1].WGMMA == 1 and decode[2] == replace(decode[0], SWAP_AB=0)
+    decode = tuning_configs(1, 8, 32)  # the transposed 16-row tile, fused, then the wgmma one and the normal orientation
+    assert decode[0].SWAP_AB == 1 and decode[1:3] == [replace(decode[0], FUSED_ACT=1),
+                                                      replace(decode[0], FUSED_ACT=1, num_stages=3)]
+    assert decode[3].WGMMA == 1 and decode[4] == replace(decode[0], SWAP_AB=0)
     assert replace(decode[0], BLOCK_N=64) in decode  # twice the programs at decode
     near = tuning_configs(64, 8, 32)  # 16 per expert: the wgmma tile, its other row tile, the rule's below 16
     assert near[2] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)

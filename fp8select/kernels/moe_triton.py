@@ -93,7 +93,7 @@ class TritonExperts:
             a.stride(0), a_scale.stride(0), self.w13.stride(0), self.w13.stride(1), self.w13_scale.stride(0),
             self.w13_scale.stride(1), q.stride(0), q_scale.stride(0), DEFAULT_EPS,
             TOP_K=top_k, QUANT_IN_KERNEL=bool(config.QUANT_IN_KERNEL), BLOCK_M=config.BLOCK_M, GROUP_M=config.GROUP_M,
-            num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
+            SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
         return q, q_scale
 
     def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,

@@ -51,9 +51,11 @@ def _gate_up_kernel(
     eps,
     TOP_K: tl.constexpr, QUANT_IN_KERNEL: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr,
-    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr, SWAP_AB: tl.constexpr = False,
 ):
     """``q[r, n] = quant(silu(x_r @ W_gate.T) * (x_r @ W_up.T))`` for one block and 128 columns.
+    ``SWAP_AB``: both products on the transposed tile (the weight rows on the MMA's wide side, as
+    :func:`_grouped_gemm_kernel` does), transposed back before the activation.
 
     ``x_ptr``: the bf16/fp16/fp32 activation ``[M, H]`` (``QUANT_IN_KERNEL``: quantized here, per K
     step) or its fp8 quantization with row-major scales ``xs_ptr``. ``w_ptr``: ``[E, 2I, H]`` fp8,
@@ -79,9 +81,20 @@ def _gate_up_kernel(
     ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
     gate_scale_rows = ws_base + (gate_rows // 128) * stride_wsn
     up_scale_rows = ws_base + (up_rows // 128) * stride_wsn
-    acc_gate = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(H, 128)):
+    # the scales one K step ahead, as in _grouped_gemm_kernel
+    k_blocks = tl.cdiv(H, 128)
+    sg_next = tl.load(gate_scale_rows)
+    su_next = tl.load(up_scale_rows)
+    if not QUANT_IN_KERNEL:
+        a_scale_next = tl.load(xs_ptr + token * stride_xsm)
+    acc_gate = tl.zeros((128, BLOCK_M) if SWAP_AB else (BLOCK_M, 128), dtype=tl.float32)
+    acc_up = tl.zeros((128, BLOCK_M) if SWAP_AB else (BLOCK_M, 128), dtype=tl.float32)
+    for kb in range(0, k_blocks):
+        kb_next = tl.minimum(kb + 1, k_blocks - 1)
+        sg = sg_next
+        su = su_next
+        sg_next = tl.load(gate_scale_rows + kb_next)
+        su_next = tl.load(up_scale_rows + kb_next)
         offs_k = kb * 128 + lane
         k_ok = offs_k < H
         a_mask = row_ok[:, None] & k_ok[None, :]
@@ -93,11 +106,17 @@ def _gate_up_kernel(
             a, a_scale = fp8_group_quantize(a, eps, wg.dtype, False, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
                                             FP8_NAN_BITS, HW_RNE)
         else:
-            a_scale = tl.load(xs_ptr + token * stride_xsm + kb)
-        sg = tl.load(gate_scale_rows + kb)
-        su = tl.load(up_scale_rows + kb)
-        acc_gate += tl.dot(a, wg) * (a_scale[:, None] * sg[None, :])
-        acc_up += tl.dot(a, wu) * (a_scale[:, None] * su[None, :])
+            a_scale = a_scale_next
+            a_scale_next = tl.load(xs_ptr + token * stride_xsm + kb_next)
+        if SWAP_AB:
+            acc_gate += tl.dot(tl.trans(wg), tl.trans(a)) * (sg[:, None] * a_scale[None, :])
+            acc_up += tl.dot(tl.trans(wu), tl.trans(a)) * (su[:, None] * a_scale[None, :])
+        else:
+            acc_gate += tl.dot(a, wg) * (a_scale[:, None] * sg[None, :])
+            acc_up += tl.dot(a, wu) * (a_scale[:, None] * su[None, :])
+    if SWAP_AB:
+        acc_gate = tl.trans(acc_gate)
+        acc_up = tl.trans(acc_up)
     act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
     act = tl.where(col_ok[None, :], act, 0.0)  # padding lanes are 0, as the group quantizer requires
     q, q_scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
