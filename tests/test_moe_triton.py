@@ -300,13 +300,14 @@ def test_on_gfx942_the_experts_become_e4m3fnuz_and_match_fp64_on_that_grid(probl
 @pytest.mark.parametrize(("block_m", "block_n"), [(16, 32), (32, 64)])
 def test_the_transposed_tile_is_the_plain_structure_and_within_1e2(problem, block_m: int, block_n: int) -> None:  # type: ignore[no-untyped-def]
     """``SWAP_AB`` 1: both GEMMs on ``[BLOCK_N, BLOCK_M]`` tiles (weights on the MMA's wide side), of the plain
-    structure and of the fused one (whose gate-up tile is 128 columns of gate and of up), the same products
+    structure and of the fused one (whose gate-up tile is 128 columns of gate and of up; also quantizing its
+    tokens in the K loop), the same products
     and scales as the normal tiles (the interpreter sums K in another order: within 1e-3 of them) and within
     1e-2 of fp64, under skew with -1 ids; a NaN token's row NaN; checked as a config."""
     plain = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, num_warps=4, num_stages=2,
                             QUANT_IN_KERNEL=0, FUSED_ACT=0)
     fused = dataclasses.replace(plain, FUSED_ACT=1)
-    for normal in (plain, fused):
+    for normal in (plain, fused, dataclasses.replace(fused, QUANT_IN_KERNEL=1)):
         swap = dataclasses.replace(normal, SWAP_AB=1)
         assert swap.describe().endswith(" swap") and MoeTritonConfig.from_dict(swap.to_dict()) == swap
         with pytest.raises(ValueError, match="SWAP_AB"):
