@@ -43,6 +43,27 @@ def _block_tile(pid, num_blocks, num_n, GROUP_M: tl.constexpr):
     return first + (pid % per_group) % rows, (pid % per_group) // rows
 
 
+@triton.jit
+def _scaled_dot(a, b, a_scale, b_scale, SWAP_AB: tl.constexpr, B_SCALAR: tl.constexpr):
+    """``a @ b`` (``[rows, K] x [K, cols]``) times ``a_scale[row] * b_scale`` (one per column, or one for all
+    with ``B_SCALAR``). ``SWAP_AB``: computed and returned transposed, ``[cols, rows]`` (the weight's columns
+    on the MMA's wide side, as the dense decode kernel does: on Hopper a 16-row tile in the normal
+    orientation runs on the older ``mma.sync`` path), the same products and scales per element."""
+    if SWAP_AB:
+        d = tl.dot(tl.trans(b), tl.trans(a))
+        if B_SCALAR:
+            scaled = d * (b_scale * a_scale)[None, :]
+        else:
+            scaled = d * (b_scale[:, None] * a_scale[None, :])
+    else:
+        d = tl.dot(a, b)
+        if B_SCALAR:
+            scaled = d * (b_scale * a_scale)[:, None]
+        else:
+            scaled = d * (a_scale[:, None] * b_scale[None, :])
+    return scaled
+
+
 @triton.jit(do_not_specialize=_NOT_SPECIALIZED)
 def _gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, slot_ids_ptr, block_expert_ptr, q_ptr, qs_ptr,
@@ -108,12 +129,8 @@ def _gate_up_kernel(
         else:
             a_scale = a_scale_next
             a_scale_next = tl.load(xs_ptr + token * stride_xsm + kb_next)
-        if SWAP_AB:
-            acc_gate += tl.dot(tl.trans(wg), tl.trans(a)) * (sg[:, None] * a_scale[None, :])
-            acc_up += tl.dot(tl.trans(wu), tl.trans(a)) * (su[:, None] * a_scale[None, :])
-        else:
-            acc_gate += tl.dot(a, wg) * (a_scale[:, None] * sg[None, :])
-            acc_up += tl.dot(a, wu) * (a_scale[:, None] * su[None, :])
+        acc_gate += _scaled_dot(a, wg, a_scale, sg, SWAP_AB, False)
+        acc_up += _scaled_dot(a, wu, a_scale, su, SWAP_AB, False)
     if SWAP_AB:
         acc_gate = tl.trans(acc_gate)
         acc_up = tl.trans(acc_up)
@@ -191,16 +208,7 @@ def _grouped_gemm_kernel(
                     other=0.0)
         b = tl.load(w_base + w_rows[None, :] * stride_wn + offs_k[:, None], mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
-        if BLOCK_N <= 128:
-            scale = b_scale * a_scale
-            if SWAP_AB:
-                acc += tl.dot(tl.trans(b), tl.trans(a)) * scale[None, :]
-            else:
-                acc += tl.dot(a, b) * scale[:, None]
-        elif SWAP_AB:
-            acc += tl.dot(tl.trans(b), tl.trans(a)) * (b_scale[:, None] * a_scale[None, :])
-        else:
-            acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+        acc += _scaled_dot(a, b, a_scale, b_scale, SWAP_AB, BLOCK_N <= 128)
     if SWAP_AB:
         acc = tl.trans(acc)
     tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
