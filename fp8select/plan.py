@@ -34,8 +34,8 @@ start-up (its import, and a JIT compile per shape and M range at first use), so 
 bucket another backend of the plan runs at most ``HAIR`` slower (both times estimated) gives its
 buckets to the plan's others; the drop that costs least goes first, and the plan's notes say which.
 Then a bucket whose measured winner leads by at most ``HAIR`` the backend measured there that runs
-the buckets on both sides goes to that backend (a near tie is the measurements' noise; the plan
-switches backends less).
+its neighbouring buckets (both sides of an inner bucket, the one next to an end) goes to that
+backend (a near tie is the measurements' noise; the plan switches backends less).
 """
 
 from __future__ import annotations
@@ -235,15 +235,20 @@ def _by_a_hair(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Esti
 
 def _smoothed(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None],
               rejects: Mapping[tuple[str, int], str]) -> tuple[Route, ...]:
-    """``routes`` with each inner bucket whose measured winner leads, by at most :data:`HAIR`, the backend
-    that runs both buckets around it (the one below as already smoothed) given to that backend.
+    """``routes`` with each bucket whose measured winner leads, by at most :data:`HAIR`, the backend that
+    runs its neighbouring buckets (both around an inner bucket, the one below as already smoothed; the one
+    next to the first or last bucket) given to that backend.
 
     Within :data:`HAIR` which of two backends leads at a point is the measurements' noise; a backend that
-    runs the buckets on both sides is the likelier leader in between, and the plan switches backends less.
-    Measured times only: a modelled estimate's error is larger than the margin."""
+    runs the buckets around it is the likelier leader there, and the plan switches backends less. Measured
+    times only: a modelled estimate's error is larger than the margin."""
     out = list(routes)
-    for i in range(1, len(routes) - 1):
-        route, below, above = routes[i], out[i - 1].backend, routes[i + 1].backend
+    last = len(routes) - 1
+    if last < 1:
+        return tuple(out)
+    for i, route in enumerate(routes):
+        below = out[i - 1].backend if i > 0 else routes[1].backend
+        above = routes[i + 1].backend if i < last else out[i - 1].backend
         if route.backend is None or route.us is None or route.why != MEASURED or below != above or below in (None, route.backend):
             continue
         est = estimates.get((below, route.bucket))
@@ -251,7 +256,8 @@ def _smoothed(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estim
             continue
         out[i] = Route(route.bucket, below, MEASURED,
                        f"{est.detail}, within {100 * HAIR:.0f}% of {route.backend} ({route.us:.1f} us), which the "
-                       "buckets on both sides do not run", est.config, est.us)
+                       f"{'buckets on both sides do' if 0 < i < last else 'bucket next to it does'} not run",
+                       est.config, est.us)
     return tuple(out)
 
 

@@ -734,7 +734,7 @@ def test_a_backend_that_wins_by_a_hair_is_left_out_for_its_start_up() -> None:
 
 def test_a_near_tie_between_two_buckets_of_one_backend_goes_to_that_backend() -> None:
     """A bucket whose measured winner leads by at most HAIR the backend that runs the buckets on both sides
-    runs that backend; by more, or at the ends, or where either time there is modelled or that backend is
+    (the one bucket next to it, at the ends) runs that backend; by more, or where either time there is modelled or that backend is
     gated, or with an explicit choice, the winner stays."""
     from fp8select.measured.model import Estimate
     from fp8select.plan import HAIR, _smoothed
@@ -755,7 +755,12 @@ def test_a_near_tie_between_two_buckets_of_one_backend_goes_to_that_backend() ->
     assert "within 2% of b (9.9 us)" in tie.route(32).detail
     assert tie.summary() == "M 1-4096: a, M >= 4097: b"
     assert plan_with({32: clear}).route(32).backend == "b"  # by 4%: a real lead
-    assert plan_with({1: near}).route(1).backend == "b"  # the first bucket has one neighbour
+    first = plan_with({1: near}).route(1)  # the first bucket has one neighbour, which decides
+    assert first.backend == "a" and "which the bucket next to it does not run" in first.detail
+    assert plan_with({1: clear}).route(1).backend == "b"
+    assert plan_with({1: near, 2: near}).summary() == "M 1-2: b, M 3-4096: a, M >= 4097: b"
+    # The last bucket: a near tie there goes to a, which runs the one below (b kept for its lead at M 1).
+    assert plan_with({1: 5.0, 8192: near}).summary() == "M 1: b, M >= 2: a"
     assert plan_with({16: near, 32: near}).summary() == "M 1-8: a, M 9-32: b, M 33-4096: a, M >= 4097: b"
     # Modelled times (a shape no table holds) are left as they are: their error is larger than HAIR.
     routes = [Route(m, "b" if m == 32 else "a", MODEL if m == 32 else MEASURED, "", None, 9.9 if m == 32 else 10.0)
