@@ -51,6 +51,34 @@ def test_a_measured_shape_is_its_own_row() -> None:
     assert est.detail == "12.5 us measured" and est.config == {"n": 1024, "k": 2048}
 
 
+def test_a_vendor_row_below_both_neighbours_at_decode_counts_as_their_median() -> None:
+    """A row without a launch configuration below both neighbouring buckets at M <= 16, by at most LUCKY,
+    is taken as the median of the three (the first bucket's neighbours: the two above it); a row with one
+    (Triton's pick at that bucket), above either neighbour, further below, beyond M 16, or missing a
+    neighbour stays as measured."""
+    shape = (1024, 2048)
+    vendor = {1: 5.0, 2: 6.0, 4: 5.2, 8: 5.9, 16: 6.1, 32: 5.5, 64: 7.0, 128: 8.0}  # M 1 5.2 / 5.0 below: lucky
+    meas = _measurements(_group("v", {shape: vendor}), _group("t", {shape: vendor}, config=True),
+                         _group("gap", {shape: {1: 5.0, 4: 4.0, 8: 5.0, 16: 6.0}}))
+
+    def us(backend: str, bucket: int) -> float:
+        est = meas.estimate(backend, *shape, bucket)
+        assert est is not None and est.source == MEASURED
+        return est.us
+
+    assert us("v", 1) == 5.2  # median(5.0, 6.0, 5.2): M 2 and 4 around the first bucket
+    assert us("v", 2) == 6.0  # above both: as measured
+    assert us("v", 4) == 5.9  # median(6.0, 5.2, 5.9)
+    assert us("v", 16) == 6.1 and us("v", 32) == 5.5  # M 32: a change of tile may be real
+    assert [us("t", b) for b in (1, 4)] == [5.0, 5.2]
+    assert us("gap", 1) == 5.0 and us("gap", 4) == 4.0  # M 2 missing: no median at M 1 or M 4
+    assert us("gap", 8) == 5.0  # between 4.0 and 6.0
+    real = _measurements(_group("v", {shape: {1: 6.0, 2: 5.0, 4: 6.0}}))  # 6.0 / 5.0 = 1.2 > LUCKY
+    assert (est := real.estimate("v", *shape, 2)) is not None and est.us == 5.0
+    est = meas.estimate("v", *shape, 1)
+    assert est is not None and est.detail.startswith("5.2 us measured at the buckets around it (5.0 here, below both")
+
+
 def test_one_efficiency_everywhere_gives_that_efficiency_at_any_shape() -> None:
     """The fastest backend at 3x its floor at every measured shape: 3x the floor anywhere (whatever the weights)."""
     shapes = [(512, 512), (4096, 1024), (1024, 7168)]

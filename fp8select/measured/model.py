@@ -7,7 +7,8 @@ changes much between releases, and any data beats none), and says so.
 
 :meth:`Measurements.estimate` answers per (backend, N, K, bucket):
 
-* **measured**: the table has this shape at this bucket;
+* **measured**: the table has this shape at this bucket (at decode, a vendor kernel's row a little
+  below both neighbouring buckets' counts as the median of the three: :func:`_decode_floor`);
 * **model**: the shape was never measured. The estimate is the time of the fastest backend at
   this shape and bucket, times this backend's standing relative to the fastest, each the weighted
   median of its values at the measured shapes (in order of value, the first at which the weight
@@ -53,6 +54,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from fp8select.buckets import M_BUCKETS
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
@@ -63,6 +65,11 @@ _EPS = 0.5
 _POWER = 4
 _N_WEIGHT = 2.0
 _NAMED = 3  # measured shapes a modelled estimate's detail names
+DECODE_MAX = 16
+"""Largest decode bucket: up to it a vendor kernel's row below both its neighbours counts as their median."""
+LUCKY = 1.15
+"""How far below that median such a row may lie and still count as a lucky timing (a time moves up to
+1.15x between runs at decode); further below, the kernel there is another."""
 
 
 class Row(NamedTuple):
@@ -183,6 +190,11 @@ class Measurements:
         note = "" if rows.exact else f", measured with {versions_text(rows.versions)}"
         row = rows.row((n, k), bucket)
         if row is not None:
+            floor = _decode_floor(rows, (n, k), bucket) if row.config is None else None
+            if floor is not None and row.us < floor <= row.us * LUCKY:
+                return Estimate(floor, MEASURED, f"{floor:.1f} us measured at the buckets around it ({row.us:.1f} "
+                                f"here, below both: a lucky timing of a kernel whose decode time is flat){note}",
+                                row.config, (n, k))
             return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
         modelled = self._model_from_others(backend, n, k, bucket)
         if modelled is None:
@@ -274,6 +286,30 @@ class Measurements:
                         fastest[key] = min(fastest.get(key, us), us)
             self._fastest = fastest
         return self._fastest
+
+
+def _decode_floor(rows: _BackendRows, shape: tuple[int, int], bucket: int) -> float | None:
+    """At a decode bucket (M <= :data:`DECODE_MAX`), the median of the rows at ``bucket`` and its two
+    nearest buckets (the two above the first); None elsewhere or where either neighbour has no row.
+
+    A backend without launch configurations (a vendor's kernel, its own heuristics choosing the tile)
+    streams the weight once at decode, so its time there is flat in M; a row below both neighbours is a
+    lucky timing (or the fast side of a time that changes between captures), and taken at its word it
+    wins near ties that later runs order the other way. Re-scored on the H200's kept runs (2,772 shipped
+    points timed again, each run's backends together; docs/performance.md), counting such a row as the
+    median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one point
+    from 1.000 to 1.012; beyond M 16 a row below its neighbours is more often a real change of tile
+    (DeepGEMM's and FlashInfer's at M 64) and the same rule raised the worst to 1.06x.
+    Only a row at most :data:`LUCKY` below the median: further below is a real change. Triton's rows are
+    each its search's pick at that bucket, another kernel per bucket: left as measured."""
+    if bucket > DECODE_MAX:
+        return None
+    i = M_BUCKETS.index(bucket)
+    around = (M_BUCKETS[1], M_BUCKETS[2]) if i == 0 else (M_BUCKETS[i - 1], M_BUCKETS[i + 1])
+    found = [rows.row(shape, b) for b in around]
+    if found[0] is None or found[1] is None:
+        return None
+    return sorted((found[0].us, found[1].us, rows.row(shape, bucket).us))[1]  # type: ignore[union-attr]
 
 
 def _us(row: Mapping[str, Any]) -> float:
