@@ -262,8 +262,11 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
                                                       replace(decode[0], FUSED_ACT=1, num_stages=3)]
     assert decode[3].WGMMA == 1 and decode[4] == replace(decode[0], SWAP_AB=0)
     assert replace(decode[0], BLOCK_N=64) in decode  # twice the programs at decode
-    near = tuning_configs(64, 8, 32)  # 16 per expert: the wgmma tile, its other row tile, the rule's below 16
-    assert near[2] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
+    # 16 per expert: the wgmma tile, the tl.dot kernel's 64-row tile, the wgmma's other row tile, the rule's below 16
+    near = tuning_configs(64, 8, 32)
+    assert near[1] == replace(near[0], WGMMA=0, num_stages=3) and near[2] == replace(near[0], BLOCK_M=128, num_warps=8)
+    assert near[3] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
+    assert prefill[1] == replace(prefill[0], BLOCK_M=64, num_warps=4)  # 2048 per expert: the tl.dot tile later
 
 
 def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:

@@ -176,11 +176,14 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     weight tiles a stage hold one program on an SM at 4), the ``wgmma`` kernel's 64 x 128 tile, the same
     16-row tile in the normal orientation, the 64 x 128 tile on the ``tl.dot`` kernels (one row block for
     up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32 experts), half the
-    columns per program, one pipeline stage fewer. At prefill (the ``wgmma`` rule): its other row tile
-    (64 x 128 with 4 warps or 128 x 128 with 8), below 32 tokens per expert the transposed 16-row tile
-    (the rule's below 16), 64 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's
-    tuned H200 prefill configurations take 16-64), and the ``tl.dot`` kernels' 64 x 128 tile with 3
-    stages (the rule before the ``wgmma`` kernel, and what runs where that kernel does not). Then,
+    columns per program, one pipeline stage fewer. At prefill (the ``wgmma`` rule): below 64 tokens per
+    expert the ``tl.dot`` kernels' 64 x 128 tile with 3 stages first (0.94x the rule's time at 16 tokens,
+    DeepSeek-V3's M 64 with 32 experts, and 0.90x at 32, Qwen3-30B-A3B's M 512, once the kernels' row
+    strides were specialized; 1.07x at 128 tokens), its other row tile (64 x 128 with 4 warps or 128 x 128
+    with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16), 64 columns, one
+    stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill configurations take
+    16-64), and from 64 tokens the same ``tl.dot`` tile (the rule before the ``wgmma`` kernel, and what
+    runs where that kernel does not). Then,
     everywhere, the fused gate-up with the normal ``tl.dot`` tiles, and quantizing its activation in the
     K loop (both measured slower on the H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
@@ -188,9 +191,12 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     tl_dot = {**normal, "WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
     if base.WGMMA:
         other = {"BLOCK_M": 64, "num_warps": 4} if base.BLOCK_M == 128 else {"BLOCK_M": 128, "num_warps": 8}
-        near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if _tokens_per_expert(m, top_k, experts) < 32 else []
-        steps: list[dict[str, int]] = [other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32},
-                                       {**tl_dot, "num_stages": 3}]
+        per_expert = _tokens_per_expert(m, top_k, experts)
+        near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
+        tl_dot_tile = {**tl_dot, "num_stages": 3}
+        first = [tl_dot_tile] if per_expert < 64 else []
+        steps: list[dict[str, int]] = [*first, other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3},
+                                       {"GROUP_M": 32}, tl_dot_tile]
     else:
         steps = [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {**normal, "WGMMA": 1, "BLOCK_M": 64}, normal,
                  {**normal, "BLOCK_M": 64}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_stages": 3}]
