@@ -39,6 +39,7 @@ SETS = {
     "no vendors, 92 shipped shapes (table)": ("regret_novendors_shipped", "regret_novendors_shipped_rest"),
     "vendors, five shapes of the re-timed points (table)": ("regret_vendors_retimed",),
     "no vendors, the same five (table)": ("regret_novendors_retimed",),
+    "vendors, decode check of the near-tie rules (table)": ("regret_vendors_decode_check",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
     "vendors, models not listed (measured at load, the default)": ("regret_vendors_unseen_default",),
