@@ -248,7 +248,7 @@ def _smoothed(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estim
         return tuple(out)
     for i, route in enumerate(routes):
         below = out[i - 1].backend if i > 0 else routes[1].backend
-        above = routes[i + 1].backend if i < last else out[i - 1].backend
+        above = routes[i + 1].backend if i < last else below  # an end: its one neighbour decides
         if route.backend is None or route.us is None or route.why != MEASURED or below != above or below in (None, route.backend):
             continue
         est = estimates.get((below, route.bucket))

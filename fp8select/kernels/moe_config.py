@@ -193,10 +193,8 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         other = {"BLOCK_M": 64, "num_warps": 4} if base.BLOCK_M == 128 else {"BLOCK_M": 128, "num_warps": 8}
         per_expert = _tokens_per_expert(m, top_k, experts)
         near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
-        tl_dot_tile = {**tl_dot, "num_stages": 3}
-        first = [tl_dot_tile] if per_expert < 64 else []
-        steps: list[dict[str, int]] = [*first, other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3},
-                                       {"GROUP_M": 32}, tl_dot_tile]
+        steps: list[dict[str, int]] = [other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32}]
+        steps.insert(0 if per_expert < 64 else len(steps), {**tl_dot, "num_stages": 3})
     else:
         steps = [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {**normal, "WGMMA": 1, "BLOCK_M": 64}, normal,
                  {**normal, "BLOCK_M": 64}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_stages": 3}]

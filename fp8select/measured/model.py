@@ -8,7 +8,7 @@ changes much between releases, and any data beats none), and says so.
 :meth:`Measurements.estimate` answers per (backend, N, K, bucket):
 
 * **measured**: the table has this shape at this bucket (at decode, a vendor kernel's row a little
-  below both neighbouring buckets' counts as the median of the three: :func:`_decode_floor`);
+  below both neighbouring buckets' counts as the median of the three: :func:`_lucky_dip`);
 * **model**: the shape was never measured. The estimate is the time of the fastest backend at
   this shape and bucket, times this backend's standing relative to the fastest, each the weighted
   median of its values at the measured shapes (in order of value, the first at which the weight
@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fp8select.buckets import M_BUCKETS
+from fp8select.buckets import M_BUCKETS, bucket_index
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
@@ -190,9 +190,9 @@ class Measurements:
         note = "" if rows.exact else f", measured with {versions_text(rows.versions)}"
         row = rows.row((n, k), bucket)
         if row is not None:
-            floor = _decode_floor(rows, (n, k), bucket) if row.config is None else None
-            if floor is not None and row.us < floor <= row.us * LUCKY:
-                return Estimate(floor, MEASURED, f"{floor:.1f} us measured at the buckets around it ({row.us:.1f} "
+            median = _lucky_dip(rows, (n, k), bucket, row)
+            if median is not None:
+                return Estimate(median, MEASURED, f"{median:.1f} us measured at the buckets around it ({row.us:.1f} "
                                 f"here, below both: a lucky timing of a kernel whose decode time is flat){note}",
                                 row.config, (n, k))
             return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
@@ -288,9 +288,10 @@ class Measurements:
         return self._fastest
 
 
-def _decode_floor(rows: _BackendRows, shape: tuple[int, int], bucket: int) -> float | None:
-    """At a decode bucket (M <= :data:`DECODE_MAX`), the median of the rows at ``bucket`` and its two
-    nearest buckets (the two above the first); None elsewhere or where either neighbour has no row.
+def _lucky_dip(rows: _BackendRows, shape: tuple[int, int], bucket: int, row: Row) -> float | None:
+    """The median of ``row`` and the rows at its two nearest buckets (the two above the first) where ``row``
+    is a lucky dip: a row without a launch configuration at a decode bucket (M <= :data:`DECODE_MAX`),
+    below both neighbours' by at most :data:`LUCKY`; None otherwise, or where a neighbour has no row.
 
     A backend without launch configurations (a vendor's kernel, its own heuristics choosing the tile)
     streams the weight once at decode, so its time there is flat in M; a row below both neighbours is a
@@ -299,17 +300,17 @@ def _decode_floor(rows: _BackendRows, shape: tuple[int, int], bucket: int) -> fl
     points timed again, each run's backends together; docs/performance.md), counting such a row as the
     median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one point
     from 1.000 to 1.012; beyond M 16 a row below its neighbours is more often a real change of tile
-    (DeepGEMM's and FlashInfer's at M 64) and the same rule raised the worst to 1.06x.
-    Only a row at most :data:`LUCKY` below the median: further below is a real change. Triton's rows are
-    each its search's pick at that bucket, another kernel per bucket: left as measured."""
-    if bucket > DECODE_MAX:
+    (DeepGEMM's and FlashInfer's at M 64) and the same rule raised the worst to 1.06x. Further below
+    than :data:`LUCKY` is a real change too. Triton's rows are each its search's pick at that bucket,
+    another kernel per bucket: left as measured."""
+    if row.config is not None or bucket > DECODE_MAX:
         return None
-    i = M_BUCKETS.index(bucket)
-    around = (M_BUCKETS[1], M_BUCKETS[2]) if i == 0 else (M_BUCKETS[i - 1], M_BUCKETS[i + 1])
-    found = [rows.row(shape, b) for b in around]
-    if found[0] is None or found[1] is None:
+    i = bucket_index(bucket)
+    around = [rows.row(shape, b) for b in ((M_BUCKETS[1], M_BUCKETS[2]) if i == 0 else (M_BUCKETS[i - 1], M_BUCKETS[i + 1]))]
+    if around[0] is None or around[1] is None:
         return None
-    return sorted((found[0].us, found[1].us, rows.row(shape, bucket).us))[1]  # type: ignore[union-attr]
+    median = sorted((around[0].us, around[1].us, row.us))[1]
+    return median if row.us < median <= row.us * LUCKY else None
 
 
 def _us(row: Mapping[str, Any]) -> float:
