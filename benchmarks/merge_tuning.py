@@ -1,6 +1,6 @@
-"""Fold a narrower re-tune into a tuning table (schema 2), keeping only improvements.
+"""Fold a narrower re-tune into a tuning table (schema 2), keeping only improvements; or another run's timings.
 
-    python -m benchmarks.merge_tuning BASE.json NEW.json OUT.json [--margin 0.02 | --all]
+    python -m benchmarks.merge_tuning BASE.json NEW.json OUT.json [--margin 0.02 | --all | --fold]
 
 A row of NEW replaces BASE's row for the same backend, versions, shape and M bucket (and, for the
 MoE rows of a table's ``moe`` list, the same layout; ``fp8select tune --moe`` writes them) only where
@@ -15,6 +15,17 @@ one run), at the versions of its ``environment``.
 ``--all`` takes every row of NEW: for a re-timing of whole points (``tune --force``, every backend of a point
 timed together, interleaved), which replaces rows that other runs timed and kept only where faster (a
 faster-only merge keeps each row's luckiest timing, and a plan then compares rows of different runs).
+
+``--fold``: NEW is a ``benchmarks.regret`` result of this device, whose pinned backends timed points the table
+holds again; each such time joins its row, whose ``us`` becomes the geometric mean of the row's timings
+(``runs`` of them, 1 where the row does not say) and this one. Two timings of one point in two runs differ by
+2-8% (cuBLAS's most), about what separates the backends at a near tie, so a row timed once orders a near tie
+by chance; the mean of several orders it as a later run most likely will. A time joins the row of its
+backend at the versions the run recorded (torch, CUDA and Triton always; a vendor package where the run's
+snapshot names it), and Triton's only where the run recorded the configuration it ran and it is the row's
+(runs before they recorded it may have run another). The table's ``folded`` list names each run folded
+(its ``environment`` time, then the file's name); a run already named is refused. ``unfold`` takes a run's
+timings back out: ``benchmarks.summarize_regret --replan`` scores a folded run against the table without it.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from fp8select.buckets import m_bucket
 from fp8select.measured.table import check_table, group_key, merge_tables, save_table
 
 SECTIONS = ("groups", "moe")  # a table's dense groups and its MoE entries
+NOT_PINNED = ("auto", "reference", "bf16-matmul")  # a regret run's columns that are not a backend's row
 VERSION_KEYS = ("torch", "cuda", "triton")  # what the Triton rows' speed depends on (tuning.table.backend_versions)
 
 
@@ -71,6 +83,71 @@ def improvements(base: dict[str, Any], new: dict[str, Any], margin: float = 0.0)
     return kept, taken
 
 
+def _timings(table: dict[str, Any], run: dict[str, Any]) -> list[tuple[dict[str, Any], float]]:
+    """The rows of ``table`` that ``run`` timed again, each with its time there (see the module docstring)."""
+    env = run["environment"]
+    if env.get("device") != table["device_name"]:
+        raise SystemExit(f"devices differ: {env.get('device')} != {table['device_name']}")
+    packages = run.get("capabilities", {}).get("packages", {})
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for group in table["groups"]:
+        versions = group["versions"]
+        if all(versions.get(key) == env.get(key) for key in VERSION_KEYS) and all(
+                name not in packages or packages[name].split("+", 1)[0] == version
+                for name, version in versions.items() if name not in VERSION_KEYS):
+            groups.setdefault(group["backend"], []).append(group)
+    ambiguous = sorted(name for name, found in groups.items() if len(found) > 1)
+    if ambiguous:
+        raise SystemExit(f"the run's versions match several groups of {', '.join(ambiguous)}")
+    out = []
+    for point in run["points"]:
+        shape, bucket = f"{point['n']},{point['k']}", str(m_bucket(point["m"]))
+        for name, us in point["us"].items():
+            row = groups[name][0]["shapes"].get(shape, {}).get(bucket) if name in groups and name not in NOT_PINNED else None
+            if row is not None and point.get("configs", {}).get(name) == row.get("config"):
+                out.append((row, us))
+    return out
+
+
+def _run_id(run: dict[str, Any], name: str) -> str:
+    return f"{run['environment']['time']} {name}"
+
+
+def _is_folded(table: dict[str, Any], run: dict[str, Any]) -> bool:
+    return any(entry.split(" ", 1)[0] == run["environment"]["time"] for entry in table.get("folded", ()))
+
+
+def fold(table: dict[str, Any], run: dict[str, Any], name: str) -> tuple[dict[str, Any], int]:
+    """``table`` with the timings of ``run`` (a regret result called ``name``) folded into its rows, and how many."""
+    if _is_folded(table, run):
+        raise SystemExit(f"{name}: already folded into the table ({run['environment']['time']})")
+    out = json.loads(json.dumps(table))
+    found = _timings(out, run)
+    for row, us in found:
+        runs = row.get("runs", 1)
+        row["us"] = round(math.exp((runs * math.log(row["us"]) + math.log(us)) / (runs + 1)), 3)
+        row["runs"] = runs + 1
+    out["folded"] = [*out.get("folded", ()), _run_id(run, name)]
+    return out, len(found)
+
+
+def unfold(table: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with the timings of ``run`` taken back out of its rows: as if it had not been folded in (to the
+    rounding of a row's microseconds); ``table`` itself where it was not."""
+    if not _is_folded(table, run):
+        return table
+    out = json.loads(json.dumps(table))
+    for row, us in _timings(out, run):
+        runs = row.pop("runs")
+        row["us"] = round(math.exp((runs * math.log(row["us"]) - math.log(us)) / (runs - 1)), 3)
+        if runs > 2:
+            row["runs"] = runs - 1
+    out["folded"] = [entry for entry in out["folded"] if entry.split(" ", 1)[0] != run["environment"]["time"]]
+    if not out["folded"]:
+        del out["folded"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base")
@@ -79,9 +156,17 @@ def main(argv: list[str] | None = None) -> None:
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--margin", type=float, default=0.0)
     how.add_argument("--all", action="store_true", help="take every row of NEW (a re-timing of whole points)")
+    how.add_argument("--fold", action="store_true", help="NEW is a regret run: fold its timings into the rows")
     args = parser.parse_args(argv)
     base = check_table(json.loads(Path(args.base).read_text()), args.base)
     new = json.loads(Path(args.new).read_text())
+    if args.fold != ("points" in new):
+        raise SystemExit(f"{args.new}: --fold takes a regret run (benchmarks.regret), and a regret run needs --fold")
+    if args.fold:
+        folded, count = fold(base, new, Path(args.new).stem)
+        save_table(args.out, folded)
+        print(f"{count} timings folded into their rows")
+        return
     if "environment" in new:  # a limits report: compared within its run already
         kept, taken = improvements(base, check_table(from_limits(new, args.margin), args.new), -math.inf)
     else:

@@ -17,7 +17,9 @@ changes on points measured once. The plan is made for the snapshot the run recor
 the table's versions, with every vendor entry point fp8select looks for (:func:`_h200_snapshot`).
 A point whose run recorded the configuration a backend ran (``configs``, runs since they were kept)
 and where today's plan picks that backend with another one is **stale**: its pinned time is not
-what the pick takes now, so it is listed apart and left out of ``now``.
+what the pick takes now, so it is listed apart and left out of ``now``. A run whose timings were folded into
+the shipped table's rows (``benchmarks/merge_tuning.py --fold``) is planned from the table with them taken back
+out: every figure stays out of sample.
 """
 
 from __future__ import annotations
@@ -123,14 +125,16 @@ def _h200_snapshot(run: dict[str, Any], table: dict[str, Any]) -> Any:
                         package_symbols={m: names for m, (_, names) in PACKAGE_SYMBOLS.items() if m in packages})
 
 
-def replan(directory: Path) -> dict[str, dict[str, Any]]:
+def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Per regret file of ``directory``: the decisions of ``auto`` then and of this code's plan now, each as
     the pinned time of the backend picked over the fastest pinned time (geomean, worst), and the points
-    whose pick changed."""
+    whose pick changed. ``table``: the tuning table planned from (default: the shipped H200 table)."""
+    from benchmarks.merge_tuning import unfold
     from fp8select import Capabilities, resolve
     from fp8select.measured.table import SHIPPED_DIR
 
-    table = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text())
+    if table is None:
+        table = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text())
     out = {}
     for path in sorted(directory.glob("regret_*.json")):
         run = json.loads(path.read_text())
@@ -138,7 +142,7 @@ def replan(directory: Path) -> dict[str, dict[str, Any]]:
                 shape.get("measured") for shape in run.get("load_time_tuning") or ()):
             continue  # (a run that measured rows at load time planned from them, not from the table alone)
         caps = Capabilities.from_dict(run["capabilities"]) if "capabilities" in run else _h200_snapshot(run, table)
-        selection = resolve(caps, plugins=False, order=run["chain"])
+        selection = resolve(caps, plugins=False, order=run["chain"], tuning=unfold(table, run))
         plans: dict[tuple[int, int], Any] = {}
         then, now, changed, stale = [], [], [], []
         for p in run["points"]:

@@ -156,6 +156,54 @@ def test_merge_tuning_takes_faster_rows_by_its_margin_or_every_row_of_a_retiming
         assert {g["backend"]: {m: r["us"] for m, r in g["shapes"]["256,512"].items()} for g in out["groups"]} == want, flags
 
 
+def test_merge_tuning_folds_a_runs_timings_into_the_rows_and_takes_them_out_again(tmp_path: Any) -> None:
+    """--fold makes each row a run timed again the geometric mean of its timings (``runs``), Triton's only where
+    the run ran the row's configuration, a backend's only at the run's versions; a run folded once is refused
+    the second time, and unfold gives back the table before it (to the rounding of a row's microseconds)."""
+    from benchmarks import merge_tuning
+    from fp8select.measured.table import validate_table
+
+    config = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+    other = {**config, "num_stages": 4}
+    env = {"device": "gpu", "torch": "2", "cuda": "13.0", "triton": "3.6.0", "time": "2026-12-02T10:00:00Z"}
+    base = {"schema": 2, "device_name": "gpu", "groups": [
+        {"backend": "cuda-scaled-mm", "versions": {"torch": "2", "cuda": "13.0", "triton": "3.6.0"},
+         "shapes": {"256,512": {"1": {"us": 10.0}, "2": {"us": 10.0, "runs": 2}}}},
+        {"backend": "deepgemm", "versions": {"torch": "2", "cuda": "13.0", "triton": "3.6.0", "deep_gemm": "2.6.1"},
+         "shapes": {"256,512": {"1": {"us": 8.0}}}},
+        {"backend": "flashinfer", "versions": {"torch": "2", "cuda": "13.0", "triton": "3.6.0", "flashinfer": "0.6"},
+         "shapes": {"256,512": {"1": {"us": 8.0}}}},
+        {"backend": "triton", "versions": {"torch": "2", "cuda": "13.0", "triton": "3.6.0"},
+         "shapes": {"256,512": {"1": {"us": 9.0, "config": config}, "2": {"us": 9.0, "config": config}}}}]}
+    run = {"environment": env, "capabilities": {"packages": {"deep_gemm": "2.6.1+local", "flashinfer": "0.7"}},
+           "points": [{"n": 256, "k": 512, "m": 1, "us": {"cuda-scaled-mm": 12.1, "deepgemm": 8.0 * 1.21,
+                                                          "flashinfer": 1.0, "triton": 9.0 * 1.21, "auto": 1.0},
+                       "configs": {"triton": config}},
+                      {"n": 256, "k": 512, "m": 2, "us": {"cuda-scaled-mm": 10.0 * 1.1 ** 3, "triton": 1.0},
+                       "configs": {"triton": other}}]}
+    folded, count = merge_tuning.fold(base, run, "regret_x")
+    assert count == 4 and validate_table(folded) is None and folded["folded"] == ["2026-12-02T10:00:00Z regret_x"]
+    rows = {g["backend"]: g["shapes"]["256,512"] for g in folded["groups"]}
+    assert rows["cuda-scaled-mm"]["1"] == {"us": 11.0, "runs": 2}  # sqrt(10 * 12.1)
+    assert rows["cuda-scaled-mm"]["2"] == {"us": 11.0, "runs": 3}  # (10 * 10 * 10 * 1.331) ** (1/3)
+    assert rows["deepgemm"]["1"] == {"us": 8.8, "runs": 2}
+    assert rows["flashinfer"]["1"] == {"us": 8.0}  # timed at another version
+    assert rows["triton"]["1"] == {"us": 9.9, "config": config, "runs": 2}
+    assert rows["triton"]["2"] == {"us": 9.0, "config": config}  # the run ran another configuration
+    with pytest.raises(SystemExit, match="already folded"):
+        merge_tuning.fold(folded, run, "regret_x")
+    assert merge_tuning.unfold(folded, run) == base and merge_tuning.unfold(base, run) is base
+    path = tmp_path / "regret_x.json"
+    path.write_text(json.dumps(run))
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    with pytest.raises(SystemExit, match="needs --fold"):
+        merge_tuning.main([str(tmp_path / "base.json"), str(path), str(tmp_path / "out.json")])
+    merge_tuning.main([str(tmp_path / "base.json"), str(path), str(tmp_path / "out.json"), "--fold"])
+    assert json.loads((tmp_path / "out.json").read_text()) == folded
+    with pytest.raises(SystemExit, match="devices differ"):
+        merge_tuning.fold(base, {**run, "environment": {**env, "device": "other"}}, "regret_y")
+
+
 def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_single_backend() -> None:
     """Two DeepSeek-V3 shapes and one unlisted: leaving the model out removes both of its shapes at once, so
     they are planned from the unlisted shape only; vs_single is the pick's time over the layer's one best backend."""

@@ -149,6 +149,11 @@ BAD_FILES: dict[str, tuple[str | bytes, str]] = {
         {"backend": "triton", "versions": {}, "shapes": {"1,1": {"4": {"us": 1.0, "config": {**CONFIG, "TMA": 2}}}}}]}),
         "TMA"),
     "group-keys": (json.dumps({**_table(), "groups": [{"backend": "x", "shapes": {}}]}), "expected keys"),
+    "one-run": (json.dumps({**_table(), "groups": [{"backend": "x", "versions": {},
+                                                   "shapes": {"1,1": {"4": {"us": 1.0, "runs": 1}}}}]}), ".runs"),
+    "fractional-runs": (json.dumps({**_table(), "groups": [{"backend": "x", "versions": {},
+                                                           "shapes": {"1,1": {"4": {"us": 1.0, "runs": 2.5}}}}]}), ".runs"),
+    "folded-not-a-list": (json.dumps({**_table(), "folded": "run"}), "folded: expected a list of strings"),
     "other-device": (json.dumps(_table(device="NVIDIA B200")), "another device"),
 }
 

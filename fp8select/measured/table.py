@@ -15,7 +15,10 @@ FlashInfer and leaves the Triton and cuBLAS groups valid::
 time in microseconds and, for backends with launch parameters (Triton), the configuration
 measured. An optional ``moe`` list holds MoE experts layers the same way, each entry also naming
 its ``layout``, with ``"E,H,I,k"`` shape keys (:mod:`fp8select.measured.moe`); a table without one
-is as before (fp8select versions before the ``moe`` key reject a table that has it).
+is as before (fp8select versions before the ``moe`` key reject a table that has it). A row's optional
+``runs`` (2 or more) says its time is the geometric mean of that many timings of the point, other runs'
+folded into the measurement's (``benchmarks/merge_tuning.py --fold``); the optional ``folded`` list names
+those runs (one string each, its time first).
 
 A table is a cache: :func:`load_table` returns None with exactly one :class:`TuningCacheWarning`
 for anything unusable (corrupt, truncated, another device, an unknown schema) and never raises;
@@ -73,9 +76,9 @@ ENV_CACHE_DIR = "FP8SELECT_CACHE_DIR"
 ENV_TABLE = "FP8SELECT_TUNING_TABLE"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data"
 _TOP_KEYS = ("schema", "device_name", "groups")
-_OPTIONAL_TOP_KEYS = ("note", "moe")
+_OPTIONAL_TOP_KEYS = ("note", "moe", "folded")
 _BUCKETS = frozenset(str(b) for b in M_BUCKETS)
-_ROW_KEYS = frozenset({"us", "config"})
+_ROW_KEYS = frozenset({"us", "config", "runs"})
 
 
 class TuningCacheWarning(UserWarning):
@@ -170,10 +173,13 @@ def _row_problem(backend: str, row: object, moe: bool = False) -> str | None:
         return f": expected an object, found {type(row).__name__}"
     if not row.keys() <= _ROW_KEYS:
         unknown = sorted(set(row) - _ROW_KEYS)
-        return f": unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config'"
+        return f": unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config' and 'runs'"
     us = row.get("us")
     if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
         return f".us: expected a positive finite number of microseconds, found {us!r}"
+    runs = row.get("runs", 2)
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        return f".runs: expected the number of timings averaged, 2 or more, found {runs!r}"
     config = row.get("config")
     if config is not None:
         if not isinstance(config, dict):
@@ -273,6 +279,8 @@ def validate_header(table: object) -> str | None:
         return f"device_name: expected a device name, found {table['device_name']!r}"
     if "note" in table and not isinstance(table["note"], str):
         return f"note: expected a string, found {table['note']!r}"
+    if "folded" in table and not (isinstance(table["folded"], list) and all(isinstance(r, str) for r in table["folded"])):
+        return f"folded: expected a list of strings, found {table['folded']!r}"
     for key in ("groups", "moe"):
         if not isinstance(table.get(key, []), list):
             return f"{key}: expected a list, found {type(table[key]).__name__}"
