@@ -204,6 +204,23 @@ def test_merge_tuning_folds_a_runs_timings_into_the_rows_and_takes_them_out_agai
         merge_tuning.fold(base, {**run, "environment": {**env, "device": "other"}}, "regret_y")
 
 
+def test_a_run_folded_into_the_shipped_table_is_scored_without_its_timings() -> None:
+    """--replan plans a folded run from the shipped table with the run's timings taken back out: the same figures
+    as from the table folded from the other runs alone (out of sample)."""
+    from benchmarks import merge_tuning, summarize_regret
+    from fp8select.measured.table import SHIPPED_DIR
+
+    shipped = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text())
+    name = "regret_vendors_decode_check"
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    run = json.loads((results / f"{name}.json").read_text())
+    assert any(entry.endswith(" " + name) for entry in shipped["folded"])
+    without = merge_tuning.unfold(shipped, run)
+    assert len(without["folded"]) == len(shipped["folded"]) - 1
+    assert summarize_regret.replan(results, table=shipped)[name] == \
+        summarize_regret.replan(results, table=without)[name]
+
+
 def test_model_check_cross_validates_by_shape_and_by_model_against_the_best_single_backend() -> None:
     """Two DeepSeek-V3 shapes and one unlisted: leaving the model out removes both of its shapes at once, so
     they are planned from the unlisted shape only; vs_single is the pick's time over the layer's one best backend."""
