@@ -1,6 +1,7 @@
 """How close the automatic choice comes to the fastest backend, per point (the selection targets).
 
     python -m benchmarks.regret --shapes deepseek-v3 --label vendors --out regret_vendors_deepseek.json
+    python -m benchmarks.regret --ties 0.03 --label vendors --out regret_vendors_ties.json
 
 Times, by the recipe of docs/measurements.md, every accepted backend pinned (a selection whose chain is that
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
@@ -10,6 +11,10 @@ Writes the distilled figures: per point every backend's median, the launch confi
 backend that has one ran (``configs``: Triton's), what auto ran and its regret (auto time / fastest
 pinned time), and the summary: regret geomean and worst, and how the ideal per-point choice compares
 with always running one backend.
+
+``--ties MARGIN`` times, instead of ``--shapes`` x ``--m``, the points of this device's shipped table where
+the two fastest rows of this machine's backends lie within MARGIN (a fraction) of each other: the near ties
+that one timing orders by chance, a run to fold into the table (``benchmarks/merge_tuning.py --fold``).
 """
 
 from __future__ import annotations
@@ -76,6 +81,25 @@ def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "ideal_vs_always": always}
 
 
+def near_ties(table: dict[str, Any], backends: Sequence[str], margin: float) -> dict[tuple[int, int], list[int]]:
+    """Per shape of ``table``'s dense rows, its M buckets where the two fastest rows of ``backends`` lie within
+    ``margin`` of each other (buckets with one such row or none left out)."""
+    times: dict[tuple[int, int, int], list[float]] = {}
+    for group in table["groups"]:
+        if group["backend"] not in backends:
+            continue
+        for shape, buckets in group["shapes"].items():
+            n, k = (int(v) for v in shape.split(","))
+            for bucket, row in buckets.items():
+                times.setdefault((n, k, int(bucket)), []).append(float(row["us"]))
+    out: dict[tuple[int, int], list[int]] = {}
+    for (n, k, m), found in sorted(times.items()):
+        found.sort()
+        if len(found) > 1 and found[1] <= found[0] * (1 + margin):
+            out.setdefault((n, k), []).append(m)
+    return out
+
+
 def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
     """Where the selection measures at load time (by default where the cache directory can be written;
     ``FP8SELECT_TUNE=off`` plans from the tables alone): each shape's first ``prepare()`` (which measures it
@@ -113,17 +137,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--budget-s", type=float, default=math.inf)
+    parser.add_argument("--ties", type=float, help="time the shipped table's near ties within this fraction instead")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     require_cuda("regret")
     start = time.monotonic()
     selection = fp8select.resolve()
     print(selection.explain(), flush=True)
-    shapes = bench.parse_shapes(args.shapes)
-    load_time = _measure_at_load(selection, shapes)
-    rows = bench.measure(selection, shapes, bench.parse_ms(args.m), replays=args.replays,
-                         budget_s=args.budget_s, gemm_alone=False, bf16=False,
-                         progress=lambda line: print(line, flush=True))
+    if args.ties is not None:  # each shape at its own buckets
+        from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
+
+        shipped = load_table(table_path(SHIPPED_DIR, selection.capabilities.device_name or ""))
+        batches = [([shape], ms) for shape, ms in near_ties(shipped or {"groups": []}, [b.name for b in selection.chain],
+                                                             args.ties).items()]
+    else:
+        batches = [(bench.parse_shapes(args.shapes), bench.parse_ms(args.m))]
+    load_time = _measure_at_load(selection, [shape for shapes, _ in batches for shape in shapes])
+    rows: list[dict[str, Any]] = []
+    measuring = time.monotonic()
+    for shapes, ms in batches:
+        rows += bench.measure(selection, shapes, ms, replays=args.replays,
+                              budget_s=args.budget_s - (time.monotonic() - measuring), gemm_alone=False, bf16=False,
+                              progress=lambda line: print(line, flush=True))
     points = distill(rows)
     summary = summarize(points)
     print(json.dumps(summary, indent=1), flush=True)
@@ -132,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "tuning_sources": [_portable(source) for source in selection.tuning_sources],
             "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
     with open(args.out, "w", encoding="utf-8") as fh:
-        fh.write(json_lines(head, {"points": points}, per_line=len(bench.parse_ms(args.m))))  # a shape a line
+        fh.write(json_lines(head, {"points": points}, per_line=4 if args.ties is not None else len(bench.parse_ms(args.m))))
 
 
 if __name__ == "__main__":

@@ -292,3 +292,16 @@ def test_moe_model_check_on_the_shipped_table_beats_the_rule_and_is_the_kept_res
     assert summary["model"]["geomean"] < summary["always"]["geomean"]  # better than always running CUTLASS
     kept = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "moe_model_check.json").read_text())
     assert kept == report  # the kept result is what the tool computes from the shipped table today
+
+
+def test_regret_ties_names_the_points_whose_two_fastest_rows_are_within_the_margin() -> None:
+    """--ties times the points one timing orders by chance: the two fastest of the machine's backends within the margin."""
+    from benchmarks.regret import near_ties
+
+    table = {"groups": [
+        {"backend": "a", "shapes": {"256,512": {"1": {"us": 10.0}, "2": {"us": 10.0}, "4": {"us": 10.0}}, "512,512": {"1": {"us": 5.0}}}},
+        {"backend": "b", "shapes": {"256,512": {"1": {"us": 10.2}, "2": {"us": 11.0}, "4": {"us": 9.0}}}},
+        {"backend": "c", "shapes": {"256,512": {"2": {"us": 10.1}, "4": {"us": 9.1}}, "512,512": {"1": {"us": 5.1}}}}]}
+    assert near_ties(table, ["a", "b", "c"], 0.03) == {(256, 512): [1, 2, 4], (512, 512): [1]}
+    assert near_ties(table, ["a", "b"], 0.03) == {(256, 512): [1]}  # c's rows are not this machine's
+    assert near_ties(table, ["a", "b", "c"], 0.015) == {(256, 512): [2, 4]}
