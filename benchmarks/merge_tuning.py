@@ -19,8 +19,8 @@ faster-only merge keeps each row's luckiest timing, and a plan then compares row
 ``--fold``: NEW is a ``benchmarks.regret`` result of this device, whose pinned backends timed points the table
 holds again; each such time joins its row, whose ``us`` becomes the geometric mean of the row's timings
 (``runs`` of them, 1 where the row does not say) and this one. Two timings of one point in two runs differ by
-2-8% (cuBLAS's most), about what separates the backends at a near tie, so a row timed once orders a near tie
-by chance; the mean of several orders it as a later run most likely will. A time joins the row of its
+2-4% (cuBLAS's by 6-8%), about what separates the backends at a near tie, so a row timed once orders a near
+tie by chance; the mean of several orders it as a later run most likely will. A time joins the row of its
 backend at the versions the run recorded (torch, CUDA and Triton always; a vendor package where the run's
 snapshot names it), and Triton's only where the run recorded the configuration it ran and it is the row's
 (runs before they recorded it may have run another). The table's ``folded`` list names each run folded

@@ -150,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         shipped = load_table(table_path(SHIPPED_DIR, selection.capabilities.device_name or ""))
         batches = [([shape], ms) for shape, ms in near_ties(shipped or {"groups": []}, [b.name for b in selection.chain],
                                                              args.ties).items()]
+        if not batches:
+            raise SystemExit(f"regret: no shipped table of {selection.capabilities.device_name} holds a point within {args.ties}")
     else:
         batches = [(bench.parse_shapes(args.shapes), bench.parse_ms(args.m))]
     load_time = _measure_at_load(selection, [shape for shapes, _ in batches for shape in shapes])
