@@ -23,7 +23,8 @@ holds again; each such time joins its row, whose ``us`` becomes the geometric me
 tie by chance; the mean of several orders it as a later run most likely will. A time joins the row of its
 backend at the versions the run recorded (torch, CUDA and Triton always; a vendor package where the run's
 snapshot names it), and Triton's only where the run recorded the configuration it ran and it is the row's
-(runs before they recorded it may have run another). The table's ``folded`` list names each run folded
+(runs before they recorded it may have run another); a point at an M other than its bucket's largest (which
+``tune`` times) is left out. The table's ``folded`` list names each run folded
 (its ``environment`` time, then the file's name); a run already named is refused. ``unfold`` takes a run's
 timings back out: ``benchmarks.summarize_regret --replan`` scores a folded run against the table without it.
 """
@@ -101,7 +102,9 @@ def _timings(table: dict[str, Any], run: dict[str, Any]) -> list[tuple[dict[str,
         raise SystemExit(f"the run's versions match several groups of {', '.join(ambiguous)}")
     out = []
     for point in run["points"]:
-        shape, bucket = f"{point['n']},{point['k']}", str(m_bucket(point["m"]))
+        if m_bucket(point["m"]) != point["m"]:
+            continue  # a row is timed at its bucket's largest M, as tune times it
+        shape, bucket = f"{point['n']},{point['k']}", str(point["m"])
         for name, us in point["us"].items():
             row = groups[name][0]["shapes"].get(shape, {}).get(bucket) if name in groups and name not in NOT_PINNED else None
             if row is not None and point.get("configs", {}).get(name) == row.get("config"):

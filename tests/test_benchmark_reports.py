@@ -180,7 +180,8 @@ def test_merge_tuning_folds_a_runs_timings_into_the_rows_and_takes_them_out_agai
                                                           "flashinfer": 1.0, "triton": 9.0 * 1.21, "auto": 1.0},
                        "configs": {"triton": config}},
                       {"n": 256, "k": 512, "m": 2, "us": {"cuda-scaled-mm": 10.0 * 1.1 ** 3, "triton": 1.0},
-                       "configs": {"triton": other}}]}
+                       "configs": {"triton": other}},
+                      {"n": 256, "k": 512, "m": 3, "us": {"cuda-scaled-mm": 1.0}}]}  # not a bucket's M: not a row's
     folded, count = merge_tuning.fold(base, run, "regret_x")
     assert count == 4 and validate_table(folded) is None and folded["folded"] == ["2026-12-02T10:00:00Z regret_x"]
     rows = {g["backend"]: g["shapes"]["256,512"] for g in folded["groups"]}
