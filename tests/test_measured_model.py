@@ -49,6 +49,10 @@ def test_a_measured_shape_is_its_own_row() -> None:
     est = meas.estimate("a", 1024, 2048, 16)
     assert est is not None and (est.us, est.source, est.config_shape) == (12.5, MEASURED, (1024, 2048))
     assert est.detail == "12.5 us measured" and est.config == {"n": 1024, "k": 2048}
+    group = _group("a", {(1024, 2048): {16: 12.5}})
+    group["shapes"]["1024,2048"]["16"]["runs"] = 3  # the geometric mean of three runs' timings
+    folded = _measurements(group).estimate("a", 1024, 2048, 16)
+    assert folded is not None and folded.detail == "12.5 us measured (the mean of 3 runs)"
 
 
 def test_a_vendor_row_below_both_neighbours_at_decode_counts_as_their_median() -> None:

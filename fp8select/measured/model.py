@@ -73,11 +73,12 @@ LUCKY = 1.15
 
 
 class Row(NamedTuple):
-    """One measurement: whole-op median time and the launch configuration it was taken with (made from a
-    table's row where a plan reads it)."""
+    """One measurement: whole-op median time, the launch configuration it was taken with, and how many runs'
+    timings the time is the geometric mean of (made from a table's row where a plan reads it)."""
 
     us: float
     config: Mapping[str, Any] | None = None
+    runs: int = 1
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class _BackendRows:
 
     def row(self, shape: tuple[int, int], bucket: int) -> Row | None:
         found = self.shapes.get(shape, {}).get(str(bucket))
-        return None if found is None else Row(_us(found), found.get("config"))
+        return None if found is None else Row(_us(found), found.get("config"), found.get("runs", 1))
 
 
 class Measurements:
@@ -195,7 +196,8 @@ class Measurements:
                 return Estimate(median, MEASURED, f"{median:.1f} us measured at the buckets around it ({row.us:.1f} "
                                 f"here, below both: a lucky timing of a kernel whose decode time is flat){note}",
                                 row.config, (n, k))
-            return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{note}", row.config, (n, k))
+            runs = f" (the mean of {row.runs} runs)" if row.runs > 1 else ""
+            return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{runs}{note}", row.config, (n, k))
         modelled = self._model_from_others(backend, n, k, bucket)
         if modelled is None:
             return None
