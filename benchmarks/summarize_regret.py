@@ -9,9 +9,9 @@ timings that include run-to-run noise even where ``auto`` ran the very same kern
 **choice** (the pinned time of the backend ``auto`` ran over the fastest pinned time: the cost
 of the decision alone). ``--plot`` draws time against M per backend for two shapes.
 
-``--replan`` scores, per file, the plan this code makes today for each point from the shipped table
-(no GPU): the pinned time of the backend it picks over the fastest pinned time, next to the same for
-the backend ``auto`` ran then. It re-scores kept timings, measures nothing: what a decision rule
+``--replan`` scores, per file and pooled per set, the plan this code makes today for each point from the
+shipped table (no GPU): the pinned time of the backend it picks over the fastest pinned time, next to the
+same for the backend ``auto`` ran then. It re-scores kept timings, measures nothing: what a decision rule
 changes on points measured once. The plan is made for the snapshot the run recorded
 (``capabilities``); runs before it did are given an H200 snapshot made from their environment and
 the table's versions, with every vendor entry point fp8select looks for (:func:`_h200_snapshot`).
@@ -39,6 +39,8 @@ SETS = {
     "vendors, every shipped shape (table)": ("regret_vendors_deepseek", "regret_vendors_served", "regret_vendors_shipped",
                                              "regret_vendors_shipped_rest", "regret_vendors_shipped_last"),
     "no vendors, 92 shipped shapes (table)": ("regret_novendors_shipped", "regret_novendors_shipped_rest"),
+    "no vendors, every shipped shape (table)": ("regret_novendors_deepseek", "regret_novendors_served",
+                                                "regret_novendors_shipped", "regret_novendors_shipped_rest"),
     "vendors, five shapes of the re-timed points (table)": ("regret_vendors_retimed",),
     "no vendors, the same five (table)": ("regret_novendors_retimed",),
     "vendors, decode check of the near-tie rules (table)": ("regret_vendors_decode_check",),
@@ -164,7 +166,19 @@ def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, di
         if now:
             out[path.stem] = {"points": len(now), "then": [round(_geomean(then), 4), round(max(then), 3)],
                               "now": [round(_geomean(now), 4), round(max(now), 3)], "changed": changed,
-                              **({"stale": stale} if stale else {})}
+                              **({"stale": stale} if stale else {}), "ratios": now}
+    return out
+
+
+def replan_sets(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`replan`'s picks pooled per set of runs (:data:`SETS`): points, geomean and worst of today's picks'
+    pinned time over the fastest, and how many points lie more than 3% and 5% from it."""
+    out = {}
+    for label, names in SETS.items():
+        ratios = [r for name in names if name in found for r in found[name]["ratios"]]
+        if ratios:
+            out[label] = {"points": len(ratios), "now": [round(_geomean(ratios), 4), round(max(ratios), 3)],
+                          "over_3pct": sum(r > 1.03 for r in ratios), "over_5pct": sum(r > 1.05 for r in ratios)}
     return out
 
 
@@ -176,8 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     directory = Path(args.directory)
     if args.replan:
-        for name, figures_now in replan(directory).items():
-            print(f"{name}: {json.dumps(figures_now)}")
+        found = replan(directory)
+        for name, figures_now in found.items():
+            print(f"{name}: {json.dumps({k: v for k, v in figures_now.items() if k != 'ratios'})}")
+        for label, pooled in replan_sets(found).items():
+            print(f"{label}: {json.dumps(pooled)}")
         return
     for label, names in SETS.items():
         pts = points(directory, names)

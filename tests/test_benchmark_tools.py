@@ -157,3 +157,17 @@ def test_the_moe_invariant_cost_takes_the_cheapest_route_a_record_qualifies_for_
     cost = moe_table_cost(table, records)
     assert cost["shapes"]["8,256,128,2"]["invariant_route"].startswith("triton/sorted")
     assert cost["geomean_ratio"] == 1.5
+
+
+def test_performance_md_quotes_the_replanned_shipped_shapes_pooled_per_set() -> None:
+    """The out-of-sample figures of the folded table in docs/performance.md are --replan's, pooled per set."""
+    from benchmarks import summarize_regret
+
+    pooled = summarize_regret.replan_sets(summarize_regret.replan(BENCHMARKS / "results"))
+    performance = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    for label in ("vendors, every shipped shape (table)", "no vendors, every shipped shape (table)"):
+        figures = pooled[label]
+        over = f"{figures['over_3pct']} over 3%" if figures["over_3pct"] else "none over 3%"
+        assert f"{figures['now'][0]:.4f}, {figures['now'][1]:.3f}; {over}" in performance, (label, figures)
+    check = pooled["vendors, decode check of the near-tie rules (table)"]["now"]
+    assert f"{check[0]:.4f}, {check[1]:.3f} |" in performance
