@@ -19,7 +19,7 @@ table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
 without the vendors (``cuda-scaled-mm`` and ``triton``).
 ``--out FILE`` also writes the report (the kept one, which docs/performance.md quotes: the second command).
-``--eps/--power/--n-weight`` try other interpolation constants (``fp8select.measured.model``). Backends the
+``--eps/--power/--n-weight/--tile-penalty`` try other interpolation constants (``fp8select.measured.model``). Backends the
 truth lacks are not chosen from; times are whole ops, so a pick is right or wrong by the same measure.
 """
 
@@ -203,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps", type=float, default=model._EPS)
     parser.add_argument("--power", type=float, default=model._POWER)
     parser.add_argument("--n-weight", type=float, default=model._N_WEIGHT)
+    parser.add_argument("--tile-penalty", type=float, default=model.TILE_PENALTY)
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args(argv)
-    model._EPS, model._POWER, model._N_WEIGHT = args.eps, args.power, args.n_weight
+    model._EPS, model._POWER, model._N_WEIGHT, model.TILE_PENALTY = args.eps, args.power, args.n_weight, args.tile_penalty
     table = json.loads(Path(args.table).read_text())
-    report: dict[str, Any] = {"constants": {"eps": args.eps, "power": args.power, "n_weight": args.n_weight}}
+    report: dict[str, Any] = {"constants": {"eps": args.eps, "power": args.power, "n_weight": args.n_weight,
+                                            "tile_penalty": args.tile_penalty}}
     choices = {args.backends: set(args.backends.split(","))} if args.backends else {
         "all": None, "without vendors": set(WITHOUT_VENDORS)}
     for label, keep in choices.items():

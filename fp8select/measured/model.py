@@ -16,13 +16,17 @@ changes much between releases, and any data beats none), and says so.
 
       log(best / floor):  the weighted median of log(best_i / floor_i) over the shapes i measured at this bucket
       log(t / best):      the weighted median of log(t_j / best_j) over the shapes j where this backend ran
-      w = 1 / (d + 0.5)**4,   d = sqrt((2 log2(N'/N))**2 + (log2(K'/K))**2)
+      w = 1 / (d + 0.5)**4 * (0.1 where DeepGEMM's output tile differs),
+      d = sqrt((2 log2(N'/N))**2 + (log2(K'/K))**2)
 
   ``floor`` is the roofline floor (:func:`fp8select.roofline.floor_us`). N counts twice: it sets how
   many output tiles a shape has, so its waves over the SMs, what moves a backend's standing most; K
-  only the length of each tile's loop. The constants were chosen among 48 (eps 0.25-1, power 1-4,
-  N counted 0.5-3 times) on the table's folds and checked on other runs' shapes the table lacks
-  (docs/performance.md, "Shapes in no table"). A shape with rows of its own
+  only the length of each tile's loop. A shape where DeepGEMM picks another tile width at this M than at
+  the layer's (:func:`fp8select.measured.deepgemm_tiles.deepgemm_block_n`) counts a tenth
+  (:data:`TILE_PENALTY`): where DeepGEMM's pick is slow, the fastest is another backend, and every
+  standing is another. The distance's constants were chosen among 48 (eps 0.25-1, power 1-4,
+  N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved every geomean), on the
+  table's folds and checked on other runs' shapes the table lacks (docs/performance.md, "Shapes in no table"). A shape with rows of its own
   at some buckets (measured at load time within a budget, or a backend its measurement left out) is
   modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
   at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
@@ -55,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fp8select.buckets import M_BUCKETS, bucket_index
+from fp8select.measured.deepgemm_tiles import deepgemm_block_n
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
@@ -64,6 +69,9 @@ MEASURED, MODEL = "measured", "model"
 _EPS = 0.5
 _POWER = 4
 _N_WEIGHT = 2.0
+TILE_PENALTY = 0.1
+"""The weight of a measured shape, relative to its distance's, where DeepGEMM picks another output tile width
+at the bucket than at the layer's shape."""
 _NAMED = 3  # measured shapes a modelled estimate's detail names
 DECODE_MAX = 16
 """Largest decode bucket: up to it a vendor kernel's row below both its neighbours counts as their median."""
@@ -141,11 +149,11 @@ class Measurements:
         self._memo: dict[tuple[str, int, int, int], Estimate | None] = {}  # estimate(), remembered
         # Remembered too, each a function of the rows and made at the first modelled estimate (a plan whose
         # shapes the tables hold needs none): per (backend or None for the fastest, bucket) the values the
-        # model's medians take, in order; per layer shape every measured shape's weight; per backend and
+        # model's medians take, in order; per layer shape and bucket every measured shape's weight; per backend and
         # bucket the shapes measured; the fastest backend's time per (shape, bucket), which standings are
         # relative to.
         self._ordered: dict[tuple[str | None, int], list[tuple[tuple[int, int], float]]] = {}
-        self._weights: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
+        self._weights: dict[tuple[int, int, int], dict[tuple[int, int], float]] = {}
         self._trained: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self._fastest: dict[tuple[tuple[int, int], int], float] | None = None
         self._modelled: dict[tuple[str, int, int, int], _Modelled | None] = {}  # _model_from_others(), remembered
@@ -219,7 +227,7 @@ class Measurements:
         if key not in self._modelled:
             found = None
             if any(shape != (n, k) for shape in self._train(backend, bucket)):
-                weights = self._weights_at(n, k)
+                weights = self._weights_at(n, k, bucket)
                 best_eff, _, _ = _weighted_median(self._values(None, bucket), weights, (n, k))
                 standing, shares, at = _weighted_median(self._values(backend, bucket), weights, (n, k))
                 found = _Modelled(math.log(floor_us(n, k, bucket)) + best_eff + standing, standing, shares, at)
@@ -262,12 +270,15 @@ class Measurements:
             self._ordered[key] = sorted(points, key=lambda point: point[1])
         return self._ordered[key]
 
-    def _weights_at(self, n: int, k: int) -> dict[tuple[int, int], float]:
-        """Every measured shape's weight for a layer of shape (N, K): 1 / (distance + eps) ** power."""
-        if (n, k) not in self._weights:
-            self._weights[(n, k)] = {shape: 1.0 / (_distance(shape, n, k) + _EPS) ** _POWER
-                                     for shape in dict.fromkeys(shape for shape, _ in self._best())}
-        return self._weights[(n, k)]
+    def _weights_at(self, n: int, k: int, bucket: int) -> dict[tuple[int, int], float]:
+        """Every measured shape's weight for a layer of shape (N, K) at ``bucket``: 1 / (distance + eps) ** power,
+        times :data:`TILE_PENALTY` where DeepGEMM picks another tile width there than at (N, K)."""
+        if (n, k, bucket) not in self._weights:
+            tile = deepgemm_block_n(bucket, n, k)
+            self._weights[(n, k, bucket)] = {
+                shape: (1.0 if deepgemm_block_n(bucket, *shape) == tile else TILE_PENALTY) / (_distance(shape, n, k) + _EPS) ** _POWER
+                for shape in dict.fromkeys(shape for shape, _ in self._best())}
+        return self._weights[(n, k, bucket)]
 
     def _train(self, backend: str, bucket: int) -> tuple[tuple[int, int], ...]:
         """The shapes ``backend`` was measured at in ``bucket``, in order."""
