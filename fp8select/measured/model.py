@@ -26,8 +26,8 @@ changes much between releases, and any data beats none), and says so.
   (:data:`TILE_PENALTY`): where DeepGEMM's pick is slow, the fastest is another backend, and every
   standing is another. The distance's constants were chosen among 48 (eps 0.25-1, power 1-4,
   N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved every geomean), on the
-  table's folds and checked on other runs' shapes the table lacks (docs/performance.md, "Shapes in no table"). A shape with rows of its own
-  at some buckets (measured at load time within a budget, or a backend its measurement left out) is
+  table's folds and checked on other runs' shapes the table lacks (docs/performance.md, "Shapes in no
+  table"). A shape with rows of its own at some buckets (measured at load time within a budget, or a backend its measurement left out) is
   modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
   at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
   log M between the nearest two, the nearest one's beyond them. The model's absolute level can be 2-3x
@@ -42,7 +42,7 @@ changes much between releases, and any data beats none), and says so.
   the standing and the nearest shape where it was measured). Where that matters, measure: ``fp8select tune``,
   or load-time measurement (the default where the cache directory can be written: :mod:`fp8select.measure.loadtime`).
   ``fp8select tune --shapes N,K`` measures a shape exactly; a launch configuration (Triton's) is
-  borrowed from the nearest measured shape (the estimate says which: ``config_shape``), and the
+  borrowed from the measured shape of the largest weight (the estimate says which: ``config_shape``), and the
   backend fits it to this one (:meth:`fp8select.backends.base.Backend.fit_config`).
 
 A backend with no row on this device at all has no estimate; the plan then falls back to the
