@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from fp8select.measured import model
 from fp8select.measured.deepgemm_tiles import deepgemm_block_n
 from fp8select.measured.model import MEASURED, MODEL, Measurements
 from fp8select.measured.table import new_table
@@ -29,11 +28,12 @@ def _group(backend: str, rows: Rows, versions: dict[str, str] | None = None, con
         for (n, k), buckets in rows.items()}}
 
 
-def _measurements(*groups: dict[str, Any], installed: dict[str, dict[str, str]] | None = None) -> Measurements:
-    table = new_table("cpu")
+def _measurements(*groups: dict[str, Any], installed: dict[str, dict[str, str]] | None = None,
+                  device: str = "cpu") -> Measurements:
+    table = new_table(device)
     table["groups"] = list(groups)
     names = {g["backend"] for g in groups}
-    return Measurements("cpu", [table], installed if installed is not None else {name: TORCH for name in names})
+    return Measurements(device, [table], installed if installed is not None else {name: TORCH for name in names})
 
 
 def _eff(n: int, k: int, bucket: int, factor: float) -> float:
@@ -138,10 +138,9 @@ def test_one_neighbour_far_off_does_not_move_the_median() -> None:
     assert [share for _, share in b.sources] == pytest.approx([0.25] * 4)
 
 
-def test_a_backend_is_placed_relative_to_the_fastest_at_each_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_backend_is_placed_relative_to_the_fastest_at_each_shape() -> None:
     """b ran only where it is 2x the fastest (a): modelled anywhere as 2x a's model, though a's model uses
     shapes b never ran at; and a stays itself (its standing is 1 wherever it ran)."""
-    monkeypatch.setattr(model, "TILE_PENALTY", 1.0)  # distance alone (DeepGEMM's tile differs at the two shapes)
     s1, s2 = (1024, 1024), (4096, 4096)
     for order in ("ab", "ba"):  # whichever is read first
         rows = {"a": _group("a", {s1: {16: _eff(*s1, 16, 2.0)}, s2: {16: _eff(*s2, 16, 6.0)}}),
@@ -156,16 +155,20 @@ def test_a_backend_is_placed_relative_to_the_fastest_at_each_shape(monkeypatch: 
 
 def test_shapes_where_deepgemm_picks_another_tile_width_count_a_tenth() -> None:
     """7168x4096 at M 2048 lies as far from 3584x4096 as from 14336x4096; DeepGEMM picks a 112-wide tile at the
-    first two (and is slow there, as on the H200 at N 5120 and 7168) and 128 at the third. The shape sharing the
-    tile carries 10/11 of the weight, so its standings decide: b, not a, is modelled fastest."""
+    first two (and is slow there, as on the H200 at N 5120 and 7168) and 128 at the third. On an H200 the shape
+    sharing the tile carries 10/11 of the weight, so its standings decide: b, not a, is modelled fastest. On
+    another device (whose DeepGEMM the restated choice is not) both weigh alike."""
     same, other, at = (3584, 4096), (14336, 4096), (7168, 4096)
     assert deepgemm_block_n(2048, *at) == deepgemm_block_n(2048, *same) == 112 != deepgemm_block_n(2048, *other)
-    meas = _measurements(_group("a", {same: {2048: _eff(*same, 2048, 1.2)}, other: {2048: _eff(*other, 2048, 1.0)}}),
-                         _group("b", {same: {2048: _eff(*same, 2048, 1.0)}, other: {2048: _eff(*other, 2048, 1.1)}}))
+    groups = (_group("a", {same: {2048: _eff(*same, 2048, 1.2)}, other: {2048: _eff(*other, 2048, 1.0)}}),
+              _group("b", {same: {2048: _eff(*same, 2048, 1.0)}, other: {2048: _eff(*other, 2048, 1.1)}}))
+    meas = _measurements(*groups, device="NVIDIA H200")
     a, b = meas.estimate("a", *at, 2048), meas.estimate("b", *at, 2048)
     assert a is not None and b is not None and b.us < a.us
     assert a.sources == ((same, pytest.approx(10 / 11)), (other, pytest.approx(1 / 11)))
     assert a.us == pytest.approx(1.2 * b.us)
+    elsewhere = _measurements(*groups, device="NVIDIA B200").estimate("a", *at, 2048)
+    assert elsewhere is not None and elsewhere.sources == ((same, pytest.approx(0.5)), (other, pytest.approx(0.5)))
 
 
 def test_the_fastest_is_the_fastest_of_every_backend_not_the_last_read() -> None:
@@ -176,8 +179,7 @@ def test_the_fastest_is_the_fastest_of_every_backend_not_the_last_read() -> None
     assert fast is not None and fast.us == pytest.approx(_eff(2048, 2048, 16, 2.0), rel=1e-9)
 
 
-def test_nearest_shape_lends_its_configuration_and_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model, "TILE_PENALTY", 1.0)  # distance alone
+def test_nearest_shape_lends_its_configuration_and_is_named() -> None:
     meas = _measurements(_group("a", {(512, 512): {32: 5.0}, (4096, 1024): {32: 9.0}}, config=True))
     est = meas.estimate("a", 4096, 2048, 32)
     assert est is not None and est.config_shape == (4096, 1024) and est.config == {"n": 4096, "k": 1024}

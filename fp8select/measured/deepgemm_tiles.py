@@ -14,17 +14,21 @@ how every backend stands against the fastest, and :mod:`fp8select.measured.model
 
 :func:`deepgemm_block_n` restates that choice from DeepGEMM 2.6.1's description of it (its SM90 heuristic:
 the candidates, the stage rule and the cost), for the dense ``fp8_gemm_nt`` with 128x128 weight scales and a
-bf16 output, on 132 SMs (the H100's and H200's). It decides nothing by itself: a later DeepGEMM that picks
-otherwise only makes the feature less telling, and the tables are measured again at its version. Pure Python.
+bf16 output, on 132 SMs: the model uses it for the tables of :data:`DEVICES` only. It decides nothing by
+itself: a later DeepGEMM that picks otherwise only makes the feature less telling, and the tables are
+measured again at its version. Pure Python.
 """
 
 from __future__ import annotations
 
 import functools
 
-__all__ = ["SMS", "deepgemm_block_n"]
+__all__ = ["DEVICES", "SMS", "deepgemm_block_n"]
 
 SMS = 132
+DEVICES = frozenset({"NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H800"})
+"""The devices (as torch names them) whose tables the feature applies to: Hopper (sm90) with 132 SMs, as the
+restated choice assumes; on others DeepGEMM runs another heuristic or other waves."""
 _SMEM = 232448  # bytes of shared memory a thread block may use on sm90
 _L1 = 128 * SMS  # bytes per cycle, as DeepGEMM's cost counts them
 _L2 = min(64 * SMS, int(8e6 / 1.3e3))

@@ -23,8 +23,9 @@ changes much between releases, and any data beats none), and says so.
   many output tiles a shape has, so its waves over the SMs, what moves a backend's standing most; K
   only the length of each tile's loop. A shape where DeepGEMM picks another tile width at this M than at
   the layer's (:func:`fp8select.measured.deepgemm_tiles.deepgemm_block_n`) counts a tenth
-  (:data:`TILE_PENALTY`): where DeepGEMM's pick is slow, the fastest is another backend, and every
-  standing is another. The distance's constants were chosen among 48 (eps 0.25-1, power 1-4,
+  (:data:`TILE_PENALTY`; on the devices whose DeepGEMM choice that restates,
+  :data:`~fp8select.measured.deepgemm_tiles.DEVICES`): where DeepGEMM's pick is slow, the fastest is
+  another backend, and every standing is another. The distance's constants were chosen among 48 (eps 0.25-1, power 1-4,
   N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved every geomean), on the
   table's folds and checked on other runs' shapes the table lacks (docs/performance.md, "Shapes in no
   table"). A shape with rows of its own at some buckets (measured at load time within a budget, or a backend its measurement left out) is
@@ -59,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fp8select.buckets import M_BUCKETS, bucket_index
-from fp8select.measured.deepgemm_tiles import deepgemm_block_n
+from fp8select.measured.deepgemm_tiles import DEVICES, deepgemm_block_n
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
@@ -134,6 +135,7 @@ class Measurements:
         """``tables``: valid tables of this device, later ones winning on equal keys;
         ``installed``: per backend name, the versions found here (:func:`~.table.backend_versions`)."""
         self.device_name = device_name
+        self._tiled = device_name in DEVICES  # weigh shapes by DeepGEMM's tile too (_weights_at)
         groups: dict[str, dict[tuple[tuple[str, str], ...], dict[tuple[int, int], dict[str, Any]]]] = {}
         for table in tables:
             for group in table["groups"]:
@@ -272,12 +274,13 @@ class Measurements:
 
     def _weights_at(self, n: int, k: int, bucket: int) -> dict[tuple[int, int], float]:
         """Every measured shape's weight for a layer of shape (N, K) at ``bucket``: 1 / (distance + eps) ** power,
-        times :data:`TILE_PENALTY` where DeepGEMM picks another tile width there than at (N, K)."""
+        times :data:`TILE_PENALTY` where DeepGEMM picks another tile width there than at (N, K) (on
+        :data:`~fp8select.measured.deepgemm_tiles.DEVICES`)."""
         if (n, k, bucket) not in self._weights:
-            tile = deepgemm_block_n(bucket, n, k)
+            tile = deepgemm_block_n(bucket, n, k) if self._tiled else 0
             self._weights[(n, k, bucket)] = {
-                shape: (1.0 if deepgemm_block_n(bucket, *shape) == tile else TILE_PENALTY) / (_distance(shape, n, k) + _EPS) ** _POWER
-                for shape in dict.fromkeys(shape for shape, _ in self._best())}
+                shape: (1.0 if not self._tiled or deepgemm_block_n(bucket, *shape) == tile else TILE_PENALTY)
+                / (_distance(shape, n, k) + _EPS) ** _POWER for shape in dict.fromkeys(shape for shape, _ in self._best())}
         return self._weights[(n, k, bucket)]
 
     def _train(self, backend: str, bucket: int) -> tuple[tuple[int, int], ...]:
