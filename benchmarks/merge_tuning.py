@@ -136,11 +136,14 @@ def fold(table: dict[str, Any], run: dict[str, Any], name: str) -> tuple[dict[st
 
 def unfold(table: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """``table`` with the timings of ``run`` taken back out of its rows: as if it had not been folded in (to the
-    rounding of a row's microseconds); ``table`` itself where it was not."""
+    rounding of a row's microseconds); ``table`` itself where it was not. A row timed once (re-timed whole
+    since, by ``--all`` or ``--margin``) holds no run's timing and is left as it is."""
     if not _is_folded(table, run):
         return table
     out = json.loads(json.dumps(table))
     for row, us in _timings(out, run):
+        if "runs" not in row:
+            continue
         runs = row.pop("runs")
         row["us"] = round(math.exp((runs * math.log(row["us"]) - math.log(us)) / (runs - 1)), 3)
         if runs > 2:
