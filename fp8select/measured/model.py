@@ -25,10 +25,11 @@ changes much between releases, and any data beats none), and says so.
   the layer's (:func:`fp8select.measured.deepgemm_tiles.deepgemm_block_n`) counts a tenth
   (:data:`TILE_PENALTY`; on the devices whose DeepGEMM choice that restates,
   :data:`~fp8select.measured.deepgemm_tiles.DEVICES`): where DeepGEMM's pick is slow, the fastest is
-  another backend, and every standing is another. The distance's constants were chosen among 48 (eps 0.25-1, power 1-4,
-  N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved every geomean), on the
-  table's folds and checked on other runs' shapes the table lacks (docs/performance.md, "Shapes in no
-  table"). A shape with rows of its own at some buckets (measured at load time within a budget, or a backend its measurement left out) is
+  another backend, and every standing is another. The distance's constants were chosen among 48 (eps
+  0.25-1, power 1-4, N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved
+  every geomean), on the table's folds, and checked on other runs' shapes the table lacks
+  (docs/performance.md, "Shapes in no table"). A shape with rows of its own at some buckets (measured
+  at load time within a budget, or a backend its measurement left out) is
   modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
   at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
   log M between the nearest two, the nearest one's beyond them. The model's absolute level can be 2-3x
