@@ -133,6 +133,31 @@ def test_deepgemm_warms_up_on_the_gpu() -> None:
     torch.cuda.synchronize()
 
 
+def test_deepgemm_picks_the_tile_width_the_model_restates(capfd: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model weighs shapes by the BLOCK_N DeepGEMM picks (fp8select/measured/deepgemm_tiles.py, a
+    restatement of its heuristic on 132 SMs): DeepGEMM's own pick, which it prints with DG_PRINT_CONFIGS=1,
+    is that width, at shapes where it picks 112 (N 5120 and 7168 at M 2048) and elsewhere."""
+    _require("deepgemm")
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the restated choice is for 132 SMs")
+    import re
+
+    from fp8select.measured.deepgemm_tiles import deepgemm_block_n
+
+    monkeypatch.setenv("DG_PRINT_CONFIGS", "1")
+    for n, k in ((5120, 5120), (7168, 2048), (4096, 7168), (2112, 7168)):
+        layer, _, _ = _layer("deepgemm", n, k)
+        for m in (1, 16, 256, 2048):
+            layer(_randn(m, k, seed=m))
+    torch.cuda.synchronize()
+    printed = re.findall(r"m=(\d+), n=(\d+), k=(\d+),.*?block_n=(\d+)", capfd.readouterr().out)
+    assert printed, "DeepGEMM printed no configuration (DG_PRINT_CONFIGS)"
+    picks = {(int(m), int(n), int(k)): int(bn) for m, n, k, bn in printed}
+    assert {mnk: deepgemm_block_n(*mnk) for mnk in picks} == picks
+    assert picks.get((2048, 5120, 5120)) == 112
+
+
 # =============================================================================== numerics
 
 
