@@ -4,7 +4,9 @@
     python -m benchmarks.model_check --regret benchmarks/results/regret_vendors_other_model.json \
         --regret benchmarks/results/regret_novendors_other_model.json \
         --regret benchmarks/results/regret_vendors_unseen_model.json \
-        --regret benchmarks/results/regret_novendors_unseen_model.json --out benchmarks/results/model_check.json
+        --regret benchmarks/results/regret_novendors_unseen_model.json \
+        --regret benchmarks/results/regret_vendors_glm_model.json \
+        --regret benchmarks/results/regret_novendors_glm_model.json --out benchmarks/results/model_check.json
 
 Choice regret: the measured time of the backend the model picks over the fastest measured time at that point
 (``geomean``, ``worst``); and over the time of the layer's best single backend (the one backend fastest over

@@ -46,11 +46,13 @@ SETS = {
     "vendors, decode check of the near-tie rules (table)": ("regret_vendors_decode_check",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
+    "vendors, GLM-4.5's dense layers (model)": ("regret_vendors_glm_model",),
     "vendors, models not listed (measured at load, the default)": ("regret_vendors_unseen_default",),
     "vendors, models not listed (the default, second start)": ("regret_vendors_unseen_second",),
     "no vendors, DeepSeek-V3 (table)": ("regret_novendors_deepseek",),
     "no vendors, other models (model)": ("regret_novendors_other_model",),
     "no vendors, models not listed (model)": ("regret_novendors_unseen_model",),
+    "no vendors, GLM-4.5's dense layers (model)": ("regret_novendors_glm_model",),
     "no vendors, models not listed (measured at load, the default)": ("regret_novendors_unseen_default",),
     "no vendors, models not listed (the default, second start)": ("regret_novendors_unseen_second",),
 }

@@ -94,7 +94,7 @@ def test_model_check_on_the_shipped_table_is_the_kept_result(tmp_path: Path, cap
 
     results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
     out = tmp_path / "check.json"
-    regret = [arg for name in ("vendors", "novendors") for runs in ("other_model", "unseen_model")
+    regret = [arg for name in ("vendors", "novendors") for runs in ("other_model", "unseen_model", "glm_model")
               for arg in ("--regret", str(results / f"regret_{name}_{runs}.json"))]
     assert model_check.main([*regret, "--out", str(out)]) == 0
     capsys.readouterr()
