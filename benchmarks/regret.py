@@ -83,7 +83,8 @@ def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def near_ties(table: dict[str, Any], backends: Sequence[str], margin: float) -> dict[tuple[int, int], list[int]]:
     """Per shape of ``table``'s dense rows, its M buckets where the two fastest rows of ``backends`` lie within
-    ``margin`` of each other (buckets with one such row or none left out)."""
+    ``margin`` of each other (buckets with one such row or none left out); the shape holding the closest
+    contest first, so that a budget that ends early has timed the closest."""
     times: dict[tuple[int, int, int], list[float]] = {}
     for group in table["groups"]:
         if group["backend"] not in backends:
@@ -93,11 +94,13 @@ def near_ties(table: dict[str, Any], backends: Sequence[str], margin: float) -> 
             for bucket, row in buckets.items():
                 times.setdefault((n, k, int(bucket)), []).append(float(row["us"]))
     out: dict[tuple[int, int], list[int]] = {}
+    closest: dict[tuple[int, int], float] = {}
     for (n, k, m), found in sorted(times.items()):
         found.sort()
         if len(found) > 1 and found[1] <= found[0] * (1 + margin):
             out.setdefault((n, k), []).append(m)
-    return out
+            closest[(n, k)] = min(closest.get((n, k), math.inf), found[1] / found[0])
+    return {shape: out[shape] for shape in sorted(out, key=lambda shape: (closest[shape], shape))}
 
 
 def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
