@@ -67,12 +67,12 @@ def _layouts(few_rows: int) -> tuple[tuple[int, ...], ...]:
 @functools.lru_cache(maxsize=65536)
 def deepgemm_block_n(m: int, n: int, k: int) -> int:
     """The ``BLOCK_N`` DeepGEMM picks for an ``[M, K] x [N, K]`` block-FP8 GEMM on a 132-SM Hopper GPU."""
-    scales = -(-(-(-k // 128) * 4) // 8) * 8  # the weight scales of a row of tiles, kept in shared memory
+    scales = _cdiv(_cdiv(k, 128) * 4, 8) * 8  # the weight scales of a row of tiles, kept in shared memory
     best, pick = -1, 0
     for bm, bn, clustered, room, l1_ab, l2_ab, l1_cd, l2_cd in _layouts(min(m, 33)):
         if scales > room:
             continue
-        tiles = -(-m // bm) * -(-n // bn)
+        tiles = -(-m // bm) * -(-n // bn)  # ceilings, inline: this loop runs about 90 times a call
         waves = -(-tiles // SMS)
         if clustered and waves <= 1:
             continue
