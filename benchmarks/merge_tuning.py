@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8select.buckets import m_bucket
-from fp8select.measured.table import check_table, group_key, merge_tables, save_table
+from fp8select.measured.table import check_table, group_key, merge_tables, release, save_table
 
 SECTIONS = ("groups", "moe")  # a table's dense groups and its MoE entries
 NOT_PINNED = ("auto", "reference", "bf16-matmul")  # a regret run's columns that are not a backend's row
@@ -94,7 +94,7 @@ def _timings(table: dict[str, Any], run: dict[str, Any]) -> list[tuple[dict[str,
     for group in table["groups"]:
         versions = group["versions"]
         if all(versions.get(key) == env.get(key) for key in VERSION_KEYS) and all(
-                name not in packages or packages[name].split("+", 1)[0] == version
+                name not in packages or release(packages[name]) == version
                 for name, version in versions.items() if name not in VERSION_KEYS):
             groups.setdefault(group["backend"], []).append(group)
     ambiguous = sorted(name for name, found in groups.items() if len(found) > 1)
@@ -116,8 +116,13 @@ def _run_id(run: dict[str, Any], name: str) -> str:
     return f"{run['environment']['time']} {name}"
 
 
+def _names(entry: str, run: dict[str, Any]) -> bool:
+    """Whether ``entry`` of a table's ``folded`` list (:func:`_run_id`) names ``run``: by its time."""
+    return entry.split(" ", 1)[0] == run["environment"]["time"]
+
+
 def _is_folded(table: dict[str, Any], run: dict[str, Any]) -> bool:
-    return any(entry.split(" ", 1)[0] == run["environment"]["time"] for entry in table.get("folded", ()))
+    return any(_names(entry, run) for entry in table.get("folded", ()))
 
 
 def fold(table: dict[str, Any], run: dict[str, Any], name: str) -> tuple[dict[str, Any], int]:
@@ -148,7 +153,7 @@ def unfold(table: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         row["us"] = round(math.exp((runs * math.log(row["us"]) - math.log(us)) / (runs - 1)), 3)
         if runs > 2:
             row["runs"] = runs - 1
-    out["folded"] = [entry for entry in out["folded"] if entry.split(" ", 1)[0] != run["environment"]["time"]]
+    out["folded"] = [entry for entry in out["folded"] if not _names(entry, run)]
     if not out["folded"]:
         del out["folded"]
     return out

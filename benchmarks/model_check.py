@@ -60,7 +60,8 @@ def _installed(table: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {g["backend"]: g["versions"] for g in table["groups"]}
 
 
-def _table_truth(table: dict[str, Any]) -> Truth:
+def table_truth(table: dict[str, Any]) -> Truth:
+    """Per (N, K, M bucket) of ``table``'s dense rows, each backend's time."""
     truth: Truth = {}
     for g in table["groups"]:
         for shape, buckets in g["shapes"].items():
@@ -134,7 +135,7 @@ def model_of(shape: tuple[int, int]) -> str:
 
 def cross_validation(table: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
     """Leave-one-shape-out and leave-one-model-out summaries of ``table`` (choosing among ``keep`` only)."""
-    truth = _only(_table_truth(table), keep)
+    truth = _only(table_truth(table), keep)
     folds: dict[str, dict[tuple[int, int], set[tuple[int, int]]]] = {"shape": {}, "model": {}}
     by_model: dict[str, set[tuple[int, int]]] = {}
     for n, k, _ in truth:
@@ -153,7 +154,7 @@ def partly_measured(table: dict[str, Any], keep: set[str] | None, budgets: Seque
     within a budget of that many rows (whole M buckets, the closest contests first, as
     :func:`fp8select.measure.loadtime.points_to_measure` orders them), and its points planned from those and
     the other shapes: a summary per budget."""
-    truth = _only(_table_truth(table), keep)
+    truth = _only(table_truth(table), keep)
     points: dict[int, list[dict[str, Any]]] = {budget: [] for budget in budgets}
     for n, k in sorted({(n, k) for n, k, _ in truth}):
         without = _measurements(table, (n, k))

@@ -85,18 +85,12 @@ def near_ties(table: dict[str, Any], backends: Sequence[str], margin: float) -> 
     """Per shape of ``table``'s dense rows, its M buckets where the two fastest rows of ``backends`` lie within
     ``margin`` of each other (buckets with one such row or none left out); the shape holding the closest
     contest first, so that a budget that ends early has timed the closest."""
-    times: dict[tuple[int, int, int], list[float]] = {}
-    for group in table["groups"]:
-        if group["backend"] not in backends:
-            continue
-        for shape, buckets in group["shapes"].items():
-            n, k = (int(v) for v in shape.split(","))
-            for bucket, row in buckets.items():
-                times.setdefault((n, k, int(bucket)), []).append(float(row["us"]))
+    from benchmarks.model_check import table_truth
+
     out: dict[tuple[int, int], list[int]] = {}
     closest: dict[tuple[int, int], float] = {}
-    for (n, k, m), found in sorted(times.items()):
-        found.sort()
+    for (n, k, m), times in sorted(table_truth(table).items()):
+        found = sorted(us for name, us in times.items() if name in backends)
         if len(found) > 1 and found[1] <= found[0] * (1 + margin):
             out.setdefault((n, k), []).append(m)
             closest[(n, k)] = min(closest.get((n, k), math.inf), found[1] / found[0])

@@ -69,7 +69,7 @@ def test_model_check_scores_the_models_choice_against_measured_times() -> None:
     table = {"device_name": "gpu", "schema": 2, "groups": [{"backend": b, "versions": {"torch": "2"}, "shapes": s}
                                                           for b, s in shapes.items()]}
     loo = model_check.summary(model_check.choice_regret(
-        model_check._table_truth(table), lambda n, k: model_check._measurements(table, (n, k))))
+        model_check.table_truth(table), lambda n, k: model_check._measurements(table, (n, k))))
     # 2048 left out: planned from 1024 (a fast) and 8192 (b fast), nearer 1024: a, right. 8192 left out: only
     # a-fast shapes remain: a, 3x slower than b there. 1024 left out: nearer 2048: a, right.
     assert (loo["points"], loo["over_8pct"], loo["worst"]) == (3, 1, 3.0)

@@ -61,6 +61,7 @@ __all__ = [
     "load_table",
     "merge_tables",
     "new_table",
+    "release",
     "save_table",
     "shape_key",
     "table_path",
@@ -94,10 +95,15 @@ def backend_versions(caps: Capabilities, packages: Iterable[str] = ()) -> dict[s
     (fp8select's activation quantizer and kernels) and the backend's own ``packages``."""
     versions = {"torch": caps.torch_version, "cuda": caps.cuda_version, "hip": caps.hip_version,
                 "triton": caps.packages.get("triton")}
-    # A vendor package's local label ("2.6.1+local", "+54e2261") names a build of the same release:
-    # its rows stay valid (torch's, "+cu130", names another build of its kernels and is kept).
-    versions.update({name: v.split("+", 1)[0] if (v := caps.packages.get(name)) else None for name in packages})
+    versions.update({name: release(v) if (v := caps.packages.get(name)) else None for name in packages})
     return {k: v for k, v in versions.items() if v is not None}
+
+
+def release(version: str) -> str:
+    """A vendor package's version without its local label: "2.6.1+local" and "2.6.1+54e2261" name builds of
+    one release, whose rows stay valid (torch's "+cu130" names another build of its kernels and is kept:
+    :func:`backend_versions` applies this to vendor packages only)."""
+    return version.split("+", 1)[0]
 
 
 VersionsKey = tuple[tuple[str, str], ...]
@@ -177,8 +183,8 @@ def _row_problem(backend: str, row: object, moe: bool = False) -> str | None:
     us = row.get("us")
     if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
         return f".us: expected a positive finite number of microseconds, found {us!r}"
-    runs = row.get("runs", 2)
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+    runs = row.get("runs")
+    if "runs" in row and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 2):
         return f".runs: expected the number of timings averaged, 2 or more, found {runs!r}"
     config = row.get("config")
     if config is not None:
