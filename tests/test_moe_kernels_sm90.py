@@ -2,7 +2,7 @@
 
 What ``SWAP_AB`` is for shows in the machine code: at decode's 16- and 32-row tiles the normal orientation
 multiplies on the older ``mma.sync`` path, the transposed tile (the weight's rows on the MMA's wide side) on
-``wgmma``. The compiler runs in a child process, outside the interpreter mode other test modules set.
+``wgmma``. With ``PDL`` the kernel asks L2 for its weights before it waits for the previous launch. The compiler runs in a child process, outside the interpreter mode other test modules set.
 """
 
 from __future__ import annotations
@@ -30,15 +30,19 @@ def _compile() -> dict[str, dict[str, bool]]:
     ints = ("slots", "num_blocks", "N", "K", "stride_am", "stride_asm", "stride_ask", "stride_we", "stride_wn",
             "stride_wse", "stride_wsn", "stride_om")
     out = {}
-    for swap in (False, True):
+    for swap, pdl in ((False, False), (True, False), (True, True)):
         for block_m, block_n in TILES:
             constants = {"A_ROWS": 0, "OUT_SORTED": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8,
-                         "TOP_K": 1, "SWAP_AB": swap}
+                         "TOP_K": 1, "SWAP_AB": swap, "PDL": pdl, "PREFETCH_K": 4 if pdl else 0}
             signature = {**pointers, **dict.fromkeys(ints, "i32"), **dict.fromkeys(constants, "constexpr")}
             names = list(fn.arg_names)
             src = ASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
             ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
-            out[f"{int(swap)}_{block_m}_{block_n}"] = {"wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx}
+            out[f"{int(swap)}_{block_m}_{block_n}{'_pdl' if pdl else ''}"] = {
+                "wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx,
+                "prefetches": ptx.count("prefetch.global.L2"), "waits": "griddepcontrol.wait" in ptx,
+                "launches_dependents": "griddepcontrol.launch_dependents" in ptx,
+                "prefetch_before_wait": 0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")}
     return out
 
 
@@ -53,8 +57,18 @@ def compiled() -> dict[str, dict[str, bool]]:
 @pytest.mark.parametrize(("block_m", "block_n"), TILES)
 def test_decode_tiles_multiply_on_wgmma_only_when_transposed(compiled: dict[str, dict[str, bool]], block_m: int,
                                                              block_n: int) -> None:
-    assert compiled[f"0_{block_m}_{block_n}"] == {"wgmma": False, "mma_sync": True}
-    assert compiled[f"1_{block_m}_{block_n}"] == {"wgmma": True, "mma_sync": False}
+    assert {k: compiled[f"0_{block_m}_{block_n}"][k] for k in ("wgmma", "mma_sync")} == {"wgmma": False, "mma_sync": True}
+    assert {k: compiled[f"1_{block_m}_{block_n}"][k] for k in ("wgmma", "mma_sync")} == {"wgmma": True, "mma_sync": False}
+
+
+@pytest.mark.parametrize(("block_m", "block_n"), TILES)
+def test_a_pdl_launch_asks_l2_for_its_weights_before_it_waits(compiled: dict[str, dict[str, bool]], block_m: int,
+                                                               block_n: int) -> None:
+    plain, pdl = compiled[f"1_{block_m}_{block_n}"], compiled[f"1_{block_m}_{block_n}_pdl"]
+    assert (plain["prefetches"], plain["waits"], plain["launches_dependents"]) == (0, False, False)
+    assert pdl["waits"] and pdl["launches_dependents"] and pdl["prefetch_before_wait"]
+    assert pdl["prefetches"] >= 1
+    assert pdl["wgmma"] and not pdl["mma_sync"]
 
 
 if __name__ == "__main__":  # the child process of ``compiled``

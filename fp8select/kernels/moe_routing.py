@@ -90,14 +90,15 @@ def kernel_fits(slots: int, experts: int, dtype: torch.dtype) -> bool:
 
 
 def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | None = None,
-          kernel: bool | None = None) -> Routing:
+          kernel: bool | None = None, pdl: bool = False) -> Routing:
     """Sort the slots of ``topk_ids`` ``[M, k]`` by expert into blocks of ``block_m`` rows.
 
     ``max_m``: the masked layout's rows per expert, for :func:`masked_rows` (the kernel computes it in
     the same launch). ``kernel``: None runs the Triton kernel for CUDA ids that :func:`kernel_fits`
     when triton imports, the torch ops otherwise; True runs the kernel (on any device triton runs on,
     the interpreter included; ValueError where it does not fit, ImportError without triton); False
-    runs the torch ops. No slots (M = 0) need no kernel: the torch ops route them.
+    runs the torch ops. No slots (M = 0) need no kernel: the torch ops route them. ``pdl``: the kernel
+    launched with programmatic dependent launch (:mod:`.triton_pdl`; where the caller found it runs).
     """
     m, k = topk_ids.shape
     slots = m * k
@@ -115,7 +116,7 @@ def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | No
             raise
         return _route_torch(topk_ids, experts, block_m, blocks)
     slot_ids, block_expert, counts, slot_rank, slot_row, masked_row = route_kernel(topk_ids, experts, block_m, blocks,
-                                                                                   max_m)
+                                                                                   max_m, pdl)
     return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, slot_row, max_m, masked_row)
 
 

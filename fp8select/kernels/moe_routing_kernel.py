@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_pdl import pdl_enter
+
 __all__ = ["route_kernel"]
 
 _FILL = 1024
@@ -29,9 +31,11 @@ def _route_kernel(
     ids_ptr, slot_ids_ptr, block_expert_ptr, counts_ptr, slot_rank_ptr, slot_row_ptr, masked_row_ptr, scratch_ptr,
     slots, top_k, stride_m, stride_k, experts, block_m, blocks, max_m,
     S_BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, FILL: tl.constexpr, MASKED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Every output of the routing of ``slots <= S_BLOCK`` slots over ``experts < E_BLOCK`` experts
     (see :func:`route_kernel`); ``scratch_ptr``: int32 ``[2 * E_BLOCK]``, overwritten."""
+    pdl_enter(PDL)
     i = tl.arange(0, S_BLOCK)
     live = i < slots
     ids = tl.load(ids_ptr + (i // top_k).to(tl.int64) * stride_m + (i % top_k).to(tl.int64) * stride_k,
@@ -69,13 +73,14 @@ def _route_kernel(
 
 
 def route_kernel(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int,
-                 max_m: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                 max_m: int | None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                              torch.Tensor | None]:
     """``(slot_ids, block_expert, counts, slot_rank, slot_row, masked_row or None)`` of ``topk_ids``
     ``[M, k]`` (int32 or int64, any strides, ``M * k >= 1``) over ``experts`` experts in ``blocks``
     blocks of ``block_m`` rows, as :func:`fp8select.kernels.moe_routing.route` defines them, in one
     launch. ``slot_row`` is what ``row_of_slot`` computes, ``masked_row`` what ``masked_rows``
-    computes at ``max_m`` (when given). Sizes are checked by the caller (``kernel_fits``).
+    computes at ``max_m`` (when given). Sizes are checked by the caller (``kernel_fits``). ``pdl``: launched
+    with programmatic dependent launch (:mod:`.triton_pdl`; the caller knows it runs here).
 
     One compiled kernel serves each power of two of slots (one for 1..128) and of ``E + 1`` (one for
     E < 64): the two ends of an M bucket reach every one a bucket launches, so a warm-up compiles
@@ -98,5 +103,5 @@ def route_kernel(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int
         scratch, slots, k, topk_ids.stride(0), topk_ids.stride(1), experts, block_m, blocks,
         0 if max_m is None else max_m,
         S_BLOCK=s_block, E_BLOCK=e_block, FILL=_FILL, MASKED=masked_row is not None,
-        num_warps=max(4, min(16, s_block // 256)))
+        num_warps=max(4, min(16, s_block // 256)), **({"PDL": True, "launch_pdl": True} if pdl else {}))
     return slot_ids, block_expert, counts, slot_rank, slot_row, masked_row

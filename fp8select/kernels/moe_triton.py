@@ -22,6 +22,7 @@ from .moe_config import MoeTritonConfig
 from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
 from .triton_device import wgmma_runs
+from .triton_pdl import PDL_MAX_M, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
 __all__ = ["TritonExperts", "grouped_gemm_rows", "silu_mul_quant", "weighted_sum"]
@@ -31,6 +32,9 @@ _SUM_BLOCK_H = 1024
 A_SORTED, A_SLOT, A_TOKEN = 0, 1, 2
 """``A_ROWS`` of ``_grouped_gemm_kernel``: the A row a sorted row reads."""
 
+PREFETCH_K = 4
+"""K steps of its weight tile a grouped GEMM program launched with PDL asks L2 for before its wait."""
+
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -38,9 +42,16 @@ def _ceil_div(a: int, b: int) -> int:
 
 class TritonExperts:
     """The experts op on one layer's weights (``w13`` ``[E, 2I, H]``, ``w2`` ``[E, H, I]`` fp8 with
-    contiguous fp32 block scales), bound once: ``experts(x, topk_weights, topk_ids, config)``."""
+    contiguous fp32 block scales), bound once: ``experts(x, topk_weights, topk_ids, config)``.
 
-    def __init__(self, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+    At most :data:`~.triton_pdl.PDL_MAX_M` tokens, on the ``tl.dot`` kernels, every launch but the fused
+    gate-up's uses programmatic dependent launch where it runs (``pdl``: None, where
+    :func:`~.triton_pdl.pdl_possible`; False never): each waits for the one before, and a grouped
+    GEMM first asks L2 for its weight tile's first ``prefetch_k`` K steps (:data:`PREFETCH_K`), which
+    no launch of the op writes."""
+
+    def __init__(self, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                 pdl: bool | None = None, prefetch_k: int = PREFETCH_K) -> None:
         from . import moe_triton_kernels as kernels
 
         self._kernels = kernels
@@ -54,22 +65,30 @@ class TritonExperts:
         # Whether the wgmma kernel runs here on these weights (the per-call operands it reads are made
         # by this op: contiguous, with the weights' row widths).
         self._wgmma = self.hidden % 16 == 0 and self.inter % 16 == 0 and wgmma_runs(self.device)
+        self._pdl = pdl is not False and pdl_possible(kernels._grouped_gemm_kernel, self.device)
+        self._prefetch_k = prefetch_k
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  config: MoeTritonConfig) -> torch.Tensor:
         k = topk_ids.shape[1]
-        routing = route(topk_ids, self.experts, config.BLOCK_M)
-        if config.WGMMA and self._wgmma and routing.rows:
+        wgmma = bool(config.WGMMA and self._wgmma)
+        pdl = self._pdl and not wgmma and x.shape[0] <= PDL_MAX_M
+        prefetch = self._prefetch_k if pdl else None
+        routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl)
+        if wgmma and routing.rows:
             return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
-        q, q_scale = self.gate_up(x, routing, k, config)
+        q, q_scale = self.gate_up(x, routing, k, config, prefetch)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
-        _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED)
-        return weighted_sum(out, None, topk_ids, topk_weights, self.experts, x.dtype)
+        _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED,
+                      pdl_prefetch=prefetch)
+        return weighted_sum(out, None, topk_ids, topk_weights, self.experts, x.dtype, pdl=pdl)
 
-    def gate_up(self, x: torch.Tensor, routing: Routing, top_k: int,
-                config: MoeTritonConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def gate_up(self, x: torch.Tensor, routing: Routing, top_k: int, config: MoeTritonConfig,
+                pdl_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``silu(gate) * up`` ``[rows, I]`` at the sorted rows, in fp8 with its row-major fp32 scales.
-        The sorted layout's padding rows are left unset; nothing reads them."""
+        The sorted layout's padding rows are left unset; nothing reads them. ``pdl_prefetch``: not None,
+        the plain structure's launches use programmatic dependent launch, the GEMM prefetching that many
+        K steps (:class:`TritonExperts`)."""
         inter = self.inter
         blocks = routing.rows // config.BLOCK_M
         if not config.FUSED_ACT:
@@ -77,8 +96,9 @@ class TritonExperts:
             if blocks:
                 a, a_scale = self._quantize(x)
                 _grouped_gemm(self._kernels, a, a_scale, self.w13, self.w13_scale, routing, h, config,
-                              a_rows=A_TOKEN, out_sorted=True, top_k=top_k)
-            return silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots)
+                              a_rows=A_TOKEN, out_sorted=True, top_k=top_k, pdl_prefetch=pdl_prefetch)
+            return silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots,
+                                  pdl=pdl_prefetch is not None)
         q = torch.empty((routing.rows, inter), dtype=self.w2.dtype, device=self.device)
         q_scale = torch.empty((routing.rows, _ceil_div(inter, 128)), dtype=torch.float32, device=self.device)
         if blocks == 0:
@@ -124,10 +144,11 @@ class TritonExperts:
 
 def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                   routing: Routing, out: torch.Tensor, config: MoeTritonConfig, *, a_rows: int,
-                  out_sorted: bool = False, top_k: int = 1) -> None:
+                  out_sorted: bool = False, top_k: int = 1, pdl_prefetch: int | None = None) -> None:
     """``_grouped_gemm_kernel`` on fp8 ``a`` with scales ``a_scale``, ``config``'s tiles: A rows per
     ``a_rows`` (:data:`A_SORTED`, :data:`A_SLOT`, :data:`A_TOKEN`), out rows the slots or, with
-    ``out_sorted``, the sorted rows."""
+    ``out_sorted``, the sorted rows. ``pdl_prefetch``: not None, launched with programmatic dependent
+    launch behind a launch of :class:`TritonExperts`, asking L2 for that many K steps first (see there)."""
     blocks = routing.rows // config.BLOCK_M
     n, kdim = w.shape[1], w.shape[2]
     if blocks == 0:
@@ -138,7 +159,8 @@ def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: to
         a.stride(0), a_scale.stride(0), a_scale.stride(1), w.stride(0), w.stride(1), w_scale.stride(0),
         w_scale.stride(1), out.stride(0),
         A_ROWS=a_rows, OUT_SORTED=out_sorted, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
-        TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages)
+        TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages,
+        **({} if pdl_prefetch is None else {"PDL": True, "PREFETCH_K": pdl_prefetch, "launch_pdl": True}))
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -154,9 +176,10 @@ def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w
 
 
 def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 experts: int, dtype: torch.dtype) -> torch.Tensor:
+                 experts: int, dtype: torch.dtype, *, pdl: bool = False) -> torch.Tensor:
     """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32,
-    as ``dtype``; ``row`` is the slot itself, or ``row_map[slot]`` when given."""
+    as ``dtype``; ``row`` is the slot itself, or ``row_map[slot]`` when given. ``pdl``: launched with
+    programmatic dependent launch (where the caller found it runs)."""
     from . import moe_triton_kernels as kernels
 
     m, k = topk_ids.shape
@@ -167,7 +190,8 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     block_h = min(_SUM_BLOCK_H, triton.next_power_of_2(hidden))
     kernels._weighted_sum_kernel[(m, _ceil_div(hidden, block_h))](
         out, out if row_map is None else row_map, topk_ids.contiguous(), topk_weights.contiguous(), y, hidden, experts,
-        out.stride(0), y.stride(0), TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4)
+        out.stride(0), y.stride(0), TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
+        **({"PDL": True, "launch_pdl": True} if pdl else {}))
     return y
 
 
@@ -177,7 +201,7 @@ SILU_BLOCK_R = 16
 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
                    group_rows: int = 0, most: int | None = None, *, slot_ids: torch.Tensor | None = None,
-                   slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   slots: int = 0, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of a ``[R, 2I]`` GEMM output, quantized per 1x128 group:
     ``(q [R, I] in dtype, row-major fp32 scales [R, ceil(I/128)])``. With ``counts`` (int32 ``[G]``) the
     rows are G groups of ``group_rows`` (a multiple of :data:`SILU_BLOCK_R`: a masked layout) and only
@@ -186,7 +210,8 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
     expert holds more), so that programs are launched for that many rows of each group only (the
     sizes stay a function of the call's shapes: a CUDA graph captures them). With ``slot_ids`` (a
     sorted layout's, :class:`.moe_routing.Routing`) the rows whose entry is ``slots`` or more are
-    padding: skipped, left unset."""
+    padding: skipped, left unset. ``pdl``: launched with programmatic dependent launch (where the caller
+    found it runs)."""
     from . import moe_triton_kernels as kernels
 
     rows, inter = h.shape[0], h.shape[1] // 2
@@ -206,5 +231,6 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
         h, q, scale, scale if counts is None else counts, scale if slot_ids is None else slot_ids, rows, inter,
         h.stride(0), q.stride(0), scale.stride(0), max(group_rows, 1), group_blocks, slots, DEFAULT_EPS,
         BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None, HAS_SLOTS=slot_ids is not None,
-        HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=8)
+        HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=8,
+        **({"PDL": True, "launch_pdl": True} if pdl else {}))
     return q, scale

@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_pdl import pdl_enter, prefetch_l2
 from .triton_quant import fp8_group_quantize
 
 # The per-call size: one compiled kernel serves every M. The row strides are a layer's (H, I, 2I and the
@@ -153,7 +154,8 @@ def _grouped_gemm_kernel(
     slots, num_blocks, N, K,
     stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_om,
     A_ROWS: tl.constexpr, OUT_SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1, SWAP_AB: tl.constexpr = False,
+    GROUP_M: tl.constexpr, TOP_K: tl.constexpr = 1, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREFETCH_K: tl.constexpr = 0,
 ):
     """``out[o] = dequant(a[i]) @ dequant(W[expert]).T`` for one block and BLOCK_N columns.
 
@@ -163,10 +165,25 @@ def _grouped_gemm_kernel(
     ``SWAP_AB`` computes the transposed tile ``[BLOCK_N, BLOCK_M] = W_tile @ A_tile^T`` (the weight rows on
     the MMA's wide side, as the dense decode kernel does: on Hopper a 16-row tile in the normal
     orientation runs on the older ``mma.sync`` path), the same products and scales per output element.
+    ``PDL``: launched with programmatic dependent launch behind a kernel of this op (:mod:`.moe_triton`):
+    before its wait the program asks L2 for its weight tile's first ``PREFETCH_K`` K steps, so the
+    weights stream while the previous kernel finishes (the expert of its block, read before the wait,
+    was written by the routing two or more launches back: the previous kernel let this one launch only
+    after its own wait, so the routing had completed; :func:`.triton_pdl.prefetch_l2`).
     """
     pid = tl.program_id(0)
     block, pid_n = _block_tile(pid, num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + block)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
+    w_base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+    if PDL:
+        if expert >= 0:
+            for kb in tl.static_range(PREFETCH_K):
+                if kb * 128 < K:
+                    prefetch_l2(w_base + w_rows * stride_wn + kb * 128)
+        pdl_enter(True)
     if expert < 0:
         return
     offs_r = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -178,10 +195,6 @@ def _grouped_gemm_kernel(
         a_rows = tl.where(row_ok, slot, 0).to(tl.int64)
     else:
         a_rows = tl.where(row_ok, slot // TOP_K, 0).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    w_rows = tl.where(col_ok, cols, 0).to(tl.int64)
-    w_base = w_ptr + expert.to(tl.int64) * stride_we
     ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
     if BLOCK_N <= 128:  # the tile lies in one 128-row scale block: one weight scale per K step
         b_scale_ptr = ws_base + (pid_n * BLOCK_N // 128) * stride_wsn
@@ -222,12 +235,13 @@ def _grouped_gemm_kernel(
 @triton.jit
 def _weighted_sum_kernel(
     out_ptr, row_map_ptr, ids_ptr, w_ptr, y_ptr, H, E, stride_om, stride_ym,
-    TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr,
+    TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """``y[t, cols] = sum_j w[t, j] * out[row(t, j), cols]`` over the slots whose id is in ``[0, E)``;
     ``row(t, j)`` is the slot itself or, with ``HAS_MAP``, ``row_map[slot]``. The token's ``k`` rows are
     one load (their ids, weights and rows loaded together, not one after another: at decode the chain
     of dependent loads was the kernel's time)."""
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < H
@@ -253,6 +267,7 @@ def _silu_mul_quant_kernel(
     GROUP_BLOCKS, slots, eps,
     BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_SLOTS: tl.constexpr, FP8_MAX: tl.constexpr,
     FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """``q[r, g] , s[r, g] = quant(silu(h[r, gate g]) * h[r, up g])`` for BLOCK_R rows and one 1x128 group of
     a ``[R, 2I]`` GEMM output (a vendor's grouped GEMM, which writes gate and up in bf16). With
@@ -261,6 +276,7 @@ def _silu_mul_quant_kernel(
     whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows).
     With ``HAS_SLOTS`` the rows are the sorted layout's: a row whose ``slot_ids`` entry is ``slots`` or
     more (padding) is skipped, and a program with none used returns at once."""
+    pdl_enter(PDL)
     if HAS_COUNTS:
         group_of_rows = tl.program_id(0) // GROUP_BLOCKS
         start = (tl.program_id(0) % GROUP_BLOCKS) * BLOCK_R

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_possible", "use_pdl"]
+__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_possible", "prefetch_l2", "use_pdl"]
 
 ENV_PDL = "FP8SELECT_TRITON_PDL"
 
@@ -48,6 +48,15 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines holding ``ptrs`` (``prefetch.global.L2``: a hint, no data comes back).
+    Safe before :func:`pdl_enter`'s wait even on memory the previous kernel may still write: L2 is where
+    every SM's accesses meet, so the loads after the wait read what that kernel wrote."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 def use_pdl(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
