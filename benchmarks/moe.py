@@ -2,6 +2,7 @@
 
 Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--budget-s S]``; writes ``DIR/moe.json``.
 ``--anatomy``: only where decode calls' GPU time goes, per column and kernel (``DIR/moe_anatomy.json``).
+``--pdl``: only the Triton op at decode with and without programmatic dependent launch (``DIR/moe_pdl.json``).
 
 * **numerics**: each accepted MoE backend and layout (the reference included) on small M, uniform and
   skewed routing, all tokens on the same k experts, a third of the ids -1, and M 0 through the layer,
@@ -270,6 +271,45 @@ def anatomy(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tup
     return rows
 
 
+PDL_M = (1, 4, 16)
+PDL_PREFETCH = (0, 2, 4, 8)
+
+
+def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PDL_M) -> list[dict[str, Any]]:
+    """The Triton experts op at decode, the rule's configuration, launched without programmatic dependent
+    launch (``off``) and with it, each grouped GEMM asking L2 for its first 0, 2, 4 or 8 K steps of weight
+    before its wait (``pdl/prefetch N``): CUDA graphs replayed interleaved, weights rotated past the L2,
+    uniform and skewed routing. Each column's output is compared bit for bit with ``off``'s."""
+    import torch
+
+    from fp8select.kernels.moe_config import default_config
+    from fp8select.kernels.moe_triton import TritonExperts
+    from fp8select.measure.timing import time_graphs
+    from fp8select.measure.tune_moe import weight_copies
+
+    e, h, i, k = shape
+    sets = [_weights(e, h, i, seed=10 + c) for c in range(weight_copies(e, h, i, k))]
+    columns = {"off": [TritonExperts(*w, pdl=False) for w in sets],
+               **{f"pdl/prefetch {n}": [TritonExperts(*w, prefetch_k=n) for w in sets] for n in PDL_PREFETCH}}
+    rows: list[dict[str, Any]] = []
+    for m in ms:
+        config = default_config(m, k, e)
+        for kind in ("uniform", "skewed"):
+            w, ids = _routing(m, k, e, kind, seed=m + 7)
+            x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+            first = {col: ops[0](x, w, ids, config) for col, ops in columns.items()}
+            calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, ops in columns.items()}
+            times = time_graphs(calls, replays=20)
+            for col, t in times.items():
+                rows.append({"shape": name, "m": m, "routing": kind, "config": config.describe(), "column": col,
+                             **t.to_dict(), "vs_off": round(t.median_us / times["off"].median_us, 4),
+                             "same_bits": bool(torch.equal(first[col], first["off"]))})
+            print(json.dumps(rows[-1]), flush=True)
+    del columns, sets
+    torch.cuda.empty_cache()
+    return rows
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per point the fastest pinned column and auto's ratio to it; geomean and worst of the ratios."""
     points: dict[tuple[str, int, str], dict[str, float]] = {}
@@ -296,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing after this many seconds")
     parser.add_argument("--anatomy", action="store_true",
                         help=f"only each column's kernels at {ANATOMY_SHAPE}, M {ANATOMY_M} (moe_anatomy.json)")
+    parser.add_argument("--pdl", action="store_true",
+                        help=f"only the Triton op with and without PDL at {QUICK_SHAPES}, M {PDL_M} (moe_pdl.json)")
     args = parser.parse_args(argv)
     require_cuda("moe")
     import torch
@@ -314,6 +356,11 @@ def main(argv: list[str] | None = None) -> None:
         report["anatomy"] = anatomy(selection, ANATOMY_SHAPE, SHAPES[ANATOMY_SHAPE], ANATOMY_M)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "moe_anatomy.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+        return
+    if args.pdl:
+        report["pdl"] = [row for name in QUICK_SHAPES for row in pdl_ab(name, SHAPES[name])]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "moe_pdl.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
         return
     for name, shape in shapes.items():
         report["moe_plans"][name] = selection.moe_plan_for(*shape).describe()
