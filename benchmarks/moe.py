@@ -279,7 +279,8 @@ def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PD
     """The Triton experts op at decode, the rule's configuration, launched without programmatic dependent
     launch (``off``) and with it, each grouped GEMM asking L2 for its first 0, 2, 4 or 8 K steps of weight
     before its wait (``pdl/prefetch N``): CUDA graphs replayed interleaved, weights rotated past the L2,
-    uniform and skewed routing. Each column's output is compared bit for bit with ``off``'s."""
+    uniform and skewed routing, each time also as a fraction of the HBM floor of the experts read. Each
+    column's output is compared bit for bit with ``off``'s."""
     import torch
 
     from fp8select.kernels.moe_config import default_config
@@ -300,9 +301,11 @@ def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PD
             first = {col: ops[0](x, w, ids, config) for col, ops in columns.items()}
             calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, ops in columns.items()}
             times = time_graphs(calls, replays=20)
+            floor_us = int(torch.unique(ids).numel()) * 3 * h * i / HBM_BYTES_PER_S * 1e6
             for col, t in times.items():
                 rows.append({"shape": name, "m": m, "routing": kind, "config": config.describe(), "column": col,
                              **t.to_dict(), "vs_off": round(t.median_us / times["off"].median_us, 4),
+                             "hbm_fraction": round(floor_us / t.median_us, 4),
                              "same_bits": bool(torch.equal(first[col], first["off"]))})
             print(json.dumps(rows[-1]), flush=True)
     del columns, sets
