@@ -253,6 +253,18 @@ def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
     assert MoeTritonConfig.from_dict(config.to_dict()) == config
 
 
+def test_pdl_launches_only_the_plain_transposed_tile_at_decode() -> None:
+    rule = default_config(1, 8, 32)
+    assert moe_triton.launches_with_pdl(rule, 1) and moe_triton.launches_with_pdl(rule, 16)
+    assert not moe_triton.launches_with_pdl(rule, 17)  # prefill-sized launches: not measured with it
+    assert not moe_triton.launches_with_pdl(dataclasses.replace(rule, SWAP_AB=0), 1)  # 1.02-1.03x at M 1 (H100)
+    assert not moe_triton.launches_with_pdl(dataclasses.replace(rule, FUSED_ACT=1), 1)  # not timed with it
+    assert not moe_triton.launches_with_pdl(default_config(64, 8, 32), 16)  # the wgmma tile
+    p = random_moe(4, 256, 128)
+    experts = moe_triton.TritonExperts(p.w13, p.s13, p.w2, p.s2)
+    assert not experts._pdl  # nowhere but compiled kernels on CUDA sm90+
+
+
 def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_one_cannot(problem) -> None:  # type: ignore[no-untyped-def]
     """``WGMMA`` 1 needs the plain structure and a warpgroup's rows per 4 warps; off Hopper (here: the
     interpreter) the same tiles run on the ``tl.dot`` kernels, bit for bit the ``WGMMA`` 0 op; rows
