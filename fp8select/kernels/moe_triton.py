@@ -75,11 +75,10 @@ class TritonExperts:
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  config: MoeTritonConfig) -> torch.Tensor:
         k = topk_ids.shape[1]
-        wgmma = bool(config.WGMMA and self._wgmma)
         pdl = self._pdl and launches_with_pdl(config, x.shape[0])
         prefetch = self._prefetch_k if pdl else None
         routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl)
-        if wgmma and routing.rows:
+        if config.WGMMA and self._wgmma and routing.rows:
             return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
         q, q_scale = self.gate_up(x, routing, k, config, prefetch)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
