@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_pdl import pdl_enter
+from .triton_pdl import pdl_enter, pdl_launch
 
 __all__ = ["route_kernel"]
 
@@ -103,5 +103,5 @@ def route_kernel(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int
         scratch, slots, k, topk_ids.stride(0), topk_ids.stride(1), experts, block_m, blocks,
         0 if max_m is None else max_m,
         S_BLOCK=s_block, E_BLOCK=e_block, FILL=_FILL, MASKED=masked_row is not None,
-        num_warps=max(4, min(16, s_block // 256)), **({"PDL": True, "launch_pdl": True} if pdl else {}))
+        num_warps=max(4, min(16, s_block // 256)), **pdl_launch(pdl))
     return slot_ids, block_expert, counts, slot_rank, slot_row, masked_row

@@ -22,7 +22,7 @@ from .moe_config import MoeTritonConfig
 from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
 from .triton_device import wgmma_runs
-from .triton_pdl import PDL_MAX_M, pdl_possible
+from .triton_pdl import PDL_MAX_M, pdl_launch, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
 __all__ = ["TritonExperts", "grouped_gemm_rows", "launches_with_pdl", "silu_mul_quant", "weighted_sum"]
@@ -46,7 +46,7 @@ class TritonExperts:
 
     At most :data:`~.triton_pdl.PDL_MAX_M` tokens, on the plain structure's transposed tile (``FUSED_ACT``
     0, ``SWAP_AB`` 1: the rule's at decode), every launch uses programmatic dependent launch where it runs
-    (``pdl``: None, where :func:`~.triton_pdl.pdl_possible`; False never): each waits for the one before,
+    (``pdl``: True, where :func:`~.triton_pdl.pdl_possible`; False never): each waits for the one before,
     and a grouped GEMM first asks L2 for its weight tile's first ``prefetch_k`` K steps
     (:data:`PREFETCH_K`), which no launch of the op writes. Measured on an H100 SXM against the same
     launches without it (``benchmarks/results/moe_pdl.json``, bit-identical outputs): 0.98-0.99x the time
@@ -55,7 +55,7 @@ class TritonExperts:
     gate-up not timed, so those launch as before."""
 
     def __init__(self, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                 pdl: bool | None = None, prefetch_k: int = PREFETCH_K) -> None:
+                 pdl: bool = True, prefetch_k: int = PREFETCH_K) -> None:
         from . import moe_triton_kernels as kernels
 
         self._kernels = kernels
@@ -69,7 +69,7 @@ class TritonExperts:
         # Whether the wgmma kernel runs here on these weights (the per-call operands it reads are made
         # by this op: contiguous, with the weights' row widths).
         self._wgmma = self.hidden % 16 == 0 and self.inter % 16 == 0 and wgmma_runs(self.device)
-        self._pdl = pdl is not False and pdl_possible(kernels._grouped_gemm_kernel, self.device)
+        self._pdl = pdl and pdl_possible(kernels._grouped_gemm_kernel, self.device)
         self._prefetch_k = prefetch_k
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -169,7 +169,7 @@ def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: to
         w_scale.stride(1), out.stride(0),
         A_ROWS=a_rows, OUT_SORTED=out_sorted, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
         TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages,
-        **({} if pdl_prefetch is None else {"PDL": True, "PREFETCH_K": pdl_prefetch, "launch_pdl": True}))
+        **pdl_launch(pdl_prefetch is not None), **({} if pdl_prefetch is None else {"PREFETCH_K": pdl_prefetch}))
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -200,7 +200,7 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     kernels._weighted_sum_kernel[(m, _ceil_div(hidden, block_h))](
         out, out if row_map is None else row_map, topk_ids.contiguous(), topk_weights.contiguous(), y, hidden, experts,
         out.stride(0), y.stride(0), TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
-        **({"PDL": True, "launch_pdl": True} if pdl else {}))
+        **pdl_launch(pdl))
     return y
 
 
@@ -241,5 +241,5 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
         h.stride(0), q.stride(0), scale.stride(0), max(group_rows, 1), group_blocks, slots, DEFAULT_EPS,
         BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None, HAS_SLOTS=slot_ids is not None,
         HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=8,
-        **({"PDL": True, "launch_pdl": True} if pdl else {}))
+        **pdl_launch(pdl))
     return q, scale

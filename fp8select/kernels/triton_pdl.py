@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_possible", "prefetch_l2", "use_pdl"]
+__all__ = ["ENV_PDL", "PDL_MAX_M", "PDL_MAX_WEIGHT", "pdl_enter", "pdl_launch", "pdl_possible", "prefetch_l2", "use_pdl"]
 
 ENV_PDL = "FP8SELECT_TRITON_PDL"
 
@@ -57,6 +57,13 @@ def prefetch_l2(ptrs):
     every SM's accesses meet, so the loads after the wait read what that kernel wrote."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
+
+
+def pdl_launch(pdl: bool) -> dict[str, bool]:
+    """The keyword arguments of a direct ``kernel[grid](...)`` launch with PDL (``pdl``), none without: the
+    kernel's ``PDL`` (its :func:`pdl_enter` waits) and Triton's ``launch_pdl`` go together, since a kernel
+    launched early that does not wait reads what the previous one has not written yet."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
 
 
 def use_pdl(kernel: object, device: torch.device, m: int, weight_elements: int = 0) -> bool:
