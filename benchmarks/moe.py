@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
+from benchmarks.distill_limits import json_lines
 from fp8select.measured.moe import MOE_SHAPES
 
 SHAPES = MOE_SHAPES
@@ -313,6 +314,19 @@ def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PD
     return rows
 
 
+def pdl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per PDL column and shape, its time over ``off``'s: geometric mean, least and most over the points; and
+    whether every output was ``off``'s bit for bit."""
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        if r["column"] != "off":
+            ratios.setdefault(r["column"], {}).setdefault(r["shape"], []).append(r["vs_off"])
+    return {"same_bits": all(r["same_bits"] for r in rows),
+            **{col: {shape: {"geomean_vs_off": round(math.exp(statistics.fmean(math.log(v) for v in vs)), 4),
+                             "min": min(vs), "max": max(vs)} for shape, vs in by_shape.items()}
+               for col, by_shape in ratios.items()}}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per point the fastest pinned column and auto's ratio to it; geomean and worst of the ratios."""
     points: dict[tuple[str, int, str], dict[str, float]] = {}
@@ -360,10 +374,14 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "moe_anatomy.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
         return
-    if args.pdl:
-        report["pdl"] = [row for name in QUICK_SHAPES for row in pdl_ab(name, SHAPES[name])]
+    if args.pdl:  # the form results are kept in: the header, then a row per line
+        rows = [row for name in QUICK_SHAPES for row in pdl_ab(name, SHAPES[name])]
+        head = {k: report[k] for k in ("device", "torch", "triton", "packages")}
+        head["command"] = "python -m benchmarks.moe --out DIR --pdl"
+        head["hbm_fraction"] = f"of the floor at {HBM_BYTES_PER_S / 1e12:.1f} TB/s, the H200's copy rate, on every device"
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "moe_pdl.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+        (Path(args.out) / "moe_pdl.json").write_text(json_lines({**head, "summary": pdl_summary(rows)}, {"pdl": rows}),
+                                                   encoding="utf-8")
         return
     for name, shape in shapes.items():
         report["moe_plans"][name] = selection.moe_plan_for(*shape).describe()
