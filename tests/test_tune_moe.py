@@ -257,15 +257,19 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
     assert prefill[0].WGMMA == 1 and prefill[0].BLOCK_M == 128 and replace(prefill[0], num_stages=3) in prefill
     assert replace(prefill[0], BLOCK_M=64, num_warps=4) in prefill
     assert replace(prefill[0], WGMMA=0, BLOCK_M=64, num_warps=4, num_stages=3) in prefill  # the tl.dot kernel's tile
-    decode = tuning_configs(1, 8, 32)  # the transposed 16-row tile, fused, then the wgmma one and the normal orientation
-    assert decode[0].SWAP_AB == 1 and decode[1:3] == [replace(decode[0], FUSED_ACT=1),
-                                                      replace(decode[0], FUSED_ACT=1, num_stages=3)]
-    assert decode[3].WGMMA == 1 and decode[4] == replace(decode[0], SWAP_AB=0)
-    assert replace(decode[0], BLOCK_N=64) in decode  # twice the programs at decode
-    # 16 per expert: the wgmma tile, the tl.dot kernel's 64-row tile, the wgmma's other row tile, the rule's below 16
+    # decode: the transposed 16-row tile, then half its columns (twice the programs), the fused gate-up, the wgmma tile
+    decode = tuning_configs(1, 8, 32)
+    half = replace(decode[0], BLOCK_N=64, num_stages=3)
+    assert decode[0].SWAP_AB == 1 and decode[1:5] == [half, replace(decode[0], FUSED_ACT=1),
+                                                      replace(decode[0], FUSED_ACT=1, num_stages=3),
+                                                      replace(half, FUSED_ACT=1)]
+    assert decode[5].WGMMA == 1 and replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
+    # 16 per expert: the wgmma tile, the tl.dot kernel's 64-row tile at 128 and 64 columns, the wgmma's other row
+    # tile, the rule's below 16
     near = tuning_configs(64, 8, 32)
-    assert near[1] == replace(near[0], WGMMA=0, num_stages=3) and near[2] == replace(near[0], BLOCK_M=128, num_warps=8)
-    assert near[3] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
+    assert near[1] == replace(near[0], WGMMA=0, num_stages=3) and near[2] == replace(near[1], BLOCK_N=64)
+    assert near[3] == replace(near[0], BLOCK_M=128, num_warps=8)
+    assert near[4] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
     assert prefill[1] == replace(prefill[0], BLOCK_M=64, num_warps=4)  # 2048 per expert: the tl.dot tile later
 
 

@@ -171,19 +171,23 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
-    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the fused gate-up
-    on the same tile (no fp32 round trip, one launch fewer; also with one pipeline stage fewer: its two
-    weight tiles a stage hold one program on an SM at 4), the ``wgmma`` kernel's 64 x 128 tile, the same
-    16-row tile in the normal orientation, the 64 x 128 tile on the ``tl.dot`` kernels (one row block for
-    up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32 experts), half the
-    columns per program, one pipeline stage fewer. At prefill (the ``wgmma`` rule): below 64 tokens per
-    expert the ``tl.dot`` kernels' 64 x 128 tile with 3 stages first (0.94x the rule's time at 16 tokens,
-    DeepSeek-V3's M 64 with 32 experts, and 0.90x at 32, Qwen3-30B-A3B's M 512, once the kernels' row
-    strides were specialized; 1.07x at 128 tokens), its other row tile (64 x 128 with 4 warps or 128 x 128
-    with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16), 64 columns, one
-    stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill configurations take
-    16-64), and from 64 tokens the same ``tl.dot`` tile (the rule before the ``wgmma`` kernel, and what
-    runs where that kernel does not). Then,
+    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the same tile with
+    half the columns and one pipeline stage fewer (twice the programs over the SMs: a grid of a few
+    experts' 128-column tiles leaves a last wave part empty; each grouped GEMM of DeepSeek-V3's 32 experts
+    timed alone at M 1, 16 and 64 on an H100 SXM took 2.9-4.3% less time at 64 columns than at 128 on the
+    same row tile), the fused gate-up on the rule's tile (no fp32 round trip, one launch fewer; also with
+    one pipeline stage fewer: its two weight tiles a stage hold one program on an SM at 4) and on the
+    half-column one, the ``wgmma`` kernel's 64 x 128 tile, the 64 x 128 tile on the ``tl.dot`` kernels
+    (one row block for up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32
+    experts), one pipeline stage fewer. (The same 16-row tile in the normal orientation, tried before,
+    never beat the transposed one: :func:`default_config`.) At prefill (the ``wgmma`` rule): below 64 tokens per expert the ``tl.dot``
+    kernels' 64 x 128 tile with 3 stages first (0.94x the rule's time at 16 tokens, DeepSeek-V3's M 64
+    with 32 experts, and 0.90x at 32, Qwen3-30B-A3B's M 512, once the kernels' row strides were
+    specialized; 1.07x at 128 tokens) and its 64-column half, its other row tile (64 x 128 with 4 warps
+    or 128 x 128 with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16), 64
+    columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
+    configurations take 16-64), and from 64 tokens the same ``tl.dot`` tiles (the rule before the
+    ``wgmma`` kernel, and what runs where that kernel does not). Then,
     everywhere, the fused gate-up with the normal ``tl.dot`` tiles, and quantizing its activation in the
     K loop (both measured slower on the H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
@@ -194,10 +198,12 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         per_expert = _tokens_per_expert(m, top_k, experts)
         near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
         steps: list[dict[str, int]] = [other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32}]
-        steps.insert(0 if per_expert < 64 else len(steps), {**tl_dot, "num_stages": 3})
+        tl_dot_tiles = [{**tl_dot, "num_stages": 3}, {**tl_dot, "num_stages": 3, "BLOCK_N": 64}]
+        steps = [*tl_dot_tiles, *steps] if per_expert < 64 else [*steps, *tl_dot_tiles]
     else:
-        steps = [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {**normal, "WGMMA": 1, "BLOCK_M": 64}, normal,
-                 {**normal, "BLOCK_M": 64}, {"BLOCK_N": base.BLOCK_N // 2}, {"num_stages": 3}]
+        half = {"BLOCK_N": base.BLOCK_N // 2, "num_stages": 3}
+        steps = [half, {"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {"FUSED_ACT": 1, **half},
+                 {**normal, "WGMMA": 1, "BLOCK_M": 64}, {**normal, "BLOCK_M": 64}, {"num_stages": 3}]
     steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:
