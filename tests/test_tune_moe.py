@@ -257,13 +257,13 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
     assert prefill[0].WGMMA == 1 and prefill[0].BLOCK_M == 128 and replace(prefill[0], num_stages=3) in prefill
     assert replace(prefill[0], BLOCK_M=64, num_warps=4) in prefill
     assert replace(prefill[0], WGMMA=0, BLOCK_M=64, num_warps=4, num_stages=3) in prefill  # the tl.dot kernel's tile
-    # decode: the transposed 16-row tile, then half its columns (twice the programs), the fused gate-up, the wgmma tile
+    # decode: the transposed 16-row tile, the fused gate-up on it, one stage fewer, half its columns, the wgmma tile
     decode = tuning_configs(1, 8, 32)
     half = replace(decode[0], BLOCK_N=64, num_stages=3)
-    assert decode[0].SWAP_AB == 1 and decode[1:5] == [half, replace(decode[0], FUSED_ACT=1),
+    assert decode[0].SWAP_AB == 1 and decode[1:6] == [replace(decode[0], FUSED_ACT=1),
                                                       replace(decode[0], FUSED_ACT=1, num_stages=3),
-                                                      replace(half, FUSED_ACT=1)]
-    assert decode[5].WGMMA == 1 and replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
+                                                      replace(decode[0], num_stages=3), half, replace(half, FUSED_ACT=1)]
+    assert decode[6].WGMMA == 1 and replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
     # 16 per expert: the wgmma tile, the tl.dot kernel's 64-row tile at 128 and 64 columns, the wgmma's other row
     # tile, the rule's below 16
     near = tuning_configs(64, 8, 32)

@@ -171,25 +171,28 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
-    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the same tile with
-    half the columns and one pipeline stage fewer (twice the programs over the SMs: a grid of a few
-    experts' 128-column tiles leaves a last wave part empty; each grouped GEMM of DeepSeek-V3's 32 experts
-    timed alone at M 1, 16 and 64 on an H100 SXM took 2.9-4.3% less time at 64 columns than at 128 on the
-    same row tile), the fused gate-up on the rule's tile (no fp32 round trip, one launch fewer; also with
-    one pipeline stage fewer: its two weight tiles a stage hold one program on an SM at 4) and on the
-    half-column one, the ``wgmma`` kernel's 64 x 128 tile, the 64 x 128 tile on the ``tl.dot`` kernels
-    (one row block for up to 64 tokens of an expert: vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32
-    experts), one pipeline stage fewer. (The same 16-row tile in the normal orientation, tried before,
-    never beat the transposed one: :func:`default_config`.) At prefill (the ``wgmma`` rule): below 64 tokens per expert the ``tl.dot``
+    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the fused gate-up
+    on the same tile (no fp32 round trip, one launch fewer; also with one pipeline stage fewer: its two
+    weight tiles a stage hold one program on an SM at 4), the rule's tile with one stage fewer, the same
+    with half the columns (twice the programs over the SMs), plain and fused, the ``wgmma`` kernel's 64 x
+    128 tile, the 64 x 128 tile on the ``tl.dot`` kernels (one row block for up to 64 tokens of an expert:
+    vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32 experts). Timed as the whole op on an H100 SXM
+    (DeepSeek-V3 with 32 experts and Qwen3-30B-A3B, M 1-64, each candidate alone, uniform and skewed
+    routing), against the rule's time: one stage fewer 0.96-0.97x at 32 experts' M 1 and skewed M 4,
+    0.97-1.05x elsewhere; half the columns 0.95-1.10x (each GEMM alone took 3-6% less at M 1, which the
+    op's other launches hide; with the fused gate-up, the fastest candidate at Qwen3-30B-A3B's M 64). (The
+    same 16-row tile in the normal orientation, tried before, never beat the transposed one:
+    :func:`default_config`.) At prefill (the ``wgmma`` rule): below 64 tokens per expert the ``tl.dot``
     kernels' 64 x 128 tile with 3 stages first (0.94x the rule's time at 16 tokens, DeepSeek-V3's M 64
     with 32 experts, and 0.90x at 32, Qwen3-30B-A3B's M 512, once the kernels' row strides were
-    specialized; 1.07x at 128 tokens) and its 64-column half, its other row tile (64 x 128 with 4 warps
-    or 128 x 128 with 8), below 32 tokens per expert the transposed 16-row tile (the rule's below 16), 64
-    columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
-    configurations take 16-64), and from 64 tokens the same ``tl.dot`` tiles (the rule before the
-    ``wgmma`` kernel, and what runs where that kernel does not). Then,
-    everywhere, the fused gate-up with the normal ``tl.dot`` tiles, and quantizing its activation in the
-    K loop (both measured slower on the H200, kept for other devices)."""
+    specialized; 1.07x at 128 tokens) and its 64-column half (0.98x the 128-column tile's time at
+    DeepSeek-V3's M 64 with 32 experts on the H100, 0.99x skewed: the fastest candidate there), its
+    other row tile (64 x 128 with 4 warps or 128 x 128 with 8), below 32 tokens per expert the
+    transposed 16-row tile (the rule's below 16), 64 columns, one stage fewer, 32 row blocks sharing
+    each weight tile (vLLM's tuned H200 prefill configurations take 16-64), and from 64 tokens the same
+    ``tl.dot`` tiles (the rule before the ``wgmma`` kernel, and what runs where that kernel does not).
+    Then, everywhere, the fused gate-up with the normal ``tl.dot`` tiles, and quantizing its activation
+    in the K loop (both measured slower on the H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
     normal = {"SWAP_AB": 0}
     tl_dot = {**normal, "WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
@@ -202,8 +205,8 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         steps = [*tl_dot_tiles, *steps] if per_expert < 64 else [*steps, *tl_dot_tiles]
     else:
         half = {"BLOCK_N": base.BLOCK_N // 2, "num_stages": 3}
-        steps = [half, {"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {"FUSED_ACT": 1, **half},
-                 {**normal, "WGMMA": 1, "BLOCK_M": 64}, {**normal, "BLOCK_M": 64}, {"num_stages": 3}]
+        steps = [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {"num_stages": 3}, half, {"FUSED_ACT": 1, **half},
+                 {**normal, "WGMMA": 1, "BLOCK_M": 64}, {**normal, "BLOCK_M": 64}]
     steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
     out = [base]
     for step in steps:
