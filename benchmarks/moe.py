@@ -277,11 +277,14 @@ PDL_PREFETCH = (0, 2, 4, 8)
 
 
 def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PDL_M) -> list[dict[str, Any]]:
-    """The Triton experts op at decode, the rule's configuration, launched without programmatic dependent
-    launch (``off``) and with it, each grouped GEMM asking L2 for its first 0, 2, 4 or 8 K steps of weight
-    before its wait (``pdl/prefetch N``): CUDA graphs replayed interleaved, weights rotated past the L2,
-    uniform and skewed routing, each time also as a fraction of the HBM floor of the experts read. Each
-    column's output is compared bit for bit with ``off``'s."""
+    """The Triton experts op at decode, the rule's configuration and the fused gate-up on its tile with one
+    stage fewer (what the H200 table runs at most decode rows it gives Triton), launched without
+    programmatic dependent launch (``off``) and with it, each GEMM asking L2 for its first 0, 2, 4 or 8 K
+    steps of weight before its wait (``pdl/prefetch N``): CUDA graphs replayed interleaved, weights rotated
+    past the L2, uniform and skewed routing, each time also as a fraction of the HBM floor of the experts
+    read. Each column's output is compared bit for bit with ``off``'s."""
+    import dataclasses
+
     import torch
 
     from fp8select.kernels.moe_config import default_config
@@ -295,32 +298,34 @@ def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PD
                **{f"pdl/prefetch {n}": [TritonExperts(*w, prefetch_k=n) for w in sets] for n in PDL_PREFETCH}}
     rows: list[dict[str, Any]] = []
     for m in ms:
-        config = default_config(m, k, e)
-        for kind in ("uniform", "skewed"):
-            w, ids = _routing(m, k, e, kind, seed=m + 7)
-            x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-            first = {col: ops[0](x, w, ids, config) for col, ops in columns.items()}
-            calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, ops in columns.items()}
-            times = time_graphs(calls, replays=20)
-            floor_us = int(torch.unique(ids).numel()) * 3 * h * i / HBM_BYTES_PER_S * 1e6
-            for col, t in times.items():
-                rows.append({"shape": name, "m": m, "routing": kind, "config": config.describe(), "column": col,
-                             **t.to_dict(), "vs_off": round(t.median_us / times["off"].median_us, 4),
-                             "hbm_fraction": round(floor_us / t.median_us, 4),
-                             "same_bits": bool(torch.equal(first[col], first["off"]))})
-            print(json.dumps(rows[-1]), flush=True)
+        rule = default_config(m, k, e)
+        for config in (rule, dataclasses.replace(rule, FUSED_ACT=1, num_stages=3)):
+            for kind in ("uniform", "skewed"):
+                w, ids = _routing(m, k, e, kind, seed=m + 7)
+                x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+                first = {col: ops[0](x, w, ids, config) for col, ops in columns.items()}
+                calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, ops in columns.items()}
+                times = time_graphs(calls, replays=20)
+                floor_us = int(torch.unique(ids).numel()) * 3 * h * i / HBM_BYTES_PER_S * 1e6
+                for col, t in times.items():
+                    rows.append({"shape": name, "m": m, "routing": kind, "config": config.describe(), "column": col,
+                                 **t.to_dict(), "vs_off": round(t.median_us / times["off"].median_us, 4),
+                                 "hbm_fraction": round(floor_us / t.median_us, 4),
+                                 "same_bits": bool(torch.equal(first[col], first["off"]))})
+                print(json.dumps(rows[-1]), flush=True)
     del columns, sets
     torch.cuda.empty_cache()
     return rows
 
 
 def pdl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per PDL column and shape, its time over ``off``'s: geometric mean, least and most over the points; and
-    whether every output was ``off``'s bit for bit."""
+    """Per PDL column, shape and gate-up structure (plain or fused), its time over ``off``'s: geometric mean,
+    least and most over the points; and whether every output was ``off``'s bit for bit."""
     ratios: dict[str, dict[str, list[float]]] = {}
     for r in rows:
         if r["column"] != "off":
-            ratios.setdefault(r["column"], {}).setdefault(r["shape"], []).append(r["vs_off"])
+            structure = "plain" if " plain" in r["config"] else "fused"
+            ratios.setdefault(r["column"], {}).setdefault(f"{r['shape']} {structure}", []).append(r["vs_off"])
     return {"same_bits": all(r["same_bits"] for r in rows),
             **{col: {shape: {"geomean_vs_off": round(math.exp(statistics.fmean(math.log(v) for v in vs)), 4),
                              "min": min(vs), "max": max(vs)} for shape, vs in by_shape.items()}

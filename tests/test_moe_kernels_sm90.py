@@ -2,7 +2,8 @@
 
 What ``SWAP_AB`` is for shows in the machine code: at decode's 16- and 32-row tiles the normal orientation
 multiplies on the older ``mma.sync`` path, the transposed tile (the weight's rows on the MMA's wide side) on
-``wgmma``. With ``PDL`` the kernel asks L2 for its weights before it waits for the previous launch. The
+``wgmma``. With ``PDL`` the kernel, and the fused gate-up, asks L2 for its weights before it waits for the
+previous launch. The
 compiler runs in a child process, outside the interpreter mode other test modules set.
 """
 
@@ -39,12 +40,43 @@ def _compile() -> dict[str, dict[str, bool]]:
             names = list(fn.arg_names)
             src = ASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
             ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
-            out[f"{int(swap)}_{block_m}_{block_n}{'_pdl' if pdl else ''}"] = {
-                "wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx,
-                "prefetches": ptx.count("prefetch.global.L2"), "waits": "griddepcontrol.wait" in ptx,
-                "launches_dependents": "griddepcontrol.launch_dependents" in ptx,
-                "prefetch_before_wait": 0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")}
+            out[f"{int(swap)}_{block_m}_{block_n}{'_pdl' if pdl else ''}"] = _facts(ptx)
+    out.update(_compile_gate_up())
     return out
+
+
+def _compile_gate_up() -> dict[str, dict[str, bool]]:
+    """The fused gate-up on the transposed 16-row tile, without and with PDL."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fp8select.kernels import moe_triton_kernels as kernels
+    from fp8select.kernels.triton_quant import fp8_constexprs
+
+    fn = kernels._gate_up_kernel
+    pointers = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
+                "block_expert_ptr": "*i32", "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32"}
+    ints = ("slots", "num_blocks", "H", "INTER", "stride_xm", "stride_xsm", "stride_we", "stride_wn", "stride_wse",
+            "stride_wsn", "stride_qm", "stride_qsm")
+    out = {}
+    for pdl in (False, True):
+        constants = {"TOP_K": 8, "QUANT_IN_KERNEL": False, "BLOCK_M": 16, "GROUP_M": 8, "SWAP_AB": True, "PDL": pdl,
+                     "PREFETCH_K": 4 if pdl else 0, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
+        signature = {**pointers, **dict.fromkeys(ints, "i32"), "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
+        names = list(fn.arg_names)
+        src = ASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+        out[f"gate_up{'_pdl' if pdl else ''}"] = _facts(ptx)
+    return out
+
+
+def _facts(ptx: str) -> dict[str, bool]:
+    return {"wgmma": "wgmma.mma_async" in ptx, "mma_sync": "mma.sync" in ptx,
+            "prefetches": ptx.count("prefetch.global.L2"), "waits": "griddepcontrol.wait" in ptx,
+            "launches_dependents": "griddepcontrol.launch_dependents" in ptx,
+            "prefetch_before_wait": 0 <= ptx.find("prefetch.global.L2") < ptx.find("griddepcontrol.wait")}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +102,15 @@ def test_a_pdl_launch_asks_l2_for_its_weights_before_it_waits(compiled: dict[str
     assert pdl["waits"] and pdl["launches_dependents"] and pdl["prefetch_before_wait"]
     assert pdl["prefetches"] >= 1
     assert pdl["wgmma"] and not pdl["mma_sync"]
+
+
+def test_the_fused_gate_up_with_pdl_asks_l2_for_gate_and_up_rows_before_it_waits(
+        compiled: dict[str, dict[str, bool]]) -> None:
+    plain, pdl = compiled["gate_up"], compiled["gate_up_pdl"]
+    assert (plain["prefetches"], plain["waits"], plain["launches_dependents"]) == (0, False, False)
+    assert pdl["waits"] and pdl["launches_dependents"] and pdl["prefetch_before_wait"]
+    assert pdl["prefetches"] >= 2  # the gate rows and the up rows
+    assert pdl["wgmma"] and plain["wgmma"] and not pdl["mma_sync"]
 
 
 if __name__ == "__main__":  # the child process of ``compiled``

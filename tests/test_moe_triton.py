@@ -253,12 +253,16 @@ def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
     assert MoeTritonConfig.from_dict(config.to_dict()) == config
 
 
-def test_pdl_launches_only_the_plain_transposed_tile_at_decode() -> None:
+def test_pdl_launches_only_the_transposed_tiles_at_decode_behind_the_quantizer() -> None:
     rule = default_config(1, 8, 32)
     assert moe_triton.launches_with_pdl(rule, 1) and moe_triton.launches_with_pdl(rule, 16)
     assert not moe_triton.launches_with_pdl(rule, 17)  # prefill-sized launches: not measured with it
     assert not moe_triton.launches_with_pdl(dataclasses.replace(rule, SWAP_AB=0), 1)  # 1.02-1.03x at M 1 (H100)
-    assert not moe_triton.launches_with_pdl(dataclasses.replace(rule, FUSED_ACT=1), 1)  # not timed with it
+    fused = dataclasses.replace(rule, FUSED_ACT=1, num_stages=3)
+    assert moe_triton.launches_with_pdl(fused, 1)
+    # the activation quantized in the gate-up's K loop: the routing is the launch before, which the gate-up's
+    # reads before its wait (the block's expert) would race
+    assert not moe_triton.launches_with_pdl(dataclasses.replace(fused, QUANT_IN_KERNEL=1), 1)
     assert not moe_triton.launches_with_pdl(default_config(64, 8, 32), 16)  # the wgmma tile
     p = random_moe(4, 256, 128)
     experts = moe_triton.TritonExperts(p.w13, p.s13, p.w2, p.s2)

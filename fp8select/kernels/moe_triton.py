@@ -44,15 +44,16 @@ class TritonExperts:
     """The experts op on one layer's weights (``w13`` ``[E, 2I, H]``, ``w2`` ``[E, H, I]`` fp8 with
     contiguous fp32 block scales), bound once: ``experts(x, topk_weights, topk_ids, config)``.
 
-    At most :data:`~.triton_pdl.PDL_MAX_M` tokens, on the plain structure's transposed tile (``FUSED_ACT``
-    0, ``SWAP_AB`` 1: the rule's at decode), every launch uses programmatic dependent launch where it runs
-    (``pdl``: True, where :func:`~.triton_pdl.pdl_possible`; False never): each waits for the one before,
-    and a grouped GEMM first asks L2 for its weight tile's first ``prefetch_k`` K steps
-    (:data:`PREFETCH_K`), which no launch of the op writes. Measured on an H100 SXM against the same
-    launches without it (``benchmarks/results/moe_pdl.json``, bit-identical outputs): 0.98-0.99x the time
-    at DeepSeek-V3's M 1-16 with 32 experts, 0.86-0.97x at Qwen3-30B-A3B's (small experts, where the
-    launches are a larger share); on the normal tile 1.02-1.03x at DeepSeek-V3's M 1 and the fused
-    gate-up not timed, so those launch as before."""
+    At most :data:`~.triton_pdl.PDL_MAX_M` tokens, on the transposed tiles (``SWAP_AB`` 1: the rule's at
+    decode, and the fused gate-up on it) with the activation quantized by its own kernel, every launch
+    uses programmatic dependent launch where it runs (``pdl``: True, where
+    :func:`~.triton_pdl.pdl_possible`; False never): each waits for the one before, and a GEMM first asks
+    L2 for its weight tile's first ``prefetch_k`` K steps (:data:`PREFETCH_K`), which no launch of the op
+    writes. Measured on an H100 SXM against the same launches without it
+    (``benchmarks/results/moe_pdl.json``, bit-identical outputs): the plain structure 0.98-0.99x the time
+    at DeepSeek-V3's M 1-16 with 32 experts and 0.84-0.97x at Qwen3-30B-A3B's (small experts, where the
+    launches are a larger share), the fused gate-up 0.98-1.00x and 0.90-0.99x; on the normal tile
+    1.02-1.03x at DeepSeek-V3's M 1, so it launches as before."""
 
     def __init__(self, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                  pdl: bool = True, prefetch_k: int = PREFETCH_K) -> None:
@@ -90,8 +91,8 @@ class TritonExperts:
                 pdl_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``silu(gate) * up`` ``[rows, I]`` at the sorted rows, in fp8 with its row-major fp32 scales.
         The sorted layout's padding rows are left unset; nothing reads them. ``pdl_prefetch``: not None,
-        the plain structure's launches use programmatic dependent launch, the GEMM prefetching that many
-        K steps (:class:`TritonExperts`)."""
+        the launches after the activation's quantizer use programmatic dependent launch, the GEMM
+        prefetching that many K steps (:class:`TritonExperts`)."""
         inter = self.inter
         blocks = routing.rows // config.BLOCK_M
         if not config.FUSED_ACT:
@@ -116,7 +117,8 @@ class TritonExperts:
             a.stride(0), a_scale.stride(0), self.w13.stride(0), self.w13.stride(1), self.w13_scale.stride(0),
             self.w13_scale.stride(1), q.stride(0), q_scale.stride(0), DEFAULT_EPS,
             TOP_K=top_k, QUANT_IN_KERNEL=bool(config.QUANT_IN_KERNEL), BLOCK_M=config.BLOCK_M, GROUP_M=config.GROUP_M,
-            SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs)
+            SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs,
+            **_pdl_launch(pdl_prefetch))
         return q, q_scale
 
     def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,
@@ -145,10 +147,17 @@ class TritonExperts:
         return self._quantizer(x)
 
 
+def _pdl_launch(prefetch: int | None) -> dict[str, object]:
+    """A GEMM launch's keyword arguments for programmatic dependent launch asking L2 for ``prefetch`` K steps
+    first; none where ``prefetch`` is None."""
+    return {} if prefetch is None else {**pdl_launch(True), "PREFETCH_K": prefetch}
+
+
 def launches_with_pdl(config: MoeTritonConfig, m: int) -> bool:
     """Whether :class:`TritonExperts` launches a call of ``m`` tokens on ``config`` with programmatic
-    dependent launch where it runs: the plain structure's transposed tile at decode (see there)."""
-    return not config.FUSED_ACT and bool(config.SWAP_AB) and m <= PDL_MAX_M
+    dependent launch where it runs: the transposed tiles at decode, the activation quantized by its own
+    kernel (see there)."""
+    return bool(config.SWAP_AB) and not config.QUANT_IN_KERNEL and m <= PDL_MAX_M
 
 
 def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -169,7 +178,7 @@ def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: to
         w_scale.stride(1), out.stride(0),
         A_ROWS=a_rows, OUT_SORTED=out_sorted, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
         TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages,
-        **pdl_launch(pdl_prefetch is not None), **({} if pdl_prefetch is None else {"PREFETCH_K": pdl_prefetch}))
+        **_pdl_launch(pdl_prefetch))
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

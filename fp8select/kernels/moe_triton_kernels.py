@@ -69,6 +69,14 @@ def _scaled_dot(a, b, a_scale, b_scale, SWAP_AB: tl.constexpr, B_SCALAR: tl.cons
     return scaled
 
 
+@triton.jit
+def _prefetch_rows(row_ptrs, K, PREFETCH_K: tl.constexpr):
+    """Ask L2 for the first ``PREFETCH_K`` K steps (128 fp8 a row each) of the weight rows at ``row_ptrs``."""
+    for kb in tl.static_range(PREFETCH_K):
+        if kb * 128 < K:
+            prefetch_l2(row_ptrs + kb * 128)
+
+
 @triton.jit(do_not_specialize=_NOT_SPECIALIZED)
 def _gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, slot_ids_ptr, block_expert_ptr, q_ptr, qs_ptr,
@@ -77,11 +85,14 @@ def _gate_up_kernel(
     eps,
     TOP_K: tl.constexpr, QUANT_IN_KERNEL: tl.constexpr, BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr,
-    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr, SWAP_AB: tl.constexpr = False,
+    FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr, SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREFETCH_K: tl.constexpr = 0,
 ):
     """``q[r, n] = quant(silu(x_r @ W_gate.T) * (x_r @ W_up.T))`` for one block and 128 columns.
     ``SWAP_AB``: both products on the transposed tile (the weight rows on the MMA's wide side, as
-    :func:`_grouped_gemm_kernel` does), transposed back before the activation.
+    :func:`_grouped_gemm_kernel` does), transposed back before the activation. ``PDL`` and
+    ``PREFETCH_K`` as there (the gate and up rows both; behind the activation's quantizer only, whose
+    own wait saw the routing finish: not with ``QUANT_IN_KERNEL``, where the routing is the kernel before).
 
     ``x_ptr``: the bf16/fp16/fp32 activation ``[M, H]`` (``QUANT_IN_KERNEL``: quantized here, per K
     step) or its fp8 quantization with row-major scales ``xs_ptr``. ``w_ptr``: ``[E, 2I, H]`` fp8,
@@ -92,18 +103,23 @@ def _gate_up_kernel(
     num_n = tl.cdiv(INTER, 128)
     block, pid_n = _block_tile(pid, num_blocks, num_n, GROUP_M)
     expert = tl.load(block_expert_ptr + block)
+    lane = tl.arange(0, 128)
+    cols = pid_n * 128 + lane
+    col_ok = cols < INTER
+    gate_rows = tl.where(col_ok, cols, 0).to(tl.int64)
+    up_rows = gate_rows + INTER
+    w_base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+    if PDL:
+        if expert >= 0:
+            _prefetch_rows(w_base + gate_rows * stride_wn, H, PREFETCH_K)
+            _prefetch_rows(w_base + up_rows * stride_wn, H, PREFETCH_K)
+        pdl_enter(True)
     if expert < 0:
         return
     offs_r = block * BLOCK_M + tl.arange(0, BLOCK_M)
     slot = tl.load(slot_ids_ptr + offs_r)
     row_ok = slot < slots
     token = tl.where(row_ok, slot // TOP_K, 0).to(tl.int64)
-    lane = tl.arange(0, 128)
-    cols = pid_n * 128 + lane
-    col_ok = cols < INTER
-    gate_rows = tl.where(col_ok, cols, 0).to(tl.int64)
-    up_rows = gate_rows + INTER
-    w_base = w_ptr + expert.to(tl.int64) * stride_we
     ws_base = ws_ptr + expert.to(tl.int64) * stride_wse
     gate_scale_rows = ws_base + (gate_rows // 128) * stride_wsn
     up_scale_rows = ws_base + (up_rows // 128) * stride_wsn
@@ -180,9 +196,7 @@ def _grouped_gemm_kernel(
     w_base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
     if PDL:
         if expert >= 0:
-            for kb in tl.static_range(PREFETCH_K):
-                if kb * 128 < K:
-                    prefetch_l2(w_base + w_rows * stride_wn + kb * 128)
+            _prefetch_rows(w_base + w_rows * stride_wn, K, PREFETCH_K)
         pdl_enter(True)
     if expert < 0:
         return
