@@ -20,56 +20,44 @@ TILES = [(16, 128), (16, 64), (32, 128)]
 
 
 def _compile() -> dict[str, dict[str, bool]]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    import torch
 
     from fp8select.kernels import moe_triton_kernels as kernels
+    from fp8select.kernels.triton_quant import fp8_constexprs
 
-    fn = kernels._grouped_gemm_kernel
-    pointers = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
-                "block_expert_ptr": "*i32", "out_ptr": "*bf16"}
-    ints = ("slots", "num_blocks", "N", "K", "stride_am", "stride_asm", "stride_ask", "stride_we", "stride_wn",
-            "stride_wse", "stride_wsn", "stride_om")
+    gemm = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
+            "block_expert_ptr": "*i32", "out_ptr": "*bf16",
+            **dict.fromkeys(("slots", "num_blocks", "N", "K", "stride_am", "stride_asm", "stride_ask", "stride_we",
+                             "stride_wn", "stride_wse", "stride_wsn", "stride_om"), "i32")}
     out = {}
     for swap, pdl in ((False, False), (True, False), (True, True)):
         for block_m, block_n in TILES:
             constants = {"A_ROWS": 0, "OUT_SORTED": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8,
                          "TOP_K": 1, "SWAP_AB": swap, "PDL": pdl, "PREFETCH_K": 4 if pdl else 0}
-            signature = {**pointers, **dict.fromkeys(ints, "i32"), **dict.fromkeys(constants, "constexpr")}
-            names = list(fn.arg_names)
-            src = ASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
-            ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
-            out[f"{int(swap)}_{block_m}_{block_n}{'_pdl' if pdl else ''}"] = _facts(ptx)
-    out.update(_compile_gate_up())
+            out[f"{int(swap)}_{block_m}_{block_n}{'_pdl' if pdl else ''}"] = _facts(
+                _ptx(kernels._grouped_gemm_kernel, gemm, constants, stages=4))
+    # the fused gate-up on the transposed 16-row tile, without and with PDL
+    gate_up = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
+               "block_expert_ptr": "*i32", "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32",
+               **dict.fromkeys(("slots", "num_blocks", "H", "INTER", "stride_xm", "stride_xsm", "stride_we", "stride_wn",
+                                "stride_wse", "stride_wsn", "stride_qm", "stride_qsm"), "i32"), "eps": "fp32"}
+    for pdl in (False, True):
+        constants = {"TOP_K": 8, "QUANT_IN_KERNEL": False, "BLOCK_M": 16, "GROUP_M": 8, "SWAP_AB": True, "PDL": pdl,
+                     "PREFETCH_K": 4 if pdl else 0, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
+        out[f"gate_up{'_pdl' if pdl else ''}"] = _facts(_ptx(kernels._gate_up_kernel, gate_up, constants, stages=3))
     return out
 
 
-def _compile_gate_up() -> dict[str, dict[str, bool]]:
-    """The fused gate-up on the transposed 16-row tile, without and with PDL."""
-    import torch
+def _ptx(fn: object, arguments: dict[str, str], constants: dict[str, object], stages: int) -> str:
+    """``fn`` compiled for sm90 with 4 warps: its runtime ``arguments``' types and its ``constants``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from fp8select.kernels import moe_triton_kernels as kernels
-    from fp8select.kernels.triton_quant import fp8_constexprs
-
-    fn = kernels._gate_up_kernel
-    pointers = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
-                "block_expert_ptr": "*i32", "q_ptr": "*fp8e4nv", "qs_ptr": "*fp32"}
-    ints = ("slots", "num_blocks", "H", "INTER", "stride_xm", "stride_xsm", "stride_we", "stride_wn", "stride_wse",
-            "stride_wsn", "stride_qm", "stride_qsm")
-    out = {}
-    for pdl in (False, True):
-        constants = {"TOP_K": 8, "QUANT_IN_KERNEL": False, "BLOCK_M": 16, "GROUP_M": 8, "SWAP_AB": True, "PDL": pdl,
-                     "PREFETCH_K": 4 if pdl else 0, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
-        signature = {**pointers, **dict.fromkeys(ints, "i32"), "eps": "fp32", **dict.fromkeys(constants, "constexpr")}
-        names = list(fn.arg_names)
-        src = ASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
-        out[f"gate_up{'_pdl' if pdl else ''}"] = _facts(ptx)
-    return out
+    names = list(fn.arg_names)  # type: ignore[attr-defined]
+    src = ASTSource(fn, {**arguments, **dict.fromkeys(constants, "constexpr")},
+                    {(names.index(n),): v for n, v in constants.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages}).asm["ptx"]
 
 
 def _facts(ptx: str) -> dict[str, bool]:

@@ -33,7 +33,7 @@ A_SORTED, A_SLOT, A_TOKEN = 0, 1, 2
 """``A_ROWS`` of ``_grouped_gemm_kernel``: the A row a sorted row reads."""
 
 PREFETCH_K = 4
-"""K steps of its weight tile a grouped GEMM program launched with PDL asks L2 for before its wait."""
+"""K steps of its weight tile a GEMM program (grouped or fused gate-up) launched with PDL asks L2 for before its wait."""
 
 
 def _ceil_div(a: int, b: int) -> int:
