@@ -60,6 +60,15 @@ def _routing(m: int, k: int, e: int, kind: str, seed: int) -> tuple[Any, Any]:
     return draw(m, k, e, "cuda", torch.Generator(device="cuda").manual_seed(seed))
 
 
+def _hbm_floor(ids: Any, h: int, i: int) -> tuple[int, float]:
+    """The experts ``ids`` route to, and the microseconds their weights (``3 * H * I`` bytes each) take to
+    stream at :data:`HBM_BYTES_PER_S`."""
+    import torch
+
+    used = int(torch.unique(ids).numel())
+    return used, used * 3 * h * i / HBM_BYTES_PER_S * 1e6
+
+
 def _quant64(v: Any) -> Any:
     """Per-row 1x128 quantization in fp64 (scale amax / 448), dequantized."""
     import torch
@@ -191,7 +200,6 @@ def timing(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tupl
 
     e, h, i, k = shape
     caps = selection.capabilities
-    per_expert = 3 * h * i
     sets = [_weights(e, h, i, seed=10 + c) for c in range(weight_copies(e, h, i, k))]
     problem = MoeProblem(e, h, i, k)
     pinned = [_columns(selection, problem, w, caps, with_reference=False) for w in sets]
@@ -211,8 +219,7 @@ def timing(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tupl
                 calls[col] = [functools.partial(run, x, w, ids) for run in launches]
             errors: dict[str, str] = {}
             times = time_graphs(calls, replays=20, errors=errors)
-            used = int(torch.unique(ids).numel())
-            floor_us = used * per_expert / HBM_BYTES_PER_S * 1e6
+            used, floor_us = _hbm_floor(ids, h, i)
             decode = m * k / e <= 64
             for col, t in times.items():
                 row = {"shape": name, "m": m, "routing": kind, "column": col, **t.to_dict(),
@@ -247,7 +254,7 @@ def anatomy(selection: Any, name: str, shape: tuple[int, int, int, int], ms: tup
     for m in ms:
         w, ids = _routing(m, k, e, "uniform", seed=m)
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-        floor_us = int(torch.unique(ids).numel()) * 3 * h * i / HBM_BYTES_PER_S * 1e6
+        _, floor_us = _hbm_floor(ids, h, i)
         for col, column in {"auto": None, **columns}.items():
             run = layer if column is None else _launch(column, dataclasses.replace(problem, m=m), m, caps)
             for _ in range(3):
@@ -306,7 +313,7 @@ def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PD
                 first = {col: ops[0](x, w, ids, config) for col, ops in columns.items()}
                 calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, ops in columns.items()}
                 times = time_graphs(calls, replays=20)
-                floor_us = int(torch.unique(ids).numel()) * 3 * h * i / HBM_BYTES_PER_S * 1e6
+                _, floor_us = _hbm_floor(ids, h, i)
                 for col, t in times.items():
                     rows.append({"shape": name, "m": m, "routing": kind, "config": config.describe(), "column": col,
                                  **t.to_dict(), "vs_off": round(t.median_us / times["off"].median_us, 4),
