@@ -44,6 +44,8 @@ SETS = {
     "vendors, five shapes of the re-timed points (table)": ("regret_vendors_retimed",),
     "no vendors, the same five (table)": ("regret_novendors_retimed",),
     "vendors, decode check of the near-tie rules (table)": ("regret_vendors_decode_check",),
+    "vendors, the table's near ties within 3% (table)": ("regret_vendors_ties",),
+    "no vendors, the table's near ties within 3% (table)": ("regret_novendors_ties",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
     "vendors, GLM-4.5's dense layers (model)": ("regret_vendors_glm_model",),
