@@ -23,6 +23,7 @@ def _compile() -> dict[str, dict[str, bool]]:
     import torch
 
     from fp8select.kernels import moe_triton_kernels as kernels
+    from fp8select.kernels.moe_triton import PREFETCH_K
     from fp8select.kernels.triton_quant import fp8_constexprs
 
     gemm = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "slot_ids_ptr": "*i32",
@@ -33,7 +34,7 @@ def _compile() -> dict[str, dict[str, bool]]:
     for swap, pdl in ((False, False), (True, False), (True, True)):
         for block_m, block_n in TILES:
             constants = {"A_ROWS": 0, "OUT_SORTED": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "GROUP_M": 8,
-                         "TOP_K": 1, "SWAP_AB": swap, "PDL": pdl, "PREFETCH_K": 4 if pdl else 0}
+                         "TOP_K": 1, "SWAP_AB": swap, "PDL": pdl, "PREFETCH_K": PREFETCH_K if pdl else 0}
             out[f"{int(swap)}_{block_m}_{block_n}{'_pdl' if pdl else ''}"] = _facts(
                 _ptx(kernels._grouped_gemm_kernel, gemm, constants, stages=4))
     # the fused gate-up on the transposed 16-row tile, without and with PDL
@@ -43,7 +44,7 @@ def _compile() -> dict[str, dict[str, bool]]:
                                 "stride_wse", "stride_wsn", "stride_qm", "stride_qsm"), "i32"), "eps": "fp32"}
     for pdl in (False, True):
         constants = {"TOP_K": 8, "QUANT_IN_KERNEL": False, "BLOCK_M": 16, "GROUP_M": 8, "SWAP_AB": True, "PDL": pdl,
-                     "PREFETCH_K": 4 if pdl else 0, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
+                     "PREFETCH_K": PREFETCH_K if pdl else 0, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
         out[f"gate_up{'_pdl' if pdl else ''}"] = _facts(_ptx(kernels._gate_up_kernel, gate_up, constants, stages=3))
     return out
 

@@ -32,7 +32,7 @@ _SUM_BLOCK_H = 1024
 A_SORTED, A_SLOT, A_TOKEN = 0, 1, 2
 """``A_ROWS`` of ``_grouped_gemm_kernel``: the A row a sorted row reads."""
 
-PREFETCH_K = 4
+PREFETCH_K = 2
 """K steps of its weight tile a GEMM program (grouped or fused gate-up) launched with PDL asks L2 for before its wait."""
 
 
