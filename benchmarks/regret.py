@@ -2,6 +2,7 @@
 
     python -m benchmarks.regret --shapes deepseek-v3 --label vendors --out regret_vendors_deepseek.json
     python -m benchmarks.regret --ties 0.03 --label vendors --out regret_vendors_ties.json
+    python -m benchmarks.regret --worst 24 --label vendors --out regret_vendors_worst.json
 
 Times, by the recipe of docs/measurements.md, every accepted backend pinned (a selection whose chain is that
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
@@ -15,6 +16,9 @@ with always running one backend.
 ``--ties MARGIN`` times, instead of ``--shapes`` x ``--m``, the points of this device's shipped table where
 the two fastest rows of this machine's backends lie within MARGIN (a fraction) of each other: the near ties
 that one timing orders by chance, a run to fold into the table (``benchmarks/merge_tuning.py --fold``).
+``--worst COUNT`` times the COUNT points of the shipped table's shapes where this code's plan scores worst
+on the kept runs of this machine's chain (``benchmarks/results``, scored as ``benchmarks.summarize_regret
+--replan`` scores them): the points that decide the shipped shapes' worst figure, timed again to fold in.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import fp8select
@@ -33,6 +38,7 @@ from benchmarks.distill_limits import json_lines
 from fp8select.measure import bench
 
 SKIP = ("auto", "bf16-matmul", "reference")
+RESULTS = Path(__file__).parent / "results"
 
 
 def distill(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -97,6 +103,23 @@ def near_ties(table: dict[str, Any], backends: Sequence[str], margin: float) -> 
     return {shape: out[shape] for shape in sorted(out, key=lambda shape: (closest[shape], shape))}
 
 
+def worst_points(found: dict[str, dict[str, Any]], chain: Sequence[str], shapes: set[tuple[int, int]],
+                 count: int) -> dict[tuple[int, int], list[int]]:
+    """The ``count`` points of ``shapes`` in the runs of ``found`` (:func:`benchmarks.summarize_regret.replan`'s)
+    whose chain is ``chain`` where the plan's pick is slowest against the fastest backend (the most over the
+    runs), per shape; the shape holding the worst point first."""
+    worst: dict[tuple[int, int, int], float] = {}
+    for run in found.values():
+        if list(run["chain"]) == list(chain):
+            for point, ratio in run["ratios"].items():
+                if point[:2] in shapes:
+                    worst[point] = max(ratio, worst.get(point, 0.0))
+    out: dict[tuple[int, int], list[int]] = {}
+    for n, k, m in sorted(worst, key=lambda point: (-worst[point], point))[:count]:
+        out.setdefault((n, k), []).append(m)
+    return {shape: sorted(ms) for shape, ms in out.items()}
+
+
 def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
     """Where the selection measures at load time (by default where the cache directory can be written;
     ``FP8SELECT_TUNE=off`` plans from the tables alone): each shape's first ``prepare()`` (which measures it
@@ -134,21 +157,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--budget-s", type=float, default=math.inf)
-    parser.add_argument("--ties", type=float, help="time the shipped table's near ties within this fraction instead")
+    instead = parser.add_mutually_exclusive_group()
+    instead.add_argument("--ties", type=float, help="time the shipped table's near ties within this fraction instead")
+    instead.add_argument("--worst", type=int, help="time the points the plan scores worst on the kept runs instead")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     require_cuda("regret")
     start = time.monotonic()
     selection = fp8select.resolve()
     print(selection.explain(), flush=True)
-    if args.ties is not None:  # each shape at its own buckets
+    if args.ties is not None or args.worst is not None:  # each shape at its own Ms
+        from benchmarks.model_check import table_truth
+        from benchmarks.summarize_regret import replan
         from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
 
-        shipped = load_table(table_path(SHIPPED_DIR, selection.capabilities.device_name or ""))
-        batches = [([shape], ms) for shape, ms in near_ties(shipped or {"groups": []}, [b.name for b in selection.chain],
-                                                             args.ties).items()]
+        device = selection.capabilities.device_name or ""
+        shipped = load_table(table_path(SHIPPED_DIR, device)) or {"groups": []}
+        chain = [b.name for b in selection.chain]
+        chosen = (near_ties(shipped, chain, args.ties) if args.ties is not None else
+                  worst_points(replan(RESULTS), chain, {(n, k) for n, k, _ in table_truth(shipped)}, args.worst))
+        batches = [([shape], ms) for shape, ms in chosen.items()]
         if not batches:
-            raise SystemExit(f"regret: no shipped table of {selection.capabilities.device_name} holds a point within {args.ties}")
+            raise SystemExit(f"regret: no shipped table of {device or 'this device'} holds a point within {args.ties}"
+                             if args.ties is not None else
+                             f"regret: no kept run of the chain {' -> '.join(chain)} times a shape of the shipped table")
     else:
         batches = [(bench.parse_shapes(args.shapes), bench.parse_ms(args.m))]
     load_time = _measure_at_load(selection, [shape for shapes, _ in batches for shape in shapes])
@@ -165,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "chain": [b.name for b in selection.chain],
             "tuning_sources": [_portable(source) for source in selection.tuning_sources],
             "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
+    per_line = 4 if args.ties is not None or args.worst is not None else len(bench.parse_ms(args.m))
     with open(args.out, "w", encoding="utf-8") as fh:
-        fh.write(json_lines(head, {"points": points}, per_line=4 if args.ties is not None else len(bench.parse_ms(args.m))))
+        fh.write(json_lines(head, {"points": points}, per_line=per_line))
 
 
 if __name__ == "__main__":

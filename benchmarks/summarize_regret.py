@@ -134,7 +134,8 @@ def _h200_snapshot(run: dict[str, Any], table: dict[str, Any]) -> Any:
 def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Per regret file of ``directory``: the decisions of ``auto`` then and of this code's plan now, each as
     the pinned time of the backend picked over the fastest pinned time (geomean, worst), and the points
-    whose pick changed. ``table``: the tuning table planned from (default: the shipped H200 table)."""
+    whose pick changed; ``ratios``: now's per point ``(N, K, M)``, and ``chain``: the run's. ``table``: the
+    tuning table planned from (default: the shipped H200 table)."""
     from benchmarks.merge_tuning import unfold
     from fp8select import Capabilities, resolve
     from fp8select.measured.table import SHIPPED_DIR
@@ -150,7 +151,7 @@ def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, di
         caps = Capabilities.from_dict(run["capabilities"]) if "capabilities" in run else _h200_snapshot(run, table)
         selection = resolve(caps, plugins=False, order=run["chain"], tuning=unfold(table, run))
         plans: dict[tuple[int, int], Any] = {}
-        then, now, changed, stale = [], [], [], []
+        then, now, changed, stale = [], {}, [], []
         for p in run["points"]:
             times = {b: t for b, t in p["us"].items() if b in run["chain"] and b != "reference"}
             shape = (p["n"], p["k"])
@@ -164,13 +165,14 @@ def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, di
                 continue
             fastest = min(times.values())
             then.append(times[p["auto_ran"]] / fastest)
-            now.append(times[pick] / fastest)
+            point = now[(p["n"], p["k"], p["m"])] = times[pick] / fastest
             if pick != p["auto_ran"]:
-                changed.append(f"{p['n']}x{p['k']} M {p['m']}: {p['auto_ran']} {then[-1]:.3f} -> {pick} {now[-1]:.3f}")
+                changed.append(f"{p['n']}x{p['k']} M {p['m']}: {p['auto_ran']} {then[-1]:.3f} -> {pick} {point:.3f}")
         if now:
+            ratios = list(now.values())
             out[path.stem] = {"points": len(now), "then": [round(_geomean(then), 4), round(max(then), 3)],
-                              "now": [round(_geomean(now), 4), round(max(now), 3)], "changed": changed,
-                              **({"stale": stale} if stale else {}), "ratios": now}
+                              "now": [round(_geomean(ratios), 4), round(max(ratios), 3)], "changed": changed,
+                              **({"stale": stale} if stale else {}), "ratios": now, "chain": run["chain"]}
     return out
 
 
@@ -179,7 +181,7 @@ def replan_sets(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     pinned time over the fastest, and how many points lie more than 3% and 5% from it."""
     out = {}
     for label, names in SETS.items():
-        ratios = [r for name in names if name in found for r in found[name]["ratios"]]
+        ratios = [r for name in names if name in found for r in found[name]["ratios"].values()]
         if ratios:
             out[label] = {"points": len(ratios), "now": [round(_geomean(ratios), 4), round(max(ratios), 3)],
                           "over_3pct": sum(r > 1.03 for r in ratios), "over_5pct": sum(r > 1.05 for r in ratios)}
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.replan:
         found = replan(directory)
         for name, figures_now in found.items():
-            print(f"{name}: {json.dumps({k: v for k, v in figures_now.items() if k != 'ratios'})}")
+            print(f"{name}: {json.dumps({k: v for k, v in figures_now.items() if k not in ('ratios', 'chain')})}")
         for label, pooled in replan_sets(found).items():
             print(f"{label}: {json.dumps(pooled)}")
         return

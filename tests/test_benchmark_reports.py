@@ -46,6 +46,42 @@ def test_quantization_points_carry_the_floor_a_separate_quantizer_cannot_beat() 
     assert json.loads(distill_limits.distill(report))["quant"][0]["floor_ratio"] == point["floor_ratio"]
 
 
+def test_regret_worst_points_are_the_kept_runs_worst_of_this_chain_on_the_tables_shapes() -> None:
+    from benchmarks.regret import worst_points
+
+    chain, alone = ["a", "b", "reference"], ["b", "reference"]
+    found = {"r1": {"chain": chain, "ratios": {(1, 2, 8): 1.05, (1, 2, 16): 1.01, (3, 4, 1): 1.20}},
+             "r2": {"chain": chain, "ratios": {(1, 2, 16): 1.10, (5, 6, 1): 1.50}},
+             "r3": {"chain": alone, "ratios": {(1, 2, 4): 2.0}}}
+    held = {(1, 2), (3, 4)}  # (5, 6) is no shape of the table: the model plans it, a fold cannot help it
+    got = worst_points(found, chain, held, 2)
+    assert list(got.items()) == [((3, 4), [1]), ((1, 2), [16])]  # M 16's worst over the runs, 1.10, beats M 8's 1.05
+    assert worst_points(found, chain, held, 9) == {(3, 4): [1], (1, 2): [8, 16]}
+    assert worst_points(found, alone, held, 9) == {(1, 2): [4]}
+    assert worst_points(found, ["c"], held, 9) == {}
+
+
+def test_regret_worst_starts_at_the_worst_point_summarize_regret_scores_on_the_tables_shapes() -> None:
+    """The kept runs scored with today's plan: ``--worst 1`` times the point that is the worst of every set of
+    runs of the table's shapes, with the vendors and without."""
+    from benchmarks import summarize_regret
+    from benchmarks.model_check import table_truth
+    from benchmarks.regret import RESULTS, worst_points
+    from fp8select.measured.table import SHIPPED_DIR
+
+    found = summarize_regret.replan(RESULTS)
+    pooled = summarize_regret.replan_sets(found)
+    table = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text())
+    held = {(n, k) for n, k, _ in table_truth(table)}
+    for prefix, name in (("vendors, ", "regret_vendors_deepseek"), ("no vendors, ", "regret_novendors_deepseek")):
+        chain = found[name]["chain"]
+        ((shape, (m,)),) = worst_points(found, chain, held, 1).items()
+        ratio = max(run["ratios"].get((*shape, m), 0.0) for run in found.values() if run["chain"] == chain)
+        worsts = [figures["now"][1] for label, figures in pooled.items()
+                  if label.startswith(prefix) and label.endswith("(table)")]
+        assert round(ratio, 3) == max(worsts) > 1, (prefix, shape, m)
+
+
 def test_regret_names_tables_without_the_machines_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from benchmarks import regret
 
