@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cuda import require_cuda
+from benchmarks._stats import geomean
 from benchmarks.distill_limits import json_lines
 from fp8select.measured.moe import MOE_SHAPES
 
@@ -334,7 +335,7 @@ def pdl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             structure = "plain" if " plain" in r["config"] else "fused"
             ratios.setdefault(r["column"], {}).setdefault(f"{r['shape']} {structure}", []).append(r["vs_off"])
     return {"same_bits": all(r["same_bits"] for r in rows),
-            **{col: {shape: {"geomean_vs_off": round(math.exp(statistics.fmean(math.log(v) for v in vs)), 4),
+            **{col: {shape: {"geomean_vs_off": geomean(vs),
                              "min": min(vs), "max": max(vs)} for shape, vs in by_shape.items()}
                for col, by_shape in ratios.items()}}
 

@@ -3,8 +3,7 @@
 What ``SWAP_AB`` is for shows in the machine code: at decode's 16- and 32-row tiles the normal orientation
 multiplies on the older ``mma.sync`` path, the transposed tile (the weight's rows on the MMA's wide side) on
 ``wgmma``. With ``PDL`` the kernel, and the fused gate-up, asks L2 for its weights before it waits for the
-previous launch. The
-compiler runs in a child process, outside the interpreter mode other test modules set.
+previous launch. The compiler runs in a child process, outside the interpreter mode other test modules set.
 """
 
 from __future__ import annotations

@@ -49,11 +49,11 @@ class TritonExperts:
     uses programmatic dependent launch where it runs (``pdl``: True, where
     :func:`~.triton_pdl.pdl_possible`; False never): each waits for the one before, and a GEMM first asks
     L2 for its weight tile's first ``prefetch_k`` K steps (:data:`PREFETCH_K`), which no launch of the op
-    writes. Measured on an H100 SXM against the same launches without it
-    (``benchmarks/results/moe_pdl.json``, bit-identical outputs): the plain structure 0.98-0.99x the time
-    at DeepSeek-V3's M 1-16 with 32 experts and 0.84-0.97x at Qwen3-30B-A3B's (small experts, where the
-    launches are a larger share), the fused gate-up 0.98-1.00x and 0.90-0.99x; on the normal tile
-    1.02-1.03x at DeepSeek-V3's M 1, so it launches as before."""
+    writes. Measured on the H200 against the same launches without it (``benchmarks/results/moe_pdl.json``,
+    bit-identical outputs): the plain structure 0.97-1.00x the time at DeepSeek-V3's M 1-16 with 32 experts
+    and 0.84-0.96x at Qwen3-30B-A3B's (small experts, where the launches are a larger share), the fused
+    gate-up 0.98-0.99x and 0.87-0.97x; on the normal tile (an H100 SXM) 1.02-1.03x at DeepSeek-V3's M 1,
+    so it launches as before."""
 
     def __init__(self, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                  pdl: bool = True, prefetch_k: int = PREFETCH_K) -> None:
