@@ -18,7 +18,9 @@ Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--budge
   HBM floor of the expert weights read (the experts the routing touched, at 4.3 TB/s, FACTS.md).
 * **summary**: per point the fastest pinned column and auto's ratio to it; geomean and worst.
 
-Stops timing (and says so) when ``--budget-s`` runs out; what was measured is written either way.
+Stops timing (and says so) when ``--budget-s`` runs out; what was measured is written either way. Each file is
+written in the form results are kept in (``benchmarks/results/``): a header key per line (``moe.json``'s
+numerics as each column's worst case), then a row per line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import argparse
 import functools
 import json
 import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -355,8 +356,34 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ratio = cols["auto"] / pinned[fastest]
         ratios.append(ratio)
         best.append({"shape": shape, "m": m, "routing": kind, "fastest": fastest, "auto_ratio": round(ratio, 4)})
-    geo = math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
-    return {"auto_vs_fastest_geomean": geo, "auto_vs_fastest_worst": max(ratios) if ratios else None, "points": best}
+    return {"auto_vs_fastest_geomean": geomean(ratios) if ratios else None,
+            "auto_vs_fastest_worst": round(max(ratios), 4) if ratios else None, "points": best}
+
+
+def numerics_worst(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per column, the largest relative errors over the numerics cases it ran, and how many it ran (a case that
+    raised is counted in ``errors``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["m"] == 0:
+            continue
+        worst = out.setdefault(r["column"], {"rel_err": 0.0, "rel_err_vs_bf16_gemm_outputs": 0.0, "cases": 0})
+        if "error" in r:
+            worst["errors"] = worst.get("errors", 0) + 1
+            continue
+        for key in ("rel_err", "rel_err_vs_bf16_gemm_outputs"):
+            worst[key] = max(worst[key], float(f"{r[key]:.3g}"))
+        worst["cases"] += 1
+    return out
+
+
+def kept(report: dict[str, Any]) -> str:
+    """``moe.json`` as results are kept: the header (numerics as each column's worst, whether M 0 held),
+    then a timing per line."""
+    head = {k: report[k] for k in ("device", "torch", "triton", "packages", "command", "moe_plans", "notes")}
+    head["numerics_worst"] = numerics_worst(report["numerics"])
+    head["m0_ok"] = all(r["ok"] for r in report["numerics"] if r["m"] == 0)
+    return json_lines({**head, "summary": report["summary"], "seconds": report["seconds"]}, {"timing": report["timing"]})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -379,20 +406,21 @@ def main(argv: list[str] | None = None) -> None:
     selection = fp8select.resolve(plugins=False)
     shapes = {n: SHAPES[n] for n in QUICK_SHAPES} if args.quick else SHAPES
     ms = QUICK_M if args.quick else M_VALUES
+    command = " ".join(["python -m benchmarks.moe --out DIR", *(["--quick"] if args.quick else []),
+                        *(["--anatomy"] if args.anatomy else []), *(["--pdl"] if args.pdl else []),
+                        *([f"--budget-s {args.budget_s:g}"] if not (args.anatomy or args.pdl) else [])])
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "triton": triton.__version__, "packages": dict(selection.capabilities.packages),
-                              "moe_plans": {}, "numerics": [], "timing": [], "notes": []}
-    if args.anatomy:
-        report["anatomy"] = anatomy(selection, ANATOMY_SHAPE, SHAPES[ANATOMY_SHAPE], ANATOMY_M)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "moe_anatomy.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+                              "command": command, "moe_plans": {}, "numerics": [], "timing": [], "notes": []}
+    head = {k: report[k] for k in ("device", "torch", "triton", "packages", "command")}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.anatomy:  # the form results are kept in: the header, then a row per line
+        rows = anatomy(selection, ANATOMY_SHAPE, SHAPES[ANATOMY_SHAPE], ANATOMY_M)
+        (Path(args.out) / "moe_anatomy.json").write_text(json_lines(head, {"anatomy": rows}), encoding="utf-8")
         return
-    if args.pdl:  # the form results are kept in: the header, then a row per line
+    if args.pdl:
         rows = [row for name in QUICK_SHAPES for row in pdl_ab(name, SHAPES[name])]
-        head = {k: report[k] for k in ("device", "torch", "triton", "packages")}
-        head["command"] = "python -m benchmarks.moe --out DIR --pdl"
         head["hbm_fraction"] = f"of the floor at {HBM_BYTES_PER_S / 1e12:.1f} TB/s, the H200's copy rate, on every device"
-        Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "moe_pdl.json").write_text(json_lines({**head, "summary": pdl_summary(rows)}, {"pdl": rows}),
                                                    encoding="utf-8")
         return
@@ -411,8 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     report["summary"] = summarize(report["timing"])
     report["seconds"] = round(time.monotonic() - start, 1)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "moe.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    (out / "moe.json").write_text(kept(report), encoding="utf-8")
     worst = max((r.get("rel_err", 0.0) for r in report["numerics"]), default=0.0)
     print(f"moe: {len(report['timing'])} timings, worst numerics {worst:.2e}, auto vs fastest "
           f"{report['summary']['auto_vs_fastest_geomean']} geomean; {out / 'moe.json'}")

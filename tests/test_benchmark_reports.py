@@ -347,3 +347,41 @@ def test_regret_ties_names_the_points_whose_two_fastest_rows_are_within_the_marg
     assert near_ties(table, ["a", "b", "c"], 0.015) == {(256, 512): [2, 4]}
     table["groups"][2]["shapes"]["512,512"]["1"]["us"] = 5.02
     assert list(near_ties(table, ["a", "b", "c"], 0.03)) == [(512, 512), (256, 512)]  # the closest contest (0.4%) first
+
+
+def test_moe_writes_its_report_as_kept_each_columns_worst_numerics_and_a_timing_per_line() -> None:
+    """benchmarks.moe's moe.json is the kept form itself: numerics as each column's worst case (a case that
+    raised counted apart), whether M 0 held, the summary of auto against the fastest pinned column, a
+    timing per line."""
+    from benchmarks import moe
+
+    timing = [{"shape": "s", "m": 1, "routing": "uniform", "column": c, "median_us": us}
+              for c, us in (("auto", 10.5), ("triton/sorted", 10.0), ("cutlass/offsets", 12.0))]
+    numerics = [{"shape": "s", "m": 1, "routing": "uniform", "column": "triton/sorted", "rel_err": 0.004,
+                 "rel_err_vs_bf16_gemm_outputs": 0.0123456},
+                {"shape": "s", "m": 16, "routing": "skewed", "column": "triton/sorted", "rel_err": 0.006,
+                 "rel_err_vs_bf16_gemm_outputs": 0.01},
+                {"shape": "s", "m": 16, "routing": "skewed", "column": "cutlass/offsets", "error": "RuntimeError()"},
+                {"shape": "s", "m": 0, "routing": "empty", "column": "auto", "ok": False}]
+    report = {"device": "gpu", "torch": "2", "triton": "3", "packages": {}, "command": "python -m benchmarks.moe",
+              "moe_plans": {}, "notes": [], "numerics": numerics, "timing": timing, "summary": moe.summarize(timing),
+              "seconds": 1.0}
+    text = moe.kept(report)
+    kept = json.loads(text)
+    assert kept["numerics_worst"] == {"triton/sorted": {"rel_err": 0.006, "rel_err_vs_bf16_gemm_outputs": 0.0123,
+                                                        "cases": 2},
+                                      "cutlass/offsets": {"rel_err": 0.0, "rel_err_vs_bf16_gemm_outputs": 0.0,
+                                                          "cases": 0, "errors": 1}}
+    assert kept["m0_ok"] is False and kept["timing"] == timing
+    assert kept["summary"]["auto_vs_fastest_geomean"] == 1.05 and kept["summary"]["points"][0]["fastest"] == "triton/sorted"
+    assert sum(line.startswith('  {"shape"') for line in text.splitlines()) == len(timing)
+
+
+def test_the_kept_moe_report_is_what_the_tool_writes() -> None:
+    """benchmarks/results/moe.json has the keys and summary benchmarks.moe writes (docs/moe.md quotes them)."""
+    from benchmarks import moe
+
+    kept = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "moe.json").read_text())
+    assert kept["summary"] == moe.summarize(kept["timing"])
+    assert set(kept) == {"device", "torch", "triton", "packages", "command", "moe_plans", "notes", "numerics_worst",
+                         "m0_ok", "summary", "seconds", "timing"}
