@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
+
+from benchmarks._stats import geomean
 
 SETS = {
     "vendors, DeepSeek-V3 (table)": ("regret_vendors_deepseek", "regret_vendors_deepseek_rest"),
@@ -66,10 +67,6 @@ COLORS = {"deepgemm": "tab:orange", "flashinfer": "tab:green", "cutlass": "tab:p
           "triton": "tab:red", "auto": "black"}
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def points(directory: Path, names: tuple[str, ...]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name in names:
@@ -84,9 +81,9 @@ def figures(pts: list[dict[str, Any]]) -> dict[str, Any]:
     choice = [p["us"][p["auto_ran"]] / p["us"][p["best"]] for p in pts if p.get("auto_ran") in p["us"]]
     worst = max(pts, key=lambda p: p["us"].get(p.get("auto_ran"), 0) / p["us"][p["best"]])
     return {"shapes": len({(p["n"], p["k"]) for p in pts}), "points": len(pts),
-            "measured_geomean": round(_geomean(measured), 4), "measured_worst": round(max(measured), 3),
+            "measured_geomean": geomean(measured), "measured_worst": round(max(measured), 3),
             "measured_over_8pct": sum(r > 1.08 for r in measured),
-            "choice_geomean": round(_geomean(choice), 4), "choice_worst": round(max(choice), 3),
+            "choice_geomean": geomean(choice), "choice_worst": round(max(choice), 3),
             "choice_over_8pct": sum(c > 1.08 for c in choice),
             "choice_worst_point": {k: worst.get(k) for k in ("n", "k", "m", "auto_ran", "best")}}
 
@@ -173,8 +170,8 @@ def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, di
                 changed.append(f"{p['n']}x{p['k']} M {p['m']}: {p['auto_ran']} {then[-1]:.3f} -> {pick} {point:.3f}")
         if now:
             ratios = list(now.values())
-            out[path.stem] = {"points": len(now), "then": [round(_geomean(then), 4), round(max(then), 3)],
-                              "now": [round(_geomean(ratios), 4), round(max(ratios), 3)], "changed": changed,
+            out[path.stem] = {"points": len(now), "then": [geomean(then), round(max(then), 3)],
+                              "now": [geomean(ratios), round(max(ratios), 3)], "changed": changed,
                               **({"stale": stale} if stale else {}), "ratios": now, "chain": run["chain"]}
     return out
 
@@ -186,7 +183,7 @@ def replan_sets(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for label, names in SETS.items():
         ratios = [r for name in names if name in found for r in found[name]["ratios"].values()]
         if ratios:
-            out[label] = {"points": len(ratios), "now": [round(_geomean(ratios), 4), round(max(ratios), 3)],
+            out[label] = {"points": len(ratios), "now": [geomean(ratios), round(max(ratios), 3)],
                           "over_3pct": sum(r > 1.03 for r in ratios), "over_5pct": sum(r > 1.05 for r in ratios)}
     return out
 
