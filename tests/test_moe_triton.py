@@ -353,9 +353,9 @@ def test_tune_moe_times_the_triton_configurations_through_the_real_kernels(monke
     from fp8select.measure import timing, tune_moe
     from fp8select.measure.timing import Timing
 
-    alone = iter([5.0, 5.0, 3.0, 3.0])  # each candidate under uniform, then skewed routing
-    monkeypatch.setattr(timing, "time_graph", lambda calls, replays=50, **kw: Timing(*(next(alone),) * 3))
-    monkeypatch.setattr(timing, "time_graphs", lambda cols, replays=50, **kw: {c: Timing(1.0, 1.0, 1.0) for c in cols})
+    candidates = {"0": 5.0, "1": 3.0}  # timed together under each routing; then the routes, at 1.0
+    monkeypatch.setattr(timing, "time_graphs",
+                        lambda cols, replays=50, **kw: {c: Timing(*(candidates.get(c, 1.0),) * 3) for c in cols})
     sel = resolve(CPU_TRITON, plugins=False, tuning=False)
     table, rows = tune_moe.tune_moe(sel, [(4, 256, 128, 2)], ms=(1,), max_configs=2, device="cpu")
     checked = [r for r in rows if "rel_err" in r]

@@ -7,7 +7,7 @@ token, far less over a batch), then timed as the whole experts op a user calls: 
 activation quantization, both grouped GEMMs, ``silu(gate) * up`` and its quantization, the weighted sum
 (:meth:`~fp8select.backends.moe.MoeBackend.bind`). For a backend with launch configurations (Triton) its
 candidates (:meth:`~fp8select.backends.moe.MoeBackend.tuning_configs`, at most ``max_configs``) are timed
-alone, under the point's uniform routing and under skewed routing
+together, interleaved, under the point's uniform routing and under skewed routing
 (:func:`~fp8select.kernels.moe_routing.skewed_routing`; checked under both), and the one kept that loses
 least to the fastest under either: a small row tile reads a busy expert's weights once per row block,
 which uniform routing at decode does not show. Then the point's routes are timed together under CUDA graphs, their replays
@@ -202,7 +202,9 @@ def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: M
                  ) -> tuple[list[MoeLaunch], Any] | None:
     """The route's launches (one per weight copy) at the configuration that loses least to the fastest under
     uniform (``weights, ids``) or skewed routing (:func:`_least_loss`), among those correct under both
-    (``reference(weights, ids)``: the experts op's output for ``x``), or None."""
+    (``reference(weights, ids)``: the experts op's output for ``x``), or None. The candidates are timed
+    together, interleaved (:func:`fp8select.measure.timing.time_graphs`), once per routing: timed one after
+    another, the same work moves by several percent with its place in the order, as much as separates them."""
     name = f"{backend.name}/{layout}"
     bucket = m_bucket(m)
     configs = backend.tuning_configs(point, layout, bucket)[:max(1, max_configs)]
@@ -210,7 +212,7 @@ def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: M
     if len(configs) > 1:  # a choice to make: under skewed routing too
         routings.append(skewed_routing(m, ids.shape[1], point.experts, x.device,
                                        torch.Generator(device=x.device).manual_seed(m)))
-    timed: list[tuple[tuple[float, ...], list[MoeLaunch], Any]] = []
+    correct: dict[str, tuple[list[MoeLaunch], Any, dict[str, Any]]] = {}
     for config in configs:
         record: dict[str, Any] = {"shape": key, "m": m, "route": name}
         if config is not None and hasattr(config, "to_dict"):
@@ -218,19 +220,28 @@ def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: M
         try:
             launches = [backend.bind(p, layout, config, caps) for p in per_copy]
             err = max(_rel_err(launches[0](x, *routing), reference(*routing)) for routing in routings)
-            if err >= REL_ERR_MAX:
-                rows.append({**record, "correct": False, "rel_err": err})
-                continue
-            us = tuple(timing.time_graph([functools.partial(run, x, *routing) for run in launches], replays).median_us
-                       for routing in routings) if len(configs) > 1 else (0.0,)
         except PASS_THROUGH:
             raise
         except BaseException as exc:  # noqa: BLE001 - a configuration or backend failing here is a result
             rows.append({**record, "error": describe(exc)})
             continue
-        alone = {"alone_us": round(us[0], 3), "skewed_us": round(us[1], 3)} if len(us) > 1 else {}
-        rows.append({**record, "rel_err": err, **alone})
-        timed.append((us, launches, config))
+        if err >= REL_ERR_MAX:
+            rows.append({**record, "correct": False, "rel_err": err})
+            continue
+        rows.append(row := {**record, "rel_err": err})  # its times added below
+        correct[str(len(correct))] = (launches, config, row)
+    if len(correct) > 1:
+        errors: dict[str, str] = {}
+        times = [timing.time_graphs({i: [functools.partial(run, x, *routing) for run in launches]
+                                     for i, (launches, _, _) in correct.items() if i not in errors}, replays, errors=errors)
+                 for routing in routings]
+        for i, (_, _, row) in correct.items():
+            row.update({"error": errors[i]} if i in errors else
+                       {f"{kind}_us": round(t[i].median_us, 3) for kind, t in zip(("uniform", "skewed"), times, strict=True)})
+        timed = [(tuple(t[i].median_us for t in times), launches, config)
+                 for i, (launches, config, _) in correct.items() if i not in errors]
+    else:
+        timed = [((0.0,), launches, config) for launches, config, _ in correct.values()]
     if not timed:
         return None
     _, launches, config = timed[_least_loss([t[0] for t in timed])]
