@@ -390,3 +390,30 @@ def test_the_triton_search_starts_from_the_nearest_shapes_configuration_fitted(m
     _search_triton(TritonBackend(), lambda cfg: timed.append(cfg) or 10.0, 4096, 14336, 8, sms=132, max_configs=1,
                    deadline=float("inf"), rows=[], seeds=seeds, device=torch.device("cpu"))
     assert timed == [TritonConfig.from_dict({**measured.to_dict(), "SPLIT_K": 7})]  # 112 column tiles x 4, 64 x 7
+
+
+def test_the_triton_search_picks_among_its_fastest_configurations_timed_again_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search times one configuration after another; its three fastest are timed again interleaved, and the
+    fastest there is the pick (a finalist that fails there is passed over); the finalists' times are a row."""
+    pytest.importorskip("triton")
+    from fp8select.kernels import triton_device
+    from fp8select.measure.tune import FINALISTS, _search_triton
+
+    monkeypatch.setattr(triton_device, "wgmma_runs", lambda device: False)
+    timed: list[Any] = []
+    again: list[list[Any]] = []
+
+    def together(configs: Any) -> list[float | None]:
+        again.append(list(configs))
+        return [None, 7.0, 6.0][:len(configs)]  # the fastest alone fails; the third is the fastest together
+
+    rows: list[dict[str, Any]] = []
+    best = _search_triton(None, lambda cfg: timed.append(cfg) or 10.0 - len(timed), 7168, 16384, 4096, sms=132,
+                          max_configs=6, deadline=float("inf"), rows=rows, seeds=None, device=torch.device("cpu"),
+                          together=together)
+    assert again == [timed[::-1][:FINALISTS]] and best == timed[-3]
+    assert [f["us"] for f in rows[-1]["finalists"]] == [None, 7.0, 6.0]
+    lone = _search_triton(None, lambda cfg: 5.0, 7168, 16384, 4096, sms=132, max_configs=1, deadline=float("inf"),
+                          rows=[], seeds=None, device=torch.device("cpu"), together=together)
+    assert lone is not None and len(again) == 1  # one configuration: nothing to time again

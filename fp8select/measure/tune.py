@@ -3,7 +3,8 @@
 Per layer shape (N, K) and M (one per bucket), each backend of the chain except ``reference``
 is checked against an fp64 reference; Triton's launch configuration is found by timing a
 search (:mod:`fp8select.kernels.triton_search`), starting from the configurations already
-known for that point (any version's row, or the nearest measured shape's, fitted to this one). Then the correct
+known for that point (any version's row, or the nearest measured shape's, fitted to this one), its
+fastest few timed again together to pick from. Then the correct
 backends are timed together as the whole op a user calls (bf16 in, activation quantization
 included), CUDA-graph replay with the weights rotated past the L2, their replays interleaved
 (:func:`fp8select.measure.timing.time_graphs`): those times are the table's. A row goes into the
@@ -35,6 +36,8 @@ __all__ = ["DEFAULT_TUNE_M", "tune", "tune_on_one_rank"]
 
 DEFAULT_TUNE_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 BLOCK = (128, 128)
+FINALISTS = 3
+"""Triton configurations of a search timed again together, interleaved, to pick among (:func:`_search_triton`)."""
 
 
 def _known_rows(table: Mapping[str, Any] | None) -> set[tuple[str, tuple[tuple[str, str], ...], str, str]]:
@@ -159,9 +162,14 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
             return None
         return timing.time_graph([functools.partial(layer, x) for layer in layers], replays).median_us
 
+    def together(configs: Sequence[Any]) -> list[float | None]:
+        columns = {str(i): [functools.partial(layer, x) for layer in calls(c)] for i, c in enumerate(configs)}
+        times = timing.time_graphs(columns, replays, errors={})
+        return [times[str(i)].median_us if str(i) in times else None for i in range(len(configs))]
+
     if backend.name == "triton":
         config = _search_triton(backend, timed, n, k, m, sms=sms, max_configs=max_configs, deadline=deadline, rows=rows,
-                                seeds=seeds, device=x.device)
+                                seeds=seeds, device=x.device, together=together)
         return None if config is None else (calls(config), config)
     try:
         correct = bench.checked_call(calls()[0], x, ref) is not None
@@ -178,10 +186,13 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
 
 def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: int, k: int, m: int, *, sms: int,
                    max_configs: int, deadline: float, rows: list[dict[str, Any]],
-                   seeds: Measurements | None, device: torch.device) -> Any:
+                   seeds: Measurements | None, device: torch.device,
+                   together: Callable[[Sequence[Any]], list[float | None]] | None = None) -> Any:
     """The fastest Triton configuration (None when none ran correctly): the known ones for this point first,
     then the search's (the wgmma path only where it runs its own kernel: elsewhere it would time the gemm
-    path's again)."""
+    path's again). The search times one configuration after another, where the same work moves by several
+    percent with its place in the order; so the :data:`FINALISTS` fastest are timed again ``together``
+    (interleaved), and the fastest there is the pick."""
     from fp8select.kernels import triton_search
     from fp8select.kernels.triton_config import PATHS, TritonConfig
     from fp8select.kernels.triton_device import wgmma_runs
@@ -210,7 +221,14 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
     if max_configs > len(results):
         triton_search.search(n, k, m, time_config, sms=sms, max_configs=max_configs - len(results), deadline=deadline,
                              paths=paths)
-    return min(results, key=lambda r: r[0])[1] if results else None
+    finalists = list(dict.fromkeys(config for _, config in sorted(results, key=lambda r: r[0])))[:FINALISTS]
+    if together is None or len(finalists) < 2:
+        return finalists[0] if finalists else None
+    again = together(finalists)
+    rows.append({"n": n, "k": k, "m": m, "backend": "triton", "finalists": [
+        {"config": config.to_dict(), "us": us} for config, us in zip(finalists, again, strict=True)]})
+    timed_again = [(us, i) for i, us in enumerate(again) if us is not None]
+    return finalists[min(timed_again)[1]] if timed_again else finalists[0]
 
 
 def tune_on_one_rank(selection: Any, shapes: Sequence[tuple[int, int]], group: Any = None, src: int = 0,
