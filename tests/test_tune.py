@@ -404,8 +404,9 @@ def test_the_triton_search_picks_among_its_fastest_configurations_timed_again_to
     timed: list[Any] = []
     again: list[list[Any]] = []
 
-    def together(configs: Any) -> list[float | None]:
+    def together(configs: Any, errors: dict[str, str]) -> list[float | None]:
         again.append(list(configs))
+        errors["0"] = "RuntimeError: capture"
         return [None, 7.0, 6.0][:len(configs)]  # the fastest alone fails; the third is the fastest together
 
     rows: list[dict[str, Any]] = []
@@ -414,6 +415,7 @@ def test_the_triton_search_picks_among_its_fastest_configurations_timed_again_to
                           together=together)
     assert again == [timed[::-1][:FINALISTS]] and best == timed[-3]
     assert [f["us"] for f in rows[-1]["finalists"]] == [None, 7.0, 6.0]
+    assert [f.get("error") for f in rows[-1]["finalists"]] == ["RuntimeError: capture", None, None]
     lone = _search_triton(None, lambda cfg: 5.0, 7168, 16384, 4096, sms=132, max_configs=1, deadline=float("inf"),
                           rows=[], seeds=None, device=torch.device("cpu"), together=together)
     assert lone is not None and len(again) == 1  # one configuration: nothing to time again

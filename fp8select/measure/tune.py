@@ -162,9 +162,9 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
             return None
         return timing.time_graph([functools.partial(layer, x) for layer in layers], replays).median_us
 
-    def together(configs: Sequence[Any]) -> list[float | None]:
+    def together(configs: Sequence[Any], errors: dict[str, str]) -> list[float | None]:
         columns = {str(i): [functools.partial(layer, x) for layer in calls(c)] for i, c in enumerate(configs)}
-        times = timing.time_graphs(columns, replays, errors={})
+        times = timing.time_graphs(columns, replays, errors=errors)
         return [times[str(i)].median_us if str(i) in times else None for i in range(len(configs))]
 
     if backend.name == "triton":
@@ -187,12 +187,13 @@ def _candidate(backend: Backend, per_copy: list[Any], x: torch.Tensor, ref: torc
 def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: int, k: int, m: int, *, sms: int,
                    max_configs: int, deadline: float, rows: list[dict[str, Any]],
                    seeds: Measurements | None, device: torch.device,
-                   together: Callable[[Sequence[Any]], list[float | None]] | None = None) -> Any:
+                   together: Callable[[Sequence[Any], dict[str, str]], list[float | None]] | None = None) -> Any:
     """The fastest Triton configuration (None when none ran correctly): the known ones for this point first,
     then the search's (the wgmma path only where it runs its own kernel: elsewhere it would time the gemm
     path's again). The search times one configuration after another, where the same work moves by several
     percent with its place in the order; so the :data:`FINALISTS` fastest are timed again ``together``
-    (interleaved), and the fastest there is the pick."""
+    (interleaved; one that fails there is left out, its error recorded under its index), and the fastest
+    there is the pick."""
     from fp8select.kernels import triton_search
     from fp8select.kernels.triton_config import PATHS, TritonConfig
     from fp8select.kernels.triton_device import wgmma_runs
@@ -224,9 +225,11 @@ def _search_triton(backend: Backend, timed: Callable[[Any], float | None], n: in
     finalists = list(dict.fromkeys(config for _, config in sorted(results, key=lambda r: r[0])))[:FINALISTS]
     if together is None or len(finalists) < 2:
         return finalists[0] if finalists else None
-    again = together(finalists)
+    errors: dict[str, str] = {}
+    again = together(finalists, errors)
     rows.append({"n": n, "k": k, "m": m, "backend": "triton", "finalists": [
-        {"config": config.to_dict(), "us": us} for config, us in zip(finalists, again, strict=True)]})
+        {"config": config.to_dict(), "us": us, **({"error": errors[str(i)]} if str(i) in errors else {})}
+        for i, (config, us) in enumerate(zip(finalists, again, strict=True))]})
     timed_again = [(us, i) for i, us in enumerate(again) if us is not None]
     return finalists[min(timed_again)[1]] if timed_again else finalists[0]
 
