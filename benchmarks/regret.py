@@ -166,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = time.monotonic()
     selection = fp8select.resolve()
     print(selection.explain(), flush=True)
-    if args.ties is not None or args.worst is not None:  # each shape at its own Ms
+    chosen_points = args.ties is not None or args.worst is not None
+    if chosen_points:  # each shape at its own Ms
         from benchmarks.model_check import table_truth
         from benchmarks.summarize_regret import replan
         from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
@@ -197,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "chain": [b.name for b in selection.chain],
             "tuning_sources": [_portable(source) for source in selection.tuning_sources],
             "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
-    per_line = 4 if args.ties is not None or args.worst is not None else len(bench.parse_ms(args.m))
+    per_line = 4 if chosen_points else len(bench.parse_ms(args.m))
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write(json_lines(head, {"points": points}, per_line=per_line))
 
