@@ -24,6 +24,9 @@ TILES = [(64, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 64, 4, 4, True), (
 GROUPED_TILES = [(64, 128, 4, 4, True, "fp32"), (128, 128, 8, 4, True, "fp32"), (128, 128, 8, 4, True, "bf16")]
 """The MoE experts' grouped launches (:func:`fp8select.kernels.gluon_gemm.launch_grouped`): the gate-up's
 fp32 output and the down GEMM's bf16 one, at the tiles ``tune --moe`` times."""
+GATE_UP_STAGES = (3, 4)
+"""The fused gate-up (:func:`fp8select.kernels.gluon_gemm.launch_gate_up`, 64 rows, 8 warps) at the depths
+``tune --moe`` times."""
 
 
 def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool, out: str = "bf16",
@@ -57,6 +60,32 @@ def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: b
     return kernel.asm["ptx"], kernel.metadata.shared
 
 
+def _compile_gate_up_sm90(stages: int) -> str:
+    """PTX of the fused gate-up kernel for sm90 (e4m3 weights and output, 64-row tiles, 8 warps)."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fp8select.kernels import gluon_gemm
+    from fp8select.kernels.triton_quant import fp8_constexprs
+
+    def desc(block: list[int]) -> str:
+        return f"tensordesc<fp8e4nv{block},{gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)!r}>"
+
+    signature = {"a_desc": desc([64, 128]), "as_ptr": "*fp32", "b_desc": desc([128, 128]), "bs_ptr": "*fp32",
+                 "q_desc": desc([64, 128]), "qs_ptr": "*fp32", "be_ptr": "*i32",
+                 **dict.fromkeys(("M", "INTER", "K", "stride_asm", "stride_ask", "stride_bse", "stride_bsn", "stride_bsk",
+                                  "stride_qsm"), "i32"), "eps": "fp32"}
+    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": 8, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
+    names = list(signature) + list(constants)
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    src = GluonASTSource(gluon_gemm._wgmma_gate_up_kernel, signature,
+                         {(names.index(name),): value for name, value in constants.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+
+
 @pytest.fixture(scope="module")
 def ptx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every tile of :data:`TILES` compiled (in one child process) into ``<tile>.ptx``."""
@@ -78,7 +107,7 @@ def _name(tile: tuple[int | bool | str, ...]) -> str:
     return "_".join(v if isinstance(v, str) else str(int(v)) for v in tile)
 
 
-@pytest.mark.parametrize("tile", TILES + GROUPED_TILES, ids=_name)
+@pytest.mark.parametrize("tile", TILES + GROUPED_TILES + [("gate_up", s) for s in GATE_UP_STAGES], ids=_name)
 def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
         ptx_dir: Path, tile: tuple[int | bool | str, ...]) -> None:
     from triton.backends.nvidia.compiler import get_ptxas
@@ -117,3 +146,5 @@ if __name__ == "__main__":  # the child process of ``ptx_dir``
     for block_m, block_n, warps, stages, scalar, out in GROUPED_TILES:
         ptx, _ = _compile_sm90(block_m, block_n, warps, stages, scalar, out, grouped=True)
         (Path(sys.argv[1]) / f"{_name((block_m, block_n, warps, stages, scalar, out))}.ptx").write_text(ptx)
+    for stages in GATE_UP_STAGES:
+        (Path(sys.argv[1]) / f"{_name(('gate_up', stages))}.ptx").write_text(_compile_gate_up_sm90(stages))

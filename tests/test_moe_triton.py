@@ -270,16 +270,18 @@ def test_pdl_launches_only_the_transposed_tiles_at_decode_behind_the_quantizer()
 
 
 def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_one_cannot(problem) -> None:  # type: ignore[no-untyped-def]
-    """``WGMMA`` 1 needs the plain structure and a warpgroup's rows per 4 warps; off Hopper (here: the
-    interpreter) the same tiles run on the ``tl.dot`` kernels, bit for bit the ``WGMMA`` 0 op; rows
+    """``WGMMA`` 1 needs a warpgroup's rows per 4 warps (and 64-row tiles with the fused gate-up); off Hopper
+    (here: the interpreter) the same tiles run on the ``tl.dot`` kernels, bit for bit the ``WGMMA`` 0 op; rows
     written before the key read back as ``WGMMA`` 0, and ``tune --moe`` times the wgmma tiles."""
     from fp8select.kernels.moe_config import tuning_configs
 
     wgmma = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0, WGMMA=1)
-    for bad in ({"FUSED_ACT": 1}, {"BLOCK_M": 128}, {"BLOCK_N": 32}):
+    for bad in ({"FUSED_ACT": 1, "BLOCK_M": 128, "num_warps": 8}, {"FUSED_ACT": 1, "QUANT_IN_KERNEL": 1},
+                {"BLOCK_M": 128}, {"BLOCK_N": 32}):
         with pytest.raises(ValueError, match="WGMMA"):
             MoeTritonConfig(**{**wgmma.to_dict(), **bad})
+    fused = MoeTritonConfig(**{**wgmma.to_dict(), "FUSED_ACT": 1})  # the fused gate-up on 64-row tiles
     assert wgmma.describe().endswith(" wgmma") and MoeTritonConfig.from_dict(wgmma.to_dict()) == wgmma
     assert "WGMMA" not in default_config(1, 8, 32).to_dict()  # the old rows' form
     assert wgmma in tuning_configs(1, 8, 32) and wgmma == tuning_configs(512, 8, 32)[0]
@@ -288,6 +290,7 @@ def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_o
     experts = moe_triton.TritonExperts(*problem.weights())
     plain = dataclasses.replace(wgmma, WGMMA=0)
     assert torch.equal(experts(x, w, ids, wgmma), experts(x, w, ids, plain))
+    assert torch.equal(experts(x, w, ids, fused), experts(x, w, ids, plain))  # the plain structure there
 
 
 def test_on_gfx942_the_experts_become_e4m3fnuz_and_match_fp64_on_that_grid(problem) -> None:  # type: ignore[no-untyped-def]

@@ -35,6 +35,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .triton_config import SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _grouped_tile
+from .triton_quant import fp8_group_quantize
 
 # Names that changed between Triton 3.6 and 3.9 (the TMA copies' old names raise in 3.9).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -61,19 +62,27 @@ def _promote(acc, d, a_scale, b_scale, B_SCALE_SCALAR: gl.constexpr):
 
 
 @gluon.jit
-def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, slot, kb, off_m, off_n, pred):
+def _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, slot, kb, off_m, off_n, up_off, pred, GATE_UP: gl.constexpr):
     """K block ``kb`` of the tile's A and B rows into ring slot ``slot`` by TMA, arriving on its barrier
-    (nothing when ``pred`` is false: past the last block)."""
+    (nothing when ``pred`` is false: past the last block). ``GATE_UP``: the slot's B holds two blocks of
+    rows, ``off_n``'s (gate) then ``off_n + up_off``'s (up)."""
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    B_BLOCKS: gl.constexpr = 2 if GATE_UP else 1
+    mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + B_BLOCKS * b_desc.block_type.nbytes, pred=pred)
     _tma_load(a_desc, [off_m, kb * BLOCK_K], ready.index(slot), a_bufs.index(slot), pred)
-    _tma_load(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot), pred)
+    if GATE_UP:
+        _tma_load(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot).slice(0, BLOCK_N), pred)
+        _tma_load(b_desc, [off_n + up_off, kb * BLOCK_K], ready.index(slot),
+                  b_bufs.index(slot).slice(BLOCK_N, BLOCK_N), pred)
+    else:
+        _tma_load(b_desc, [off_n, kb * BLOCK_K], ready.index(slot), b_bufs.index(slot), pred)
 
 
 @gluon.jit
 def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_scale, as_ptrs, bs_ptrs, kb, k_blocks,
-          off_m, off_n, stride_ask, stride_bsk, B_SCALE_SCALAR: gl.constexpr, STAGES: gl.constexpr,
-          num_warps: gl.constexpr):
+          off_m, off_n, up_off, stride_ask, stride_bsk, B_SCALE_SCALAR: gl.constexpr, STAGES: gl.constexpr,
+          num_warps: gl.constexpr, GATE_UP: gl.constexpr):
     """K block ``kb``: issue its MMA, then wait for block kb-1's (``prev``), refill that block's
     slot with block kb+STAGES-1 and add ``prev`` scaled by block kb-1's scales (``a_scale``,
     ``b_scale``) into ``acc`` while block kb's MMA runs. Returns block kb's pending result,
@@ -94,12 +103,91 @@ def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_sc
     if num_warps > 4:
         _cta_barrier()  # every warpgroup's MMA kb-1 is done before its slot is overwritten
     refill = kb + STAGES - 1
-    _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, (kb - 1) % STAGES, refill, off_m, off_n, refill < k_blocks)
+    _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, (kb - 1) % STAGES, refill, off_m, off_n, up_off, refill < k_blocks,
+                GATE_UP)
     acc = _promote(acc, prev, a_scale, b_scale, B_SCALE_SCALAR)
     # Pin the scaling here: without an ordered use, LLVM sinks it below the next MMA's issue,
     # which then needs a third register set and copies back (and ptxas waits on those).
     acc = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
     return cur, prev, acc, a_scale_next, b_scale_next
+
+
+@gluon.jit
+def _half(rows):
+    """Per element of ``rows`` (a vector in the rows' layout of the ``GATE_UP`` accumulator), which half of the
+    tile's columns the thread holding it computes: 0 (gate) in threads 0-127, 1 (up) in threads 128-255. The
+    MMA layout's warps ``[4, 2]`` put them there: a warpgroup, four consecutive warps, runs one 64-row MMA, so
+    the first takes the first half of the columns and the second the other."""
+    return gl.inline_asm_elementwise("{ .reg .u32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 7; }", "=r,r", [rows],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _tile_acc(a_desc, as_ptr, b_desc, bs_ptr, off_m, off_n, off_b, up_off, M, N, K, stride_asm, stride_ask,
+              stride_bsn, stride_bsk, SCALE_BN: gl.constexpr, B_SCALE_SCALAR: gl.constexpr, STAGES: gl.constexpr,
+              num_warps: gl.constexpr, GATE_UP: gl.constexpr):
+    """The fp32 tile ``dequant(A[off_m:]) @ dequant(B[off_b:]).T``, its scaling under the next block's MMA (the
+    module docstring). ``GATE_UP``: B's tile is two blocks of rows, ``off_b``'s then ``off_b + up_off``'s, the
+    warps' two halves of the tile's columns (the accumulator ``[BLOCK_M, 2 BLOCK_N]``); ``off_n``: the
+    tile's first column of ``N`` (the weight scales' rows)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    HALVES: gl.constexpr = 2 if GATE_UP else 1
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps // HALVES, HALVES], instr_shape=[16, BLOCK_N, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    ROW_SCALES: gl.constexpr = B_SCALE_SCALAR or GATE_UP  # the weight's scale is a scalar or per row: (a * b)[:, None]
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no * in Gluon
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, HALVES * BLOCK_N, BLOCK_K], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    k_blocks = gl.cdiv(K, BLOCK_K)
+    # Fill every slot; from block 1 on, each step refills the slot of the block before it.
+    for i in gl.static_range(STAGES):
+        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, i, i, off_m, off_b, up_off, i < k_blocks, GATE_UP)
+
+    rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * stride_asm
+    if GATE_UP:
+        # One weight scale per half, per thread one: its rows' vector holds the scale of its warpgroup's half.
+        bs_ptrs = bs_ptr + ((off_n + _half(rows) * up_off) // SCALE_BN).to(gl.int64) * stride_bsn
+    elif B_SCALE_SCALAR:
+        bs_ptrs = bs_ptr + (off_n // SCALE_BN) * stride_bsn
+    else:
+        cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        bs_ptrs = bs_ptr + (gl.where(cols < N, cols, 0) // SCALE_BN).to(gl.int64) * stride_bsn
+
+    acc = gl.zeros((BLOCK_M, HALVES * BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    # Block 0: issue its MMA; its scales are loaded while it runs.
+    mbarrier.wait(ready.index(0), 0)
+    s1 = gl.zeros((BLOCK_M, HALVES * BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    x0 = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), s1, use_acc=False, is_async=True)
+    a_scale = gl.load(as_ptrs)
+    b_scale = gl.load(bs_ptrs)
+    # Two blocks per iteration: the pending results x0 and x1 swap roles with no copy.
+    for kb in range(1, k_blocks - 1, 2):
+        x1, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
+                                              as_ptrs, bs_ptrs, kb, k_blocks, off_m, off_b, up_off, stride_ask,
+                                              stride_bsk, ROW_SCALES, STAGES, num_warps, GATE_UP)
+        x0, s1, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x1, s0, acc, a_scale, b_scale,
+                                              as_ptrs, bs_ptrs, kb + 1, k_blocks, off_m, off_b, up_off, stride_ask,
+                                              stride_bsk, ROW_SCALES, STAGES, num_warps, GATE_UP)
+    if k_blocks % 2 == 0:  # one block left after the pairs
+        last, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
+                                                as_ptrs, bs_ptrs, k_blocks - 1, k_blocks, off_m, off_b, up_off,
+                                                stride_ask, stride_bsk, ROW_SCALES, STAGES, num_warps, GATE_UP)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(last, ))
+    else:
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(x0, ))
+    acc = _promote(acc, done, a_scale, b_scale, ROW_SCALES)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    return acc
 
 
 @gluon.jit
@@ -129,13 +217,7 @@ def _wgmma_block_kernel(
     GROUPED: gl.constexpr = False,
 ):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
-    row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-
     pid_m, pid_n = _grouped_tile(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
@@ -147,53 +229,11 @@ def _wgmma_block_kernel(
             return
         off_b = expert * N + off_n
         bs_ptr = bs_ptr + expert.to(gl.int64) * stride_bse
-
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no * in Gluon
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    k_blocks = gl.cdiv(K, BLOCK_K)
-    # Fill every slot; from block 1 on, each step refills the slot of the block before it.
-    for i in gl.static_range(STAGES):
-        _load_block(a_desc, b_desc, a_bufs, b_bufs, ready, i, i, off_m, off_b, i < k_blocks)
-
-    rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * stride_asm
-    if B_SCALE_SCALAR:
-        bs_ptrs = bs_ptr + (off_n // SCALE_BN) * stride_bsn
-    else:
-        cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
-        bs_ptrs = bs_ptr + (gl.where(cols < N, cols, 0) // SCALE_BN).to(gl.int64) * stride_bsn
-
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    # Block 0: issue its MMA; its scales are loaded while it runs.
-    mbarrier.wait(ready.index(0), 0)
-    s1 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    x0 = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), s1, use_acc=False, is_async=True)
-    a_scale = gl.load(as_ptrs)
-    b_scale = gl.load(bs_ptrs)
-    # Two blocks per iteration: the pending results x0 and x1 swap roles with no copy.
-    for kb in range(1, k_blocks - 1, 2):
-        x1, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
-                                              as_ptrs, bs_ptrs, kb, k_blocks, off_m, off_b, stride_ask, stride_bsk,
-                                              B_SCALE_SCALAR, STAGES, num_warps)
-        x0, s1, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x1, s0, acc, a_scale, b_scale,
-                                              as_ptrs, bs_ptrs, kb + 1, k_blocks, off_m, off_b, stride_ask,
-                                              stride_bsk, B_SCALE_SCALAR, STAGES, num_warps)
-    if k_blocks % 2 == 0:  # one block left after the pairs
-        last, s0, acc, a_scale, b_scale = _step(a_desc, b_desc, a_bufs, b_bufs, ready, x0, s1, acc, a_scale, b_scale,
-                                                as_ptrs, bs_ptrs, k_blocks - 1, k_blocks, off_m, off_b, stride_ask,
-                                                stride_bsk, B_SCALE_SCALAR, STAGES, num_warps)
-        done = warpgroup_mma_wait(num_outstanding=0, deps=(last, ))
-    else:
-        done = warpgroup_mma_wait(num_outstanding=0, deps=(x0, ))
-    acc = _promote(acc, done, a_scale, b_scale, B_SCALE_SCALAR)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
+    acc = _tile_acc(a_desc, as_ptr, b_desc, bs_ptr, off_m, off_n, off_b, 0, M, N, K, stride_asm, stride_ask, stride_bsn,
+                    stride_bsk, SCALE_BN, B_SCALE_SCALAR, STAGES, num_warps, False)
 
     if HAS_BIAS:
+        col_layout: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
         bias_cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
         bias = gl.load(bias_ptr + gl.where(bias_cols < N, bias_cols, 0) * stride_bias)
         acc += bias.to(gl.float32)[None, :]
@@ -201,6 +241,50 @@ def _wgmma_block_kernel(
     c_smem.store(acc.to(c_desc.dtype))
     fence_async_shared()
     _tma_store(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _wgmma_gate_up_kernel(
+    a_desc, as_ptr, b_desc, bs_ptr, q_desc, qs_ptr, be_ptr, M, INTER, K, stride_asm, stride_ask, stride_bse, stride_bsn,
+    stride_bsk, stride_qsm, eps,
+    GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr, FP8_MAX: gl.constexpr,
+    FP8_MANT_BITS: gl.constexpr, FP8_MIN_EXP_BIASED: gl.constexpr, FP8_NAN_BITS: gl.constexpr, HW_RNE: gl.constexpr,
+):
+    """The MoE experts' fused gate-up: ``q[r, n], qs[r, n // 128] = quant(silu(a_r @ W_gate.T) * (a_r @ W_up.T))``
+    for the row block of ``r`` (its expert ``be[r // BLOCK_M]``, -1: none) and 128 columns ``n``, as
+    :func:`.moe_triton.silu_mul_quant` computes it from the plain gate-up's fp32 output. The two halves of the
+    warps take the gate's and the up's 128 columns of one ``[BLOCK_M, 256]`` MMA tile; the epilogue meets them
+    in shared memory. ``b_desc``: the experts' ``[E * 2I, K]`` weights (gate rows, then up rows) in blocks of
+    128 rows (one weight scale's, and one quantization group of the output); ``INTER`` a multiple of 128."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    pid_m, pid_n = _grouped_tile(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(INTER, BLOCK_N), GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    expert = gl.load(be_ptr + pid_m)
+    if expert < 0:
+        return
+    acc = _tile_acc(a_desc, as_ptr, b_desc, bs_ptr + expert.to(gl.int64) * stride_bse, off_m, off_n,
+                    expert * 2 * INTER + off_n, INTER, M, INTER, K, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                    BLOCK_N, False, STAGES, num_warps, True)
+
+    # Gate and up meet in shared memory (the ring's, no longer read), in the layout the quantizer's rows take.
+    both = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 2 * BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    both.store(acc)
+    _cta_barrier()
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])
+    gate = both.slice(0, BLOCK_N, dim=1).load(layout)
+    up = both.slice(BLOCK_N, BLOCK_N, dim=1).load(layout)
+    act = gate / (1.0 + gl.exp(-gate)) * up
+    q, q_scale = fp8_group_quantize(act, eps, q_desc.dtype, False, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
+                                    FP8_NAN_BITS, HW_RNE)
+    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    gl.store(qs_ptr + rows.to(gl.int64) * stride_qsm + pid_n, q_scale, mask=rows < M)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem.store(q)
+    fence_async_shared()
+    _tma_store(q_desc, [off_m, off_n], q_smem)
     tma.store_wait(pendings=0)
 
 
@@ -254,3 +338,23 @@ def launch_grouped(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
         w_scale.stride(1), w_scale.stride(2), 0, block_expert, w_scale.stride(0), SCALE_BN=SCALE_GROUP_K,
         B_SCALE_SCALAR=SCALE_GROUP_K % block_n == 0, HAS_BIAS=False, GROUP_M=group_m, STAGES=stages,
         num_warps=num_warps, GROUPED=True)
+
+
+def launch_gate_up(a: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                   block_expert: torch.Tensor, q: torch.Tensor, q_scale: torch.Tensor, eps: float, *, block_m: int,
+                   group_m: int, stages: int, num_warps: int, hw_rne: bool, fp8: dict[str, float | int]) -> None:
+    """The MoE experts' fused gate-up on the rows of ``a`` (as :func:`launch_grouped`'s): ``q [R, I]`` in
+    ``w13``'s fp8 type with row-major scales ``q_scale [R, I/128]``, the quantized ``silu(gate) * up`` of
+    every row block whose expert is not -1 (``fp8``, ``hw_rne``: :func:`.triton_quant.fp8_constexprs`, and
+    whether the cast rounds to nearest even). ``w13`` ``[E, 2I, K]`` with ``I`` a multiple of 128 and its
+    128x128 block scales ``[E, 2I/128, K/128]``; ``num_warps`` 8, four to each half of the tile (gate, up)."""
+    rows, k = a.shape
+    experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    grid = (triton.cdiv(rows, block_m) * (inter // SCALE_GROUP_K),)
+    _wgmma_gate_up_kernel[grid](
+        _descriptor(a, [block_m, SCALE_GROUP_K]), a_scale,
+        _descriptor(w13.view(experts * two_i, k), [SCALE_GROUP_K, SCALE_GROUP_K]), w13_scale,
+        _descriptor(q, [block_m, SCALE_GROUP_K]), q_scale, block_expert, rows, inter, k, a_scale.stride(0),
+        a_scale.stride(1), w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), q_scale.stride(0), eps,
+        GROUP_M=group_m, STAGES=stages, num_warps=num_warps, HW_RNE=hw_rne, **fp8)

@@ -56,10 +56,12 @@ class MoeTritonConfig:
             measured, :func:`default_config`), 0 runs the quantization kernel first (each token
             quantized once however many column tiles read it). The plain gate-up takes 0 only.
         FUSED_ACT: 1, the fused gate-up (the default); 0, the plain one (the module docstring).
-        WGMMA: 1 runs both GEMMs of the plain structure on the Hopper ``wgmma`` kernel
-            (:mod:`.gluon_gemm`, the tiles' rows one warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128),
-            the activation gathered into the sorted rows first; where that kernel does not run (not
-            Hopper, operands TMA cannot read), the same tiles on the ``tl.dot`` kernel.
+        WGMMA: 1 runs both GEMMs on the Hopper ``wgmma`` kernels (:mod:`.gluon_gemm`, the tiles' rows one
+            warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128), the activation gathered into the sorted rows
+            first; with ``FUSED_ACT`` 1 (64-row tiles) the gate-up is the fused one, its two halves of 8
+            warps computing the gate's and the up's 128 columns (where ``I`` is a multiple of 128; else the
+            plain one). Where those kernels do not run (not Hopper, operands TMA cannot read), the plain
+            structure with the same tiles on the ``tl.dot`` kernels (faster there than their fused gate-up).
         SWAP_AB: 1 runs the ``tl.dot`` GEMMs (of either structure) on the transposed tile (the weight's
             rows on the MMA's wide side, the row block's tokens on its narrow one), as the dense decode
             kernel does: the rule's below 16 tokens per expert (:func:`default_config`).
@@ -93,9 +95,11 @@ class MoeTritonConfig:
         if not self.FUSED_ACT and self.QUANT_IN_KERNEL:
             raise ValueError("MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 with FUSED_ACT 0 (the plain gate-up "
                              "reads the quantized activation)")
-        if self.WGMMA and (self.FUSED_ACT or self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128)):
-            raise ValueError("MoeTritonConfig 'WGMMA' 1 needs FUSED_ACT 0, BLOCK_M 16 * num_warps (a warpgroup's 64 "
-                             f"rows per 4 warps) and BLOCK_N 64 or 128, got {self.describe()}")
+        if self.WGMMA and (self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128)
+                           or (self.FUSED_ACT and (self.BLOCK_M != 64 or self.QUANT_IN_KERNEL))):
+            raise ValueError("MoeTritonConfig 'WGMMA' 1 needs BLOCK_M 16 * num_warps (a warpgroup's 64 rows per 4 "
+                             "warps), BLOCK_N 64 or 128, and with FUSED_ACT 1 BLOCK_M 64 and QUANT_IN_KERNEL 0, got "
+                             f"{self.describe()}")
         if self.SWAP_AB and self.WGMMA:
             raise ValueError(f"MoeTritonConfig 'SWAP_AB' 1 needs WGMMA 0, got {self.describe()}")
 

@@ -5,10 +5,10 @@ the activation (unless the fused gate-up kernel does it in its K loop), the gate
 GEMM writing each slot's row, and the weighted sum over each token's ``k`` rows. The gate-up is the
 fused kernel (``silu(gate) * up`` and its 1x128 quantization in its epilogue) or, with
 ``FUSED_ACT`` 0 (:mod:`.moe_config`), the plain grouped GEMM over the ``2I`` columns writing fp32,
-then :func:`silu_mul_quant`. With ``WGMMA`` (:mod:`.moe_config`) both GEMMs of the plain structure
-run on the Hopper ``wgmma`` kernel (:func:`.gluon_gemm.launch_grouped`), whose operands come by TMA:
-the quantized activation is first gathered into the sorted rows, and the down GEMM writes the sorted
-rows, which the weighted sum reads through each slot's row. Sizes depend on M only, so a call
+then :func:`silu_mul_quant`. With ``WGMMA`` (:mod:`.moe_config`) both GEMMs run on the Hopper ``wgmma``
+kernels (:func:`.gluon_gemm.launch_grouped`, and :func:`.gluon_gemm.launch_gate_up` for the fused
+gate-up), whose operands come by TMA: the quantized activation is first gathered into the sorted rows,
+and the down GEMM writes the sorted rows, which the weighted sum reads through each slot's row. Sizes depend on M only, so a call
 captures into a CUDA graph. Inputs are checked by the caller (:mod:`fp8select.moe`); these functions
 check nothing.
 """
@@ -66,10 +66,14 @@ class TritonExperts:
         self.inter = two_i // 2
         self.device = w13.device
         self._constexprs = {**fp8_constexprs(w13.dtype), "HW_RNE": hw_rne(kernels._gate_up_kernel, self.device, w13.dtype)}
+        # silu*up's quantization in the wgmma gate-up, as silu_mul_quant's
+        self._act_fp8 = fp8_constexprs(self.w2.dtype)
+        self._act_hw_rne = hw_rne(kernels._silu_mul_quant_kernel, self.device, self.w2.dtype)
         self._quantizer: TritonQuantizer | None = None  # the activation's, [M, H]
         # Whether the wgmma kernel runs here on these weights (the per-call operands it reads are made
         # by this op: contiguous, with the weights' row widths).
         self._wgmma = self.hidden % 16 == 0 and self.inter % 16 == 0 and wgmma_runs(self.device)
+        self._wgmma_fused = self._wgmma and self.inter % 128 == 0  # the fused gate-up's tiles: whole groups
         self._pdl = pdl and pdl_possible(kernels._grouped_gemm_kernel, self.device)
         self._prefetch_k = prefetch_k
 
@@ -80,7 +84,7 @@ class TritonExperts:
         prefetch = self._prefetch_k if pdl else None
         routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl)
         if config.WGMMA and self._wgmma and routing.rows:
-            return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
+            return self._wgmma_call(x, topk_weights, topk_ids, routing, config, bool(config.FUSED_ACT) and self._wgmma_fused)
         q, q_scale = self.gate_up(x, routing, k, config, prefetch)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
         _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED,
@@ -95,7 +99,7 @@ class TritonExperts:
         prefetching that many K steps (:class:`TritonExperts`)."""
         inter = self.inter
         blocks = routing.rows // config.BLOCK_M
-        if not config.FUSED_ACT:
+        if not config.FUSED_ACT or config.WGMMA:  # the wgmma tiles where their kernels do not run: plain
             h = torch.empty((routing.rows, 2 * inter), dtype=torch.float32, device=self.device)
             if blocks:
                 a, a_scale = self._quantize(x)
@@ -122,20 +126,28 @@ class TritonExperts:
         return q, q_scale
 
     def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,
-                    config: MoeTritonConfig) -> torch.Tensor:
-        """The plain structure on the wgmma kernel: the activation quantized, gathered into the sorted
-        rows (a padding row takes the last token's: finite, never read back), the gate-up into fp32
-        sorted rows, silu*up quantized, the down GEMM into sorted rows, the weighted sum by slot row."""
-        from .gluon_gemm import launch_grouped
+                    config: MoeTritonConfig, fused: bool) -> torch.Tensor:
+        """Both GEMMs on the wgmma kernels: the activation quantized, gathered into the sorted rows (a
+        padding row takes the last token's: finite, never read back), the fused gate-up into quantized
+        silu*up (``fused``) or the plain one into fp32 sorted rows and silu*up quantized, the down GEMM
+        into sorted rows, the weighted sum by slot row."""
+        from .gluon_gemm import launch_gate_up, launch_grouped
 
         tiles = {"block_m": config.BLOCK_M, "block_n": config.BLOCK_N, "group_m": config.GROUP_M,
                  "stages": config.num_stages, "num_warps": config.num_warps}
         xq, xs = self._quantize(x)
         tokens = token_of_row(routing, topk_ids.shape[1], x.shape[0])
         a = xq.view(torch.uint8).index_select(0, tokens).view(xq.dtype)
-        h = torch.empty((routing.rows, 2 * self.inter), dtype=torch.float32, device=self.device)
-        launch_grouped(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, h, **tiles)
-        q, q_scale = silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots)
+        if fused:
+            q = torch.empty((routing.rows, self.inter), dtype=self.w2.dtype, device=self.device)
+            q_scale = torch.empty((routing.rows, self.inter // 128), dtype=torch.float32, device=self.device)
+            launch_gate_up(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, q, q_scale,
+                           DEFAULT_EPS, block_m=config.BLOCK_M, group_m=config.GROUP_M, stages=config.num_stages,
+                           num_warps=2 * config.num_warps, hw_rne=self._act_hw_rne, fp8=self._act_fp8)
+        else:
+            h = torch.empty((routing.rows, 2 * self.inter), dtype=torch.float32, device=self.device)
+            launch_grouped(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, h, **tiles)
+            q, q_scale = silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots)
         out = torch.empty((routing.rows, self.hidden), dtype=x.dtype, device=self.device)
         launch_grouped(q, q_scale, self.w2, self.w2_scale, routing.block_expert, out, **tiles)
         return weighted_sum(out, row_of_slot(routing), topk_ids, topk_weights, self.experts, x.dtype)
