@@ -29,6 +29,7 @@ NEEDS_CUDA = {
     "invariance": ["--out", "OUT/invariance"],
     "jit_warm": ["--out", "OUT/warm.json"],
     "moe": ["--out", "OUT/moe"],
+    "moe_gate_up": ["--out", "OUT/gate_up"],
     "moe_peer": ["--out", "OUT/peer"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }

@@ -250,15 +250,16 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
         configs = tuning_configs(m, 8, 32)
         assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
         assert all(16 <= c.BLOCK_M <= 128 for c in configs) and len(configs) <= 10
-        # the rule runs the plain gate-up (measured faster on the H200); the fused one comes last, both placements,
-        # on the tl.dot kernel's tiles (the fused structure has no wgmma kernel)
+        # the fused gate-up on the tl.dot kernel's tiles comes last, both placements (measured slower on the H200)
         fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, SWAP_AB=0, BLOCK_M=min(configs[0].BLOCK_M, 64), num_warps=4)
-        assert configs[0].FUSED_ACT == 0 and configs[-2:] == [fused, replace(fused, QUANT_IN_KERNEL=1)]
+        assert configs[-2:] == [fused, replace(fused, QUANT_IN_KERNEL=1)]
         assert all(c.QUANT_IN_KERNEL == 0 for c in configs if not c.FUSED_ACT)
-    prefill = tuning_configs(8192, 8, 32)  # 2048 tokens per expert: the wgmma kernel's 128-row tile
-    assert prefill[0].WGMMA == 1 and prefill[0].BLOCK_M == 128 and replace(prefill[0], num_stages=3) in prefill
-    assert replace(prefill[0], BLOCK_M=64, num_warps=4) in prefill
-    assert replace(prefill[0], WGMMA=0, BLOCK_M=64, num_warps=4, num_stages=3) in prefill  # the tl.dot kernel's tile
+    # 2048 tokens per expert: the fused wgmma gate-up's 64-row tile, then the plain structure's 128- and 64-row ones
+    prefill = tuning_configs(8192, 8, 32)
+    assert prefill[0].WGMMA == prefill[0].FUSED_ACT == 1 and prefill[0].BLOCK_M == 64
+    assert prefill[1:3] == [replace(prefill[0], FUSED_ACT=0, BLOCK_M=128, num_warps=8), replace(prefill[0], FUSED_ACT=0)]
+    assert replace(prefill[0], num_stages=3) in prefill
+    assert replace(prefill[0], WGMMA=0, FUSED_ACT=0, num_stages=3) in prefill  # the tl.dot kernel's tile
     # decode: the transposed 16-row tile, the fused gate-up on it, one stage fewer, half its columns, the wgmma tile
     decode = tuning_configs(1, 8, 32)
     half = replace(decode[0], BLOCK_N=64, num_stages=3)
@@ -266,13 +267,12 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
                                                       replace(decode[0], FUSED_ACT=1, num_stages=3),
                                                       replace(decode[0], num_stages=3), half, replace(half, FUSED_ACT=1)]
     assert decode[6].WGMMA == 1 and replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
-    # 16 per expert: the wgmma tile, the tl.dot kernel's 64-row tile at 128 and 64 columns, the wgmma's other row
-    # tile, the rule's below 16
+    # 16 per expert: the fused wgmma tile, the tl.dot kernel's 64-row tile at 128 and 64 columns, the plain wgmma
+    # structure, the rule's tile below 16
     near = tuning_configs(64, 8, 32)
-    assert near[1] == replace(near[0], WGMMA=0, num_stages=3) and near[2] == replace(near[1], BLOCK_N=64)
-    assert near[3] == replace(near[0], BLOCK_M=128, num_warps=8)
-    assert near[4] == replace(near[0], BLOCK_M=16, WGMMA=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
-    assert prefill[1] == replace(prefill[0], BLOCK_M=64, num_warps=4)  # 2048 per expert: the tl.dot tile later
+    assert near[1] == replace(near[0], WGMMA=0, FUSED_ACT=0, num_stages=3) and near[2] == replace(near[1], BLOCK_N=64)
+    assert near[3] == replace(near[0], FUSED_ACT=0)
+    assert near[4] == replace(near[0], BLOCK_M=16, WGMMA=0, FUSED_ACT=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
 
 
 def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:

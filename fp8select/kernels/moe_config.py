@@ -5,22 +5,23 @@ experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weigh
 ``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
 both GEMMs. ``FUSED_ACT`` picks the gate-up structure:
 
-* 0 (plain; the rule's, :func:`default_config`): the gate-up runs the down projection's grouped
-  GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one accumulator), writing fp32
-  ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128 group. One launch and an
-  fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs, each holding one
-  accumulator: faster at every point measured on the H200;
-* 1 (fused; what a measured row or record without the key means: the only structure before plain):
-  each gate-up program computes 128 columns of gate and the same 128 of up, one 1x128 scale group,
-  so that its epilogue quantizes ``silu(gate) * up`` in registers and writes the fp8 intermediate.
+* 0 (plain; the rule's below 16 tokens per expert, :func:`default_config`): the gate-up runs the down
+  projection's grouped GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one accumulator),
+  writing fp32 ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128 group. One launch
+  and an fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs, each holding one
+  accumulator: on the ``tl.dot`` kernels faster at every point measured on the H200;
+* 1 (fused; what a measured row or record without the key means: the only structure before plain;
+  the rule's from 16 tokens per expert, on the ``wgmma`` kernels): each gate-up program computes 128
+  columns of gate and the same 128 of up, one 1x128 scale group, so that its epilogue quantizes
+  ``silu(gate) * up`` and writes the fp8 intermediate.
 
 Both compute ``silu(gate) * up`` in fp32 from the same fp32 sums and quantize it per 1x128 group.
 
 :func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
 (132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
 its experts' weights once, so the tiles are narrow in M (16 rows, the ``tl.dot`` minimum) and the
-grid wide in N; from 16 tokens per expert the tiles grow to 64 and then 128 rows, where the
-weights are re-read ``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
+grid wide in N; from 16 tokens per expert the tiles grow to 64 rows, where the weights are re-read
+``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
 """
 
 from __future__ import annotations
@@ -138,13 +139,20 @@ def _tokens_per_expert(m: int, top_k: int, experts: int) -> int:
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
-    The plain gate-up (``FUSED_ACT`` 0) at every ``m``, the activation quantized by its own kernel
-    first, ``BLOCK_N`` 128. ``tokens per expert = m * top_k / experts`` (uniform routing) picks the
-    kernel and its row tile: below 16 tokens the ``tl.dot`` kernels' 16-row tile transposed
-    (``SWAP_AB`` 1: the weight tile in the MMA's 128-row operand); from 16 the ``wgmma`` kernel
-    (``WGMMA`` 1), 64 x 128 tiles and from 256 tokens 128 x 128 with 8 warps.
-    Measured on the H200 (``tune --moe``, DeepSeek-V3 with 32 local experts and Qwen3-30B-A3B, each
-    candidate timed alone under uniform and skewed routing): below 16 tokens per expert the transposed
+    The activation quantized by its own kernel first, ``BLOCK_N`` 128. ``tokens per expert = m * top_k /
+    experts`` (uniform routing) picks the kernels and their row tile: below 16 tokens the plain gate-up
+    (``FUSED_ACT`` 0) on the ``tl.dot`` kernels' 16-row tile transposed (``SWAP_AB`` 1: the weight tile in
+    the MMA's 128-row operand); from 16 the ``wgmma`` kernels (``WGMMA`` 1) on 64 x 128 tiles with the
+    fused gate-up (``FUSED_ACT`` 1: silu*up quantized in its epilogue, no fp32 ``[rows, 2I]`` written and
+    read again, one launch fewer; off Hopper the plain structure on the ``tl.dot`` kernels).
+    Timed on an H100 SXM (``benchmarks/results/moe_gate_up.json``, ``python -m benchmarks.moe_gate_up``:
+    the whole op, DeepSeek-V3 with 8 and 32 experts, Qwen3-235B-A22B and Qwen3-30B-A3B, M 512-8192, every
+    structure in one process, replays interleaved): the fused gate-up took 0.81-0.96x the plain one's time
+    on the same tile (geomean 0.89), and 0.78-1.01x the plain 128 x 128 tile's that the rule ran from 256
+    tokens per expert (geomean 0.92; 1.00-1.01x only with 8 experts at 1024 tokens and more), with the
+    same output bits at every point. Before that, measured on the H200 (``tune --moe``, DeepSeek-V3 with
+    32 local experts and Qwen3-30B-A3B, each candidate timed alone under uniform and skewed routing):
+    below 16 tokens per expert the transposed
     16-row tile was the fastest of the four candidates at all 13 points uniform, 0.88-1.0x the normal
     tile's time (112 against 119 us at M 1 of 32 experts), and within 4% of the fastest skewed; among
     ten candidates (another run, uniform) within 6% of the fastest; at 16 tokens
@@ -153,9 +161,9 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     expert); between 16 and 32 (M 64-128 of 32 experts) the uniform rows took it too, 2-6% ahead of the
     best ``tl.dot`` tile. At M 512-8192 the ``wgmma`` kernel took 0.61-0.71x the time of the ``tl.dot``
     kernels' 64 x 128 tiles (32 experts, M 4096: 4.17 ms against 6.63), whose every K block waits for
-    its MMA before the scaling. Before that, the plain gate-up was 1.06-1.53x faster than the fused one
-    at all 12 points measured, and quantizing the activation inside the gate-up K loop had doubled the
-    fused op's time at decode.
+    its MMA before the scaling. On the ``tl.dot`` kernels the plain gate-up was 1.06-1.53x faster than the
+    fused one at all 12 points measured, and quantizing the activation inside the gate-up K loop had
+    doubled the fused op's time at decode.
 
     ``GROUP_M`` 8 at every ``m``: under skewed routing an expert holds several row blocks even at
     decode, and grouped launch order has its blocks take each weight tile together, read once from
@@ -166,11 +174,8 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     if per_expert < 16:
         return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                                FUSED_ACT=0, SWAP_AB=1)
-    if per_expert < 256:
-        return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
-                               FUSED_ACT=0, WGMMA=1)
-    return MoeTritonConfig(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=4, QUANT_IN_KERNEL=0,
-                           FUSED_ACT=0, WGMMA=1)
+    return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                           FUSED_ACT=1, WGMMA=1)
 
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
@@ -199,12 +204,14 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     in the K loop (both measured slower on the H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
     normal = {"SWAP_AB": 0}
-    tl_dot = {**normal, "WGMMA": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
+    tl_dot = {**normal, "WGMMA": 0, "FUSED_ACT": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
     if base.WGMMA:
-        other = {"BLOCK_M": 64, "num_warps": 4} if base.BLOCK_M == 128 else {"BLOCK_M": 128, "num_warps": 8}
+        plain = {"FUSED_ACT": 0}
         per_expert = _tokens_per_expert(m, top_k, experts)
-        near_decode = [{"WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
-        steps: list[dict[str, int]] = [other, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3}, {"GROUP_M": 32}]
+        near_decode = [{**plain, "WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
+        rows_128 = [{**plain, "BLOCK_M": 128, "num_warps": 8}] if per_expert >= 64 else []
+        steps: list[dict[str, int]] = [*rows_128, plain, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3},
+                                       {"GROUP_M": 32}]
         tl_dot_tiles = [{**tl_dot, "num_stages": 3}, {**tl_dot, "num_stages": 3, "BLOCK_N": 64}]
         steps = [*tl_dot_tiles, *steps] if per_expert < 64 else [*steps, *tl_dot_tiles]
     else:
