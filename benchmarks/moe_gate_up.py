@@ -7,7 +7,8 @@ Per shape (DeepSeek-V3 with 8 and 32 local experts, Qwen3-235B-A22B, Qwen3-30B-A
 tokens per expert and more), uniform routing, the whole op of :class:`fp8select.kernels.moe_triton.TritonExperts`
 at ``plain128`` (the plain gate-up writing fp32, then silu*up quantized by its own kernel, on 128 x 128 tiles
 of 8 warps), ``plain64`` (the same on 64 x 128 tiles of 4 warps), ``fused64`` and ``fused64/s3`` (the fused
-``wgmma`` gate-up, silu*up quantized in its epilogue, 4 and 3 stages), with DeepGEMM's contiguous layout and
+``wgmma`` gate-up, silu*up quantized in its epilogue, 4 and 3 stages), ``fused64/n256`` (its down GEMM on
+64 x 256 tiles of 8 warps), with DeepGEMM's contiguous layout and
 CUTLASS's where installed (their rule's launch), each captured in a CUDA graph and replayed interleaved
 (``fp8select.measure.timing``), weights rotated past the L2. Each point also says whether ``fused64``'s
 output is ``plain64``'s bit for bit, and each column's speed as a fraction of DeepGEMM contiguous's.
@@ -40,7 +41,8 @@ def configs() -> dict[str, Any]:
                               FUSED_ACT=0, WGMMA=1)
     return {"plain128": dataclasses.replace(plain64, BLOCK_M=128, num_warps=8), "plain64": plain64,
             "fused64": dataclasses.replace(plain64, FUSED_ACT=1),
-            "fused64/s3": dataclasses.replace(plain64, FUSED_ACT=1, num_stages=3)}
+            "fused64/s3": dataclasses.replace(plain64, FUSED_ACT=1, num_stages=3),
+            "fused64/n256": dataclasses.replace(plain64, FUSED_ACT=1, BLOCK_N=256)}
 
 
 def points(selection: Any, name: str, ms: tuple[int, ...], deadline: float) -> tuple[list[dict[str, Any]], str]:

@@ -21,9 +21,11 @@ import pytest
 
 TILES = [(64, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 64, 4, 4, True), (64, 64, 4, 6, True),
          (64, 64, 4, 4, False)]
-GROUPED_TILES = [(64, 128, 4, 4, True, "fp32"), (128, 128, 8, 4, True, "fp32"), (128, 128, 8, 4, True, "bf16")]
+GROUPED_TILES = [(64, 128, 4, 4, True, "fp32"), (128, 128, 8, 4, True, "fp32"), (128, 128, 8, 4, True, "bf16"),
+                 (64, 256, 8, 4, False, "bf16")]
 """The MoE experts' grouped launches (:func:`fp8select.kernels.gluon_gemm.launch_grouped`): the gate-up's
-fp32 output and the down GEMM's bf16 one, at the tiles ``tune --moe`` times."""
+fp32 output and the down GEMM's bf16 one, at the tiles ``tune --moe`` times (64 x 256: two warpgroups side
+by side, one weight scale each)."""
 GATE_UP_STAGES = (3, 4)
 """The fused gate-up (:func:`fp8select.kernels.gluon_gemm.launch_gate_up`, 64 rows, 8 warps) at the depths
 ``tune --moe`` times."""

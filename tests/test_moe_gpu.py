@@ -183,7 +183,7 @@ def test_the_triton_plain_gate_up_within_1e2_and_as_the_fused_kernel(problem, bl
     _as_its_twin(problem, MoeTritonConfig(**{**fused.to_dict(), "FUSED_ACT": 0}), fused, m)
 
 
-@pytest.mark.parametrize("tiles", [(64, 4, 0), (128, 8, 0), (64, 4, 1)])
+@pytest.mark.parametrize("tiles", [(64, 4, 0, 128), (128, 8, 0, 128), (64, 4, 1, 128), (64, 4, 0, 256), (64, 4, 1, 256)])
 @pytest.mark.parametrize("m", [1, 64, 300])
 def test_the_wgmma_path_within_1e2_and_as_the_tl_dot_kernel_of_the_same_tiles(problem, tiles, m: int) -> None:  # type: ignore[no-untyped-def]
     """``WGMMA`` 1: both GEMMs on the Gluon kernels (the activation gathered into the sorted rows, the down
@@ -191,15 +191,15 @@ def test_the_wgmma_path_within_1e2_and_as_the_tl_dot_kernel_of_the_same_tiles(pr
     fp64 and against the ``tl.dot`` kernels of the same tiles (the same products; compiled, fp32 rounding
     may differ); every token on one expert; a NaN token's row NaN, the others finite; ids -1 contribute
     nothing. The fused gate-up against the plain one: the same bits (the same MMAs and scalings per output
-    element, silu*up quantized by the same code)."""
+    element, silu*up quantized by the same code). 256 columns: each tile on two warpgroups side by side."""
     from fp8select.kernels.moe_config import MoeTritonConfig
     from fp8select.kernels.triton_device import wgmma_runs
 
     if not wgmma_runs(torch.device("cuda")):
         pytest.skip("the wgmma kernel does not run on this GPU")
-    block_m, warps, fused = tiles
-    wgmma = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, num_warps=warps, num_stages=4, QUANT_IN_KERNEL=0,
-                            FUSED_ACT=fused, WGMMA=1)
+    block_m, warps, fused, block_n = tiles
+    wgmma = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, num_warps=warps, num_stages=4,
+                            QUANT_IN_KERNEL=0, FUSED_ACT=fused, WGMMA=1)
     # the fused tl.dot gate-up and the Gluon one round their fp32 sums differently (mma.sync against wgmma):
     # a few elements of silu*up on the other side of an fp8 step, as the transposed tile's test says
     experts, x, w, ids = _as_its_twin(problem, wgmma, MoeTritonConfig(**{**wgmma.to_dict(), "WGMMA": 0}), m,

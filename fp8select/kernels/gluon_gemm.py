@@ -114,10 +114,10 @@ def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_sc
 
 @gluon.jit
 def _half(rows):
-    """Per element of ``rows`` (a vector in the rows' layout of the ``GATE_UP`` accumulator), which half of the
-    tile's columns the thread holding it computes: 0 (gate) in threads 0-127, 1 (up) in threads 128-255. The
-    MMA layout's warps ``[4, 2]`` put them there: a warpgroup, four consecutive warps, runs one 64-row MMA, so
-    the first takes the first half of the columns and the second the other."""
+    """Per element of ``rows`` (a vector in the rows' layout of a 64-row accumulator of 8 warps), which half of
+    the tile's columns the thread holding it computes: 0 in threads 0-127, 1 in threads 128-255. The MMA
+    layout's warps ``[4, 2]`` put them there: a warpgroup, four consecutive warps, runs one 64-row MMA, so the
+    first takes the first half of the columns and the second the other."""
     return gl.inline_asm_elementwise("{ .reg .u32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 7; }", "=r,r", [rows],
                                      dtype=gl.int32, is_pure=True, pack=1)
 
@@ -127,18 +127,21 @@ def _tile_acc(a_desc, as_ptr, b_desc, bs_ptr, off_m, off_n, off_b, up_off, M, N,
               stride_bsn, stride_bsk, SCALE_BN: gl.constexpr, B_SCALE_SCALAR: gl.constexpr, STAGES: gl.constexpr,
               num_warps: gl.constexpr, GATE_UP: gl.constexpr):
     """The fp32 tile ``dequant(A[off_m:]) @ dequant(B[off_b:]).T``, its scaling under the next block's MMA (the
-    module docstring). ``GATE_UP``: B's tile is two blocks of rows, ``off_b``'s then ``off_b + up_off``'s, the
-    warps' two halves of the tile's columns (the accumulator ``[BLOCK_M, 2 BLOCK_N]``); ``off_n``: the
-    tile's first column of ``N`` (the weight scales' rows)."""
+    module docstring); ``off_n``: the tile's first column of ``N`` (the weight scales' rows). 64 rows on 8
+    warps: each warpgroup computes half the tile's columns (128 of a 256-column tile, one weight scale each).
+    ``GATE_UP`` (64 rows, 8 warps): B's tile is two blocks of rows, ``off_b``'s then ``off_b + up_off``'s, the
+    warpgroups' two halves (the accumulator ``[64, 2 BLOCK_N]``)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     HALVES: gl.constexpr = 2 if GATE_UP else 1
+    WARPS_N: gl.constexpr = 2 if num_warps * 16 > BLOCK_M else 1  # warpgroups side by side along N
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps // HALVES, HALVES], instr_shape=[16, BLOCK_N, 32])
+        version=[3, 0], warps_per_cta=[num_warps // WARPS_N, WARPS_N],
+        instr_shape=[16, HALVES * BLOCK_N // WARPS_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    ROW_SCALES: gl.constexpr = B_SCALE_SCALAR or GATE_UP  # the weight's scale is a scalar or per row: (a * b)[:, None]
+    ROW_SCALES: gl.constexpr = B_SCALE_SCALAR or WARPS_N == 2  # one weight scale a thread: (a * b)[:, None]
 
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005 - no * in Gluon
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, HALVES * BLOCK_N, BLOCK_K], b_desc.layout)
@@ -153,9 +156,14 @@ def _tile_acc(a_desc, as_ptr, b_desc, bs_ptr, off_m, off_n, off_b, up_off, M, N,
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
     as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * stride_asm
-    if GATE_UP:
-        # One weight scale per half, per thread one: its rows' vector holds the scale of its warpgroup's half.
-        bs_ptrs = bs_ptr + ((off_n + _half(rows) * up_off) // SCALE_BN).to(gl.int64) * stride_bsn
+    if WARPS_N == 2:
+        # One weight scale per half, per thread one: its rows' vector holds the scale of its warpgroup's half
+        # (past the last column of N, the last scale: those columns are not stored).
+        if GATE_UP:
+            b_rows = off_n + _half(rows) * up_off
+        else:
+            b_rows = gl.minimum(off_n + _half(rows) * (BLOCK_N // 2), N - 1)
+        bs_ptrs = bs_ptr + (b_rows // SCALE_BN).to(gl.int64) * stride_bsn
     elif B_SCALE_SCALAR:
         bs_ptrs = bs_ptr + (off_n // SCALE_BN) * stride_bsn
     else:
@@ -322,7 +330,8 @@ def launch_grouped(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
                    stages: int, num_warps: int) -> None:
     """The grouped GEMM of the MoE experts: ``out[r] = dequant(a[r]) @ dequant(w[e]).T`` for every row
     ``r`` of a row block whose expert ``e = block_expert[r // block_m]`` is not -1 (the rows of the
-    other blocks are left as they are).
+    other blocks are left as they are). ``block_n`` 256 (with ``block_m`` 64 and 4 warps): each tile on
+    twice the warps, a warpgroup to each 128 columns.
 
     ``a`` fp8 ``[R, K]`` (rows sorted by expert in blocks of ``block_m``) with row-major scales
     ``[R, ceil(K/128)]``, ``w`` fp8 ``[E, N, K]`` contiguous with 128x128 block scales
@@ -332,12 +341,13 @@ def launch_grouped(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     rows, k = a.shape
     experts, n, _ = w.shape
     grid = (triton.cdiv(rows, block_m) * triton.cdiv(n, block_n),)
+    warps = 2 * num_warps if block_n == 256 else num_warps  # 256 columns: two warpgroups side by side
     _wgmma_block_kernel[grid](
         _descriptor(a, [block_m, SCALE_GROUP_K]), a_scale, _descriptor(w.view(experts * n, k), [block_n, SCALE_GROUP_K]),
         w_scale, w_scale, _descriptor(out, [block_m, block_n]), rows, n, k, a_scale.stride(0), a_scale.stride(1),
         w_scale.stride(1), w_scale.stride(2), 0, block_expert, w_scale.stride(0), SCALE_BN=SCALE_GROUP_K,
         B_SCALE_SCALAR=SCALE_GROUP_K % block_n == 0, HAS_BIAS=False, GROUP_M=group_m, STAGES=stages,
-        num_warps=num_warps, GROUPED=True)
+        num_warps=warps, GROUPED=True)
 
 
 def launch_gate_up(a: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,

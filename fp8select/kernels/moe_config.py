@@ -58,11 +58,12 @@ class MoeTritonConfig:
             quantized once however many column tiles read it). The plain gate-up takes 0 only.
         FUSED_ACT: 1, the fused gate-up (the default); 0, the plain one (the module docstring).
         WGMMA: 1 runs both GEMMs on the Hopper ``wgmma`` kernels (:mod:`.gluon_gemm`, the tiles' rows one
-            warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128), the activation gathered into the sorted rows
-            first; with ``FUSED_ACT`` 1 (64-row tiles) the gate-up is the fused one, its two halves of 8
-            warps computing the gate's and the up's 128 columns (where ``I`` is a multiple of 128; else the
-            plain one). Where those kernels do not run (not Hopper, operands TMA cannot read), the plain
-            structure with the same tiles on the ``tl.dot`` kernels (faster there than their fused gate-up).
+            warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128, or 256 on 64 rows: twice the warps, a
+            warpgroup to each 128 columns), the activation gathered into the sorted rows first; with
+            ``FUSED_ACT`` 1 (64-row tiles) the gate-up is the fused one, its two halves of 8 warps computing
+            the gate's and the up's 128 columns (where ``I`` is a multiple of 128; else the plain one).
+            Where those kernels do not run (not Hopper, operands TMA cannot read), the plain structure with
+            the same tiles on the ``tl.dot`` kernels (faster there than their fused gate-up).
         SWAP_AB: 1 runs the ``tl.dot`` GEMMs (of either structure) on the transposed tile (the weight's
             rows on the MMA's wide side, the row block's tokens on its narrow one), as the dense decode
             kernel does: the rule's below 16 tokens per expert (:func:`default_config`).
@@ -96,11 +97,12 @@ class MoeTritonConfig:
         if not self.FUSED_ACT and self.QUANT_IN_KERNEL:
             raise ValueError("MoeTritonConfig 'QUANT_IN_KERNEL' must be 0 with FUSED_ACT 0 (the plain gate-up "
                              "reads the quantized activation)")
-        if self.WGMMA and (self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128)
+        if self.WGMMA and (self.BLOCK_M != 16 * self.num_warps or self.BLOCK_N not in (64, 128, 256)
+                           or (self.BLOCK_N == 256 and self.BLOCK_M != 64)
                            or (self.FUSED_ACT and (self.BLOCK_M != 64 or self.QUANT_IN_KERNEL))):
             raise ValueError("MoeTritonConfig 'WGMMA' 1 needs BLOCK_M 16 * num_warps (a warpgroup's 64 rows per 4 "
-                             "warps), BLOCK_N 64 or 128, and with FUSED_ACT 1 BLOCK_M 64 and QUANT_IN_KERNEL 0, got "
-                             f"{self.describe()}")
+                             "warps), BLOCK_N 64 or 128 (256 with BLOCK_M 64), and with FUSED_ACT 1 BLOCK_M 64 and "
+                             f"QUANT_IN_KERNEL 0, got {self.describe()}")
         if self.SWAP_AB and self.WGMMA:
             raise ValueError(f"MoeTritonConfig 'SWAP_AB' 1 needs WGMMA 0, got {self.describe()}")
 
@@ -148,8 +150,8 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     Timed on an H100 SXM (``benchmarks/results/moe_gate_up.json``, ``python -m benchmarks.moe_gate_up``:
     the whole op, DeepSeek-V3 with 8 and 32 experts, Qwen3-235B-A22B and Qwen3-30B-A3B, M 512-8192, every
     structure in one process, replays interleaved): the fused gate-up took 0.81-0.96x the plain one's time
-    on the same tile (geomean 0.89), and 0.78-1.01x the plain 128 x 128 tile's that the rule ran from 256
-    tokens per expert (geomean 0.92; 1.00-1.01x only with 8 experts at 1024 tokens and more), with the
+    on the same tile (geomean 0.89), and 0.77-1.02x the plain 128 x 128 tile's that the rule ran from 256
+    tokens per expert (geomean 0.92; 1.00-1.02x only with 8 experts at 1024 tokens and more), with the
     same output bits at every point. Before that, measured on the H200 (``tune --moe``, DeepSeek-V3 with
     32 local experts and Qwen3-30B-A3B, each candidate timed alone under uniform and skewed routing):
     below 16 tokens per expert the transposed
@@ -195,11 +197,12 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     kernels' 64 x 128 tile with 3 stages first (0.94x the rule's time at 16 tokens, DeepSeek-V3's M 64
     with 32 experts, and 0.90x at 32, Qwen3-30B-A3B's M 512, once the kernels' row strides were
     specialized; 1.07x at 128 tokens) and its 64-column half (0.98x the 128-column tile's time at
-    DeepSeek-V3's M 64 with 32 experts on the H100, 0.99x skewed: the fastest candidate there), its
-    other row tile (64 x 128 with 4 warps or 128 x 128 with 8), below 32 tokens per expert the
-    transposed 16-row tile (the rule's below 16), 64 columns, one stage fewer, 32 row blocks sharing
-    each weight tile (vLLM's tuned H200 prefill configurations take 16-64), and from 64 tokens the same
-    ``tl.dot`` tiles (the rule before the ``wgmma`` kernel, and what runs where that kernel does not).
+    DeepSeek-V3's M 64 with 32 experts on the H100, 0.99x skewed: the fastest candidate there), the
+    plain structure (from 64 tokens per expert on 128 x 128 tiles of 8 warps first, then on the rule's
+    tile), below 32 tokens per expert the transposed 16-row tile (the rule's below 16), the down GEMM on
+    256 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
+    configurations take 16-64), and from 64 tokens the same ``tl.dot`` tiles (the rule before the ``wgmma``
+    kernel, and what runs where that kernel does not).
     Then, everywhere, the fused gate-up with the normal ``tl.dot`` tiles, and quantizing its activation
     in the K loop (both measured slower on the H200, kept for other devices)."""
     base = default_config(m, top_k, experts)
@@ -210,7 +213,7 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         per_expert = _tokens_per_expert(m, top_k, experts)
         near_decode = [{**plain, "WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
         rows_128 = [{**plain, "BLOCK_M": 128, "num_warps": 8}] if per_expert >= 64 else []
-        steps: list[dict[str, int]] = [*rows_128, plain, *near_decode, {"BLOCK_N": 64}, {"num_stages": 3},
+        steps: list[dict[str, int]] = [*rows_128, plain, *near_decode, {"BLOCK_N": 256}, {"num_stages": 3},
                                        {"GROUP_M": 32}]
         tl_dot_tiles = [{**tl_dot, "num_stages": 3}, {**tl_dot, "num_stages": 3, "BLOCK_N": 64}]
         steps = [*tl_dot_tiles, *steps] if per_expert < 64 else [*steps, *tl_dot_tiles]
