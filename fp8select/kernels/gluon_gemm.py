@@ -14,6 +14,11 @@ the scaling of block k-1 runs under the MMA of block k. Operands come by TMA int
 ``STAGES`` shared-memory slots; the slot of block k-1 is refilled (block k+STAGES-1) as soon as
 its MMA is known complete. The output tile leaves through shared memory by a TMA store.
 
+The MoE experts' grouped launches (:func:`launch_grouped`, :func:`launch_gate_up`) run the same K loop
+(:func:`_tile_acc`) on each row block's expert weights; 64-row tiles may take 8 warps, a warpgroup to each
+half of the columns (256 of the down GEMM, or the gate's and the up's 128 of the fused gate-up, whose
+epilogue quantizes ``silu(gate) * up``).
+
 Hopper only (``wgmma``), CUDA only, no interpreter: the ``wgmma`` path of :mod:`.triton_gemm` launches
 it where :func:`.triton_device.wgmma_runs`, and the tile kernel with the same tiles elsewhere.
 """
@@ -353,8 +358,8 @@ def launch_grouped(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
 def launch_gate_up(a: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
                    block_expert: torch.Tensor, q: torch.Tensor, q_scale: torch.Tensor, eps: float, *, block_m: int,
                    group_m: int, stages: int, num_warps: int, hw_rne: bool, fp8: dict[str, float | int]) -> None:
-    """The MoE experts' fused gate-up on the rows of ``a`` (as :func:`launch_grouped`'s): ``q [R, I]`` in
-    ``w13``'s fp8 type with row-major scales ``q_scale [R, I/128]``, the quantized ``silu(gate) * up`` of
+    """The MoE experts' fused gate-up on the rows of ``a`` (as :func:`launch_grouped`'s): ``q [R, I]`` (an fp8
+    type) with row-major scales ``q_scale [R, I/128]``, the quantized ``silu(gate) * up`` of
     every row block whose expert is not -1 (``fp8``, ``hw_rne``: :func:`.triton_quant.fp8_constexprs`, and
     whether the cast rounds to nearest even). ``w13`` ``[E, 2I, K]`` with ``I`` a multiple of 128 and its
     128x128 block scales ``[E, 2I/128, K/128]``; ``num_warps`` 8, four to each half of the tile (gate, up)."""

@@ -154,11 +154,10 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     tokens per expert (geomean 0.92; 1.00-1.02x only with 8 experts at 1024 tokens and more), with the
     same output bits at every point. Before that, measured on the H200 (``tune --moe``, DeepSeek-V3 with
     32 local experts and Qwen3-30B-A3B, each candidate timed alone under uniform and skewed routing):
-    below 16 tokens per expert the transposed
-    16-row tile was the fastest of the four candidates at all 13 points uniform, 0.88-1.0x the normal
-    tile's time (112 against 119 us at M 1 of 32 experts), and within 4% of the fastest skewed; among
-    ten candidates (another run, uniform) within 6% of the fastest; at 16 tokens
-    (M 64 of 32 experts) the 64-row ``wgmma`` tile took 416 us uniform against 448 for the normal
+    below 16 tokens per expert the transposed 16-row tile was the fastest of the four candidates at all
+    13 points uniform, 0.88-1.0x the normal tile's time (112 against 119 us at M 1 of 32 experts), and
+    within 4% of the fastest skewed; among ten candidates (another run, uniform) within 6% of the
+    fastest; at 16 tokens (M 64 of 32 experts) the 64-row ``wgmma`` tile took 416 us uniform against 448 for the normal
     16-row tile and 417 transposed, and 271 skewed against 366 and 311 (one row block per busy
     expert); between 16 and 32 (M 64-128 of 32 experts) the uniform rows took it too, 2-6% ahead of the
     best ``tl.dot`` tile. At M 512-8192 the ``wgmma`` kernel took 0.61-0.71x the time of the ``tl.dot``
