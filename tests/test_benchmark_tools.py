@@ -87,6 +87,21 @@ def test_the_results_summarize_without_a_gpu(capsys: pytest.CaptureFixture[str])
     assert [line.split(":")[0] for line in out] == list(summarize_regret.SETS)  # every set has its kept file
 
 
+def test_the_kept_gate_up_run_summarizes_as_its_points_say() -> None:
+    """``benchmarks.moe_gate_up``'s summary, recomputed from the kept points: the fused tile against the plain
+    ones, and the count at 0.8 of DeepGEMM contiguous's speed from M 1024."""
+    from benchmarks import moe_gate_up
+
+    kept = json.loads((BENCHMARKS / "results" / "moe_gate_up.json").read_text())
+    summary = moe_gate_up.summary(kept["points"])
+    assert summary == kept["summary"]
+    large = [p for p in kept["points"] if p["m"] >= 1024]
+    fused = sum(p["us"]["deepgemm/contiguous"] / p["us"]["fused64"] >= 0.8 - 5e-4 for p in large)
+    assert summary["at_least_0.8_of_deepgemm_from_m_1024"]["fused64"] == f"{fused} of {len(large)}"
+    ratios = [p["us"]["fused64"] / p["us"]["plain64"] for p in kept["points"]]
+    assert summary["fused64_vs_plain64"]["max"] == round(max(ratios), 3) < 1  # faster at every point
+
+
 def test_a_point_timed_with_another_configuration_than_todays_is_stale(tmp_path: Path) -> None:
     """A run records the configuration each pinned backend ran; where today's plan picks that backend with
     another one, the kept time is not the pick's: --replan lists the point as stale, not as a regret."""
