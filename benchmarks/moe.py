@@ -43,9 +43,11 @@ M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 QUICK_SHAPES = ("deepseek-v3-e32", "qwen3-30b-a3b")
 QUICK_M = (1, 16, 64, 512, 4096)
 HBM_BYTES_PER_S = 4.3e12
+Weights = tuple[Any, Any, Any, Any]
+"""``(w13, w13 scales, w2, w2 scales)``."""
 
 
-def _weights(e: int, h: int, i: int, seed: int) -> tuple[Any, ...]:
+def _weights(e: int, h: int, i: int, seed: int) -> Weights:
     import torch
 
     from fp8select.measure.tune_moe import random_experts
@@ -121,7 +123,7 @@ def _rel(out: Any, ref: Any) -> float:
     return float(diff.norm() / ref.norm().clamp_min(1e-30))
 
 
-def _columns(selection: Any, problem: Any, weights: Any, caps: Any, *, with_reference: bool) -> dict[str, Any]:
+def _columns(selection: Any, problem: Any, weights: Weights, caps: Any, *, with_reference: bool) -> dict[str, Any]:
     """Each accepted backend/layout's launch on these weights, pinned (name ``backend/layout``)."""
     from fp8select.backends.moe import MoeWeights
     from fp8select.moe_select import moe_chain
@@ -139,7 +141,7 @@ def _columns(selection: Any, problem: Any, weights: Any, caps: Any, *, with_refe
 
 
 def _layer_and_columns(selection: Any, shape: tuple[int, int, int, int], *, seed: int,
-                       with_reference: bool) -> tuple[Any, Any, dict[str, Any], Any]:
+                       with_reference: bool) -> tuple[Weights, Any, dict[str, Any], Any]:
     """Random experts of ``shape``: ``(weights, problem, pinned columns, the layer prepare_moe plans)``."""
     from fp8select.backends.moe import MoeProblem
 
