@@ -58,25 +58,26 @@ def points(selection: Any, name: str, ms: tuple[int, ...], deadline: float) -> t
     ops = [TritonExperts(*w) for w in sets]
     problem = MoeProblem(e, h, i, k)
     pinned = [_columns(selection, problem, w, selection.capabilities, with_reference=False) for w in sets]
+    structures = configs()
     rows: list[dict[str, Any]] = []
     for m in ms:
         if time.monotonic() > deadline:
             return rows, f"stopped at {name} M {m}: --budget-s spent"
         w, ids = _routing(m, k, e, "uniform", seed=m + 7)
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-        calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, config in configs().items()}
+        calls = {col: [functools.partial(op, x, w, ids, config) for op in ops] for col, config in structures.items()}
         for col in VENDOR_COLUMNS:
             if col in pinned[0]:
                 launches = [_launch(p[col], dataclasses.replace(problem, m=m), m, selection.capabilities) for p in pinned]
                 calls[col] = [functools.partial(run, x, w, ids) for run in launches]
-        same = bool(torch.equal(ops[0](x, w, ids, configs()["fused64"]), ops[0](x, w, ids, configs()["plain64"])))
+        same = bool(torch.equal(ops[0](x, w, ids, structures["fused64"]), ops[0](x, w, ids, structures["plain64"])))
         errors: dict[str, str] = {}
         times = {col: t.median_us for col, t in time_graphs(calls, replays=20, errors=errors).items()}
         row: dict[str, Any] = {"shape": name, "m": m, "tokens_per_expert": m * k // e, "fused_same_bits": same,
                                "us": {col: round(us, 1) for col, us in times.items()}}
         if "deepgemm/contiguous" in times:
             row["speed_vs_deepgemm"] = {col: round(times["deepgemm/contiguous"] / us, 3) for col, us in times.items()
-                                        if col in configs()}
+                                        if col in structures}
         if errors:
             row["errors"] = {col: err[:300] for col, err in errors.items()}
         rows.append(row)

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,61 +32,61 @@ GATE_UP_STAGES = (3, 4)
 ``tune --moe`` times."""
 
 
+def _desc(name: str, block: list[int]) -> str:
+    """The signature of a TMA descriptor of Gluon dtype ``name`` over ``block``, in its default layout."""
+    from triton.experimental.gluon import language as gl
+
+    dtype = {"fp8e4nv": gl.float8e4nv, "bf16": gl.bfloat16, "fp32": gl.float32}[name]
+    return f"tensordesc<{name}{block},{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
+
+
+def _compiled(kernel: object, signature: dict[str, str], constants: dict[str, object]) -> object:
+    """``kernel`` compiled for sm90 with ``signature``'s runtime arguments and ``constants`` (``num_warps`` among them)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = list(signature) + list(constants)
+    src = GluonASTSource(kernel, {**signature, **dict.fromkeys(constants, "constexpr")},
+                         {(names.index(name),): value for name, value in constants.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": constants["num_warps"]})
+
+
 def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: bool, out: str = "bf16",
                   grouped: bool = False) -> tuple[str, int]:
     """PTX and shared-memory bytes of the kernel for sm90 with an ``out`` output tile; 128x128 weight scales
     when ``scalar``; ``grouped``: the MoE experts' launch (a row block's expert offsets B)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from fp8select.kernels import gluon_gemm
 
-    def desc(name: str, dtype: object, block: list[int]) -> str:
-        return f"tensordesc<{name}{block},{gl.NVMMASharedLayout.get_default_for(block, dtype)!r}>"
-
     signature = {
-        "a_desc": desc("fp8e4nv", gl.float8e4nv, [block_m, 128]), "as_ptr": "*fp32",
-        "b_desc": desc("fp8e4nv", gl.float8e4nv, [block_n, 128]), "bs_ptr": "*fp32", "bias_ptr": "*bf16",
-        "c_desc": desc(out, {"bf16": gl.bfloat16, "fp32": gl.float32}[out], [block_m, block_n]),
+        "a_desc": _desc("fp8e4nv", [block_m, 128]), "as_ptr": "*fp32",
+        "b_desc": _desc("fp8e4nv", [block_n, 128]), "bs_ptr": "*fp32", "bias_ptr": "*bf16",
+        "c_desc": _desc(out, [block_m, block_n]),
         **dict.fromkeys(("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "stride_bias"), "i32"),
         "be_ptr": "*i32", "stride_bse": "i32",
     }
     constants = {"SCALE_BN": 128 if scalar else 1, "B_SCALE_SCALAR": scalar, "HAS_BIAS": not grouped, "GROUP_M": 8,
                  "STAGES": stages, "num_warps": warps, "GROUPED": grouped}
-    names = list(signature) + list(constants)
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    src = GluonASTSource(gluon_gemm._wgmma_block_kernel, signature,
-                         {(names.index(name),): value for name, value in constants.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    kernel: Any = _compiled(gluon_gemm._wgmma_block_kernel, signature, constants)
     return kernel.asm["ptx"], kernel.metadata.shared
 
 
 def _compile_gate_up_sm90(stages: int) -> str:
-    """PTX of the fused gate-up kernel for sm90 (e4m3 weights and output, 64-row tiles, 8 warps)."""
+    """PTX of the fused gate-up kernel for sm90 (e4m3 weights and output, 64-row tiles), as
+    :func:`~fp8select.kernels.gluon_gemm.launch_gate_up` launches it."""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from fp8select.kernels import gluon_gemm
     from fp8select.kernels.triton_quant import fp8_constexprs
 
-    def desc(block: list[int]) -> str:
-        return f"tensordesc<fp8e4nv{block},{gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)!r}>"
-
-    signature = {"a_desc": desc([64, 128]), "as_ptr": "*fp32", "b_desc": desc([128, 128]), "bs_ptr": "*fp32",
-                 "q_desc": desc([64, 128]), "qs_ptr": "*fp32", "be_ptr": "*i32",
+    signature = {"a_desc": _desc("fp8e4nv", [64, 128]), "as_ptr": "*fp32", "b_desc": _desc("fp8e4nv", [128, 128]),
+                 "bs_ptr": "*fp32", "q_desc": _desc("fp8e4nv", [64, 128]), "qs_ptr": "*fp32", "be_ptr": "*i32",
                  **dict.fromkeys(("M", "INTER", "K", "stride_asm", "stride_ask", "stride_bse", "stride_bsn", "stride_bsk",
                                   "stride_qsm"), "i32"), "eps": "fp32"}
-    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": 8, **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
-    names = list(signature) + list(constants)
-    signature.update(dict.fromkeys(constants, "constexpr"))
-    src = GluonASTSource(gluon_gemm._wgmma_gate_up_kernel, signature,
-                         {(names.index(name),): value for name, value in constants.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": gluon_gemm.GATE_UP_WARPS,
+                 **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
+    kernel: Any = _compiled(gluon_gemm._wgmma_gate_up_kernel, signature, constants)
+    return str(kernel.asm["ptx"])
 
 
 @pytest.fixture(scope="module")

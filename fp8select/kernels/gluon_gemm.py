@@ -47,6 +47,9 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
+GATE_UP_WARPS = 8
+"""Warps of a fused gate-up program: a warpgroup to the gate's and one to the up's 128 columns of its 64 rows."""
+
 _GL_DTYPES = {
     torch.float8_e4m3fn: gl.float8e4nv,
     torch.float8_e5m2: gl.float8e5,
@@ -58,7 +61,8 @@ _GL_DTYPES = {
 
 @gluon.jit
 def _promote(acc, d, a_scale, b_scale, B_SCALE_SCALAR: gl.constexpr):
-    """``acc + d * a_scale[m] * b_scale`` (one weight scale for the tile, or one per column)."""
+    """``acc + d * a_scale[m] * b_scale``: ``B_SCALE_SCALAR``, one weight scale for the tile or one per row
+    (a thread's warpgroup's); else one per column."""
     if B_SCALE_SCALAR:
         acc += d * (a_scale * b_scale)[:, None]
     else:
@@ -115,6 +119,16 @@ def _step(a_desc, b_desc, a_bufs, b_bufs, ready, prev, spent, acc, a_scale, b_sc
     # which then needs a third register set and copies back (and ptxas waits on those).
     acc = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
     return cur, prev, acc, a_scale_next, b_scale_next
+
+
+@gluon.jit
+def _store_tile(desc, tile, off_m, off_n):
+    """``tile`` (in ``desc``'s type) to ``desc`` at (``off_m``, ``off_n``) by TMA, through shared memory."""
+    smem = gl.allocate_shared_memory(desc.dtype, desc.block_type.shape, desc.layout)
+    smem.store(tile)
+    fence_async_shared()
+    _tma_store(desc, [off_m, off_n], smem)
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -250,11 +264,7 @@ def _wgmma_block_kernel(
         bias_cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
         bias = gl.load(bias_ptr + gl.where(bias_cols < N, bias_cols, 0) * stride_bias)
         acc += bias.to(gl.float32)[None, :]
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    c_smem.store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    _tma_store(c_desc, [off_m, off_n], c_smem)
-    tma.store_wait(pendings=0)
+    _store_tile(c_desc, acc.to(c_desc.dtype), off_m, off_n)
 
 
 @gluon.jit
@@ -294,11 +304,7 @@ def _wgmma_gate_up_kernel(
                                     FP8_NAN_BITS, HW_RNE)
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
     gl.store(qs_ptr + rows.to(gl.int64) * stride_qsm + pid_n, q_scale, mask=rows < M)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    q_smem.store(q)
-    fence_async_shared()
-    _tma_store(q_desc, [off_m, off_n], q_smem)
-    tma.store_wait(pendings=0)
+    _store_tile(q_desc, q, off_m, off_n)
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
@@ -357,12 +363,12 @@ def launch_grouped(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
 
 def launch_gate_up(a: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
                    block_expert: torch.Tensor, q: torch.Tensor, q_scale: torch.Tensor, eps: float, *, block_m: int,
-                   group_m: int, stages: int, num_warps: int, hw_rne: bool, fp8: dict[str, float | int]) -> None:
+                   group_m: int, stages: int, hw_rne: bool, fp8: dict[str, float | int]) -> None:
     """The MoE experts' fused gate-up on the rows of ``a`` (as :func:`launch_grouped`'s): ``q [R, I]`` (an fp8
     type) with row-major scales ``q_scale [R, I/128]``, the quantized ``silu(gate) * up`` of
     every row block whose expert is not -1 (``fp8``, ``hw_rne``: :func:`.triton_quant.fp8_constexprs`, and
     whether the cast rounds to nearest even). ``w13`` ``[E, 2I, K]`` with ``I`` a multiple of 128 and its
-    128x128 block scales ``[E, 2I/128, K/128]``; ``num_warps`` 8, four to each half of the tile (gate, up)."""
+    128x128 block scales ``[E, 2I/128, K/128]``; ``block_m`` 64, on :data:`GATE_UP_WARPS` warps."""
     rows, k = a.shape
     experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -372,4 +378,4 @@ def launch_gate_up(a: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor, w1
         _descriptor(w13.view(experts * two_i, k), [SCALE_GROUP_K, SCALE_GROUP_K]), w13_scale,
         _descriptor(q, [block_m, SCALE_GROUP_K]), q_scale, block_expert, rows, inter, k, a_scale.stride(0),
         a_scale.stride(1), w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), q_scale.stride(0), eps,
-        GROUP_M=group_m, STAGES=stages, num_warps=num_warps, HW_RNE=hw_rne, **fp8)
+        GROUP_M=group_m, STAGES=stages, num_warps=GATE_UP_WARPS, HW_RNE=hw_rne, **fp8)

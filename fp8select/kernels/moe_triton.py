@@ -8,8 +8,8 @@ fused kernel (``silu(gate) * up`` and its 1x128 quantization in its epilogue) or
 then :func:`silu_mul_quant`. With ``WGMMA`` (:mod:`.moe_config`) both GEMMs run on the Hopper ``wgmma``
 kernels (:func:`.gluon_gemm.launch_grouped`, and :func:`.gluon_gemm.launch_gate_up` for the fused
 gate-up), whose operands come by TMA: the quantized activation is first gathered into the sorted rows,
-and the down GEMM writes the sorted rows, which the weighted sum reads through each slot's row. Sizes depend on M only, so a call
-captures into a CUDA graph. Inputs are checked by the caller (:mod:`fp8select.moe`); these functions
+and the down GEMM writes the sorted rows, which the weighted sum reads through each slot's row. Sizes
+depend on M only, so a call captures into a CUDA graph. Inputs are checked by the caller (:mod:`fp8select.moe`); these functions
 check nothing.
 """
 
@@ -84,7 +84,7 @@ class TritonExperts:
         prefetch = self._prefetch_k if pdl else None
         routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl)
         if config.WGMMA and self._wgmma and routing.rows:
-            return self._wgmma_call(x, topk_weights, topk_ids, routing, config, bool(config.FUSED_ACT) and self._wgmma_fused)
+            return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
         q, q_scale = self.gate_up(x, routing, k, config, prefetch)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
         _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED,
@@ -126,11 +126,11 @@ class TritonExperts:
         return q, q_scale
 
     def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,
-                    config: MoeTritonConfig, fused: bool) -> torch.Tensor:
+                    config: MoeTritonConfig) -> torch.Tensor:
         """Both GEMMs on the wgmma kernels: the activation quantized, gathered into the sorted rows (a
         padding row takes the last token's: finite, never read back), the fused gate-up into quantized
-        silu*up (``fused``) or the plain one into fp32 sorted rows and silu*up quantized, the down GEMM
-        into sorted rows, the weighted sum by slot row."""
+        silu*up (``FUSED_ACT`` 1, where ``I`` allows) or the plain one into fp32 sorted rows and silu*up
+        quantized, the down GEMM into sorted rows, the weighted sum by slot row."""
         from .gluon_gemm import launch_gate_up, launch_grouped
 
         tiles = {"block_m": config.BLOCK_M, "block_n": config.BLOCK_N, "group_m": config.GROUP_M,
@@ -138,12 +138,12 @@ class TritonExperts:
         xq, xs = self._quantize(x)
         tokens = token_of_row(routing, topk_ids.shape[1], x.shape[0])
         a = xq.view(torch.uint8).index_select(0, tokens).view(xq.dtype)
-        if fused:
+        if config.FUSED_ACT and self._wgmma_fused:
             q = torch.empty((routing.rows, self.inter), dtype=self.w2.dtype, device=self.device)
             q_scale = torch.empty((routing.rows, self.inter // 128), dtype=torch.float32, device=self.device)
             launch_gate_up(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, q, q_scale,
                            DEFAULT_EPS, block_m=config.BLOCK_M, group_m=config.GROUP_M, stages=config.num_stages,
-                           num_warps=2 * config.num_warps, hw_rne=self._act_hw_rne, fp8=self._act_fp8)
+                           hw_rne=self._act_hw_rne, fp8=self._act_fp8)
         else:
             h = torch.empty((routing.rows, 2 * self.inter), dtype=torch.float32, device=self.device)
             launch_grouped(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, h, **tiles)
