@@ -102,6 +102,27 @@ def test_the_kept_gate_up_run_summarizes_as_its_points_say() -> None:
     assert summary["fused64_vs_plain64"]["max"] == round(max(ratios), 3) < 1  # faster at every point
 
 
+def test_the_moe_rule_scores_on_the_kept_candidate_timings_as_its_docstring_says() -> None:
+    """``moe_config.default_config`` at each kept point's M bucket (what a plan runs there) against the fastest
+    candidate timed there under either routing: the figures its docstring quotes for the
+    points it was chosen on and those it was checked on."""
+    from benchmarks._stats import geomean
+    from fp8select.buckets import m_bucket
+    from fp8select.kernels.moe_config import default_config
+
+    kept = json.loads((BENCHMARKS / "results" / "moe_rule_h100.json").read_text())
+    figures = {}
+    for which in ("chosen on", "checked on"):
+        ratios = []
+        for p in (p for p in kept["points"] if p["set"] == which):
+            experts, _, _, top_k = (int(v) for v in p["shape"].split(","))
+            uniform, skewed = p["us"][default_config(m_bucket(p["m"]), top_k, experts).describe()]
+            ratios.append((uniform / min(u for u, _ in p["us"].values()), skewed / min(s for _, s in p["us"].values())))
+        figures[which] = (round(geomean([u for u, _ in ratios]), 3), round(geomean([s for _, s in ratios]), 3),
+                          round(max(max(r) for r in ratios), 3))
+    assert figures == {"chosen on": (1.03, 1.017, 1.1), "checked on": (1.029, 1.024, 1.073)}
+
+
 def test_a_point_timed_with_another_configuration_than_todays_is_stale(tmp_path: Path) -> None:
     """A run records the configuration each pinned backend ran; where today's plan picks that backend with
     another one, the kept time is not the pick's: --replan lists the point as stale, not as a regret."""

@@ -240,11 +240,12 @@ def test_public_grouped_gemms_check_their_arguments() -> None:
 
 
 def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
-    tiles = [default_config(m, 8, 32).BLOCK_M for m in (1, 64, 128, 1024, 8192)]  # 1-2048 tokens per expert
-    assert tiles == [16, 64, 64, 64, 64]  # the fused wgmma gate-up's 64 rows from 16 tokens per expert
-    assert [default_config(m, 8, 32).WGMMA for m in (1, 60, 61, 8192)] == [0, 0, 1, 1]  # wgmma from 16 per expert
-    assert [default_config(m, 8, 32).FUSED_ACT for m in (1, 61, 8192)] == [0, 1, 1]
-    assert [default_config(m, 8, 32).SWAP_AB for m in (1, 60, 61)] == [1, 1, 0]  # the 16-row tile transposed below
+    # M 1 / 28 / 29 / 60 / 61 / 252 / 253 / 8192 of 32 experts: 1 / 7 / 8 / 15 / 16 / 63 / 64 / 2048 tokens per expert
+    ms = (1, 28, 29, 60, 61, 252, 253, 8192)
+    assert [default_config(m, 8, 32).BLOCK_M for m in ms] == [16, 16, 32, 32, 64, 64, 64, 64]
+    assert [default_config(m, 8, 32).SWAP_AB for m in ms] == [1, 1, 1, 1, 0, 0, 0, 0]  # transposed below 16
+    assert [default_config(m, 8, 32).FUSED_ACT for m in ms] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [default_config(m, 8, 32).WGMMA for m in ms] == [0, 0, 0, 0, 0, 0, 1, 1]  # wgmma from 64 per expert
     assert {default_config(m, 8, 8).QUANT_IN_KERNEL for m in (1, 64, 4096)} == {0}  # measured slower in the GEMM
     with pytest.raises(ValueError, match="BLOCK_M"):
         MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
@@ -285,7 +286,7 @@ def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_o
     fused = MoeTritonConfig(**{**wgmma.to_dict(), "FUSED_ACT": 1})  # the fused gate-up on 64-row tiles
     assert wgmma.describe().endswith(" wgmma") and MoeTritonConfig.from_dict(wgmma.to_dict()) == wgmma
     assert "WGMMA" not in default_config(1, 8, 32).to_dict()  # the old rows' form
-    assert wgmma in tuning_configs(1, 8, 32) and fused == tuning_configs(512, 8, 32)[0]
+    assert wgmma in tuning_configs(64, 8, 32) and fused == tuning_configs(512, 8, 32)[0]
     assert dataclasses.replace(wgmma, BLOCK_M=128, num_warps=8) in tuning_configs(4096, 8, 32)
     x, w, ids = _inputs_for(problem, 5)
     experts = moe_triton.TritonExperts(*problem.weights())

@@ -246,7 +246,8 @@ def test_moe_shapes_parse_names_and_groups() -> None:
 
 
 def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
-    for m in (1, 64, 512, 8192):
+    # M 1 / 32 / 64 / 128 / 512 / 8192 of 32 experts: 0.25 / 8 / 16 / 32 / 128 / 2048 tokens per expert
+    for m in (1, 32, 64, 128, 512, 8192):
         configs = tuning_configs(m, 8, 32)
         assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
         assert all(16 <= c.BLOCK_M <= 128 for c in configs) and len(configs) <= 10
@@ -260,19 +261,24 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
     assert prefill[1:3] == [replace(prefill[0], FUSED_ACT=0, BLOCK_M=128, num_warps=8), replace(prefill[0], FUSED_ACT=0)]
     assert replace(prefill[0], num_stages=3) in prefill
     assert replace(prefill[0], WGMMA=0, FUSED_ACT=0, num_stages=3) in prefill  # the tl.dot kernel's tile
-    # decode: the transposed 16-row tile, the fused gate-up on it, one stage fewer, half its columns, the wgmma tile
+    assert not any(c.SWAP_AB for c in prefill)
+    # decode: the transposed 16-row tile, the fused gate-up on it, one stage fewer, half its columns, the busy tile
     decode = tuning_configs(1, 8, 32)
     half = replace(decode[0], BLOCK_N=64, num_stages=3)
-    assert decode[0].SWAP_AB == 1 and decode[1:6] == [replace(decode[0], FUSED_ACT=1),
+    busy = tuning_configs(32, 8, 32)[0]
+    assert decode[0].SWAP_AB == 1 and decode[1:7] == [replace(decode[0], FUSED_ACT=1),
                                                       replace(decode[0], FUSED_ACT=1, num_stages=3),
-                                                      replace(decode[0], num_stages=3), half, replace(half, FUSED_ACT=1)]
-    assert decode[6].WGMMA == 1 and replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
-    # 16 per expert: the fused wgmma tile, the tl.dot kernel's 64-row tile at 128 and 64 columns, the plain wgmma
-    # structure, the rule's tile below 16
+                                                      replace(decode[0], num_stages=3), half, replace(half, FUSED_ACT=1),
+                                                      busy]
+    assert replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
+    # 8 per expert: the fused transposed 32-row tile, its plain structure, the tl.dot tile of 16, the 16-row tile
+    assert busy == replace(decode[0], BLOCK_M=32, FUSED_ACT=1, num_stages=3)
+    assert tuning_configs(32, 8, 32)[1:4] == [replace(busy, FUSED_ACT=0, num_stages=4), default_config(64, 8, 32),
+                                              decode[0]]
+    # 16 per expert: the tl.dot kernel's 64-row tile at 128 and 64 columns, the busy tile, the fused wgmma tile
     near = tuning_configs(64, 8, 32)
-    assert near[1] == replace(near[0], WGMMA=0, FUSED_ACT=0, num_stages=3) and near[2] == replace(near[1], BLOCK_N=64)
-    assert near[3] == replace(near[0], FUSED_ACT=0)
-    assert near[4] == replace(near[0], BLOCK_M=16, WGMMA=0, FUSED_ACT=0, SWAP_AB=1) and not any(c.SWAP_AB for c in prefill)
+    assert near[0] == replace(prefill[0], WGMMA=0, FUSED_ACT=0, num_stages=3) and near[1] == replace(near[0], BLOCK_N=64)
+    assert near[2:4] == [busy, prefill[0]] and decode[0] in near and decode[0] not in tuning_configs(128, 8, 32)
 
 
 def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:

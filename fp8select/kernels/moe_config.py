@@ -5,29 +5,30 @@ experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weigh
 ``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
 both GEMMs. ``FUSED_ACT`` picks the gate-up structure:
 
-* 0 (plain; the rule's below 16 tokens per expert, :func:`default_config`): the gate-up runs the down
+* 0 (plain; the rule's below 8 and at 16-63 tokens per expert, :func:`default_config`): the gate-up runs the down
   projection's grouped GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one accumulator),
   writing fp32 ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128 group. One launch
   and an fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs, each holding one
-  accumulator: on the ``tl.dot`` kernels faster at every point measured on the H200;
+  accumulator: on the normal ``tl.dot`` tiles faster at every point measured on the H200;
 * 1 (fused; what a measured row or record without the key means: the only structure before plain;
-  the rule's from 16 tokens per expert, on the ``wgmma`` kernels): each gate-up program computes 128
+  the rule's at 8-15 tokens per expert on the transposed tile and from 64 on the ``wgmma`` kernels): each
+  gate-up program computes 128
   columns of gate and the same 128 of up, one 1x128 scale group, so that its epilogue quantizes
   ``silu(gate) * up`` and writes the fp8 intermediate.
 
 Both compute ``silu(gate) * up`` in fp32 from the same fp32 sums and quantize it per 1x128 group.
 
-:func:`default_config` is the rule for shapes and sizes nothing measured, written for the H200
-(132 SMs, 4.8 TB/s HBM): at decode every expert holds a handful of tokens and each GEMM streams
-its experts' weights once, so the tiles are narrow in M (16 rows, the ``tl.dot`` minimum) and the
-grid wide in N; from 16 tokens per expert the tiles grow to 64 rows, where the weights are re-read
-``tokens / BLOCK_M`` times and the MMAs, not HBM, set the pace.
+:func:`default_config` is the rule for shapes and sizes nothing measured (on Hopper, 132 SMs): at
+decode every expert holds a handful of tokens and each GEMM streams its experts' weights once, so the
+tiles are narrow in M (16 and 32 rows, on the MMA's narrow side) and the grid wide in N; from 16 tokens
+per expert the tiles grow to 64 rows, where the weights are re-read ``tokens / BLOCK_M`` times and the
+MMAs, not HBM, set the pace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 __all__ = ["MoeTritonConfig", "default_config", "tuning_configs"]
@@ -141,92 +142,90 @@ def _tokens_per_expert(m: int, top_k: int, experts: int) -> int:
 def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
-    The activation quantized by its own kernel first, ``BLOCK_N`` 128. ``tokens per expert = m * top_k /
-    experts`` (uniform routing) picks the kernels and their row tile: below 16 tokens the plain gate-up
-    (``FUSED_ACT`` 0) on the ``tl.dot`` kernels' 16-row tile transposed (``SWAP_AB`` 1: the weight tile in
-    the MMA's 128-row operand); from 16 the ``wgmma`` kernels (``WGMMA`` 1) on 64 x 128 tiles with the
-    fused gate-up (``FUSED_ACT`` 1: silu*up quantized in its epilogue, no fp32 ``[rows, 2I]`` written and
-    read again, one launch fewer; off Hopper the plain structure on the ``tl.dot`` kernels).
-    Timed on an H100 SXM (``benchmarks/results/moe_gate_up.json``, ``python -m benchmarks.moe_gate_up``:
-    the whole op, DeepSeek-V3 with 8 and 32 experts, Qwen3-235B-A22B and Qwen3-30B-A3B, M 512-8192, every
-    structure in one process, replays interleaved): the fused gate-up took 0.81-0.96x the plain one's time
-    on the same tile (geomean 0.89), and 0.77-1.02x the plain 128 x 128 tile's that the rule ran from 256
-    tokens per expert (geomean 0.92; 1.00-1.02x only with 8 experts at 1024 tokens and more), with the
-    same output bits at every point. Before that, measured on the H200 (``tune --moe``, DeepSeek-V3 with
-    32 local experts and Qwen3-30B-A3B, each candidate timed alone under uniform and skewed routing):
-    below 16 tokens per expert the transposed 16-row tile was the fastest of the four candidates at all
-    13 points uniform, 0.88-1.0x the normal tile's time (112 against 119 us at M 1 of 32 experts), and
-    within 4% of the fastest skewed; among ten candidates (another run, uniform) within 6% of the
-    fastest; at 16 tokens (M 64 of 32 experts) the 64-row ``wgmma`` tile took 416 us uniform against 448 for the normal
-    16-row tile and 417 transposed, and 271 skewed against 366 and 311 (one row block per busy
-    expert); between 16 and 32 (M 64-128 of 32 experts) the uniform rows took it too, 2-6% ahead of the
-    best ``tl.dot`` tile. At M 512-8192 the ``wgmma`` kernel took 0.61-0.71x the time of the ``tl.dot``
-    kernels' 64 x 128 tiles (32 experts, M 4096: 4.17 ms against 6.63), whose every K block waits for
-    its MMA before the scaling. On the ``tl.dot`` kernels the plain gate-up was 1.06-1.53x faster than the
-    fused one at all 12 points measured, and quantizing the activation inside the gate-up K loop had
-    doubled the fused op's time at decode.
+    ``tokens per expert = m * top_k / experts`` (uniform routing) picks the tile; the activation is
+    quantized by its own kernel first, ``BLOCK_N`` 128, ``GROUP_M`` 8 (an expert's row blocks take each
+    weight tile together, once from HBM into L2: under skew a busy expert has several even at decode):
 
-    ``GROUP_M`` 8 at every ``m``: under skewed routing an expert holds several row blocks even at
-    decode, and grouped launch order has its blocks take each weight tile together, read once from
-    HBM into L2, where one block after another (``GROUP_M`` 1) read it once per block. Under uniform
-    routing at decode each expert has one block, and the order changes nothing.
+    * below 8: the plain gate-up on the ``tl.dot`` kernels' 16-row tile transposed (``SWAP_AB`` 1: the
+      weight tile on the MMA's 128-row side, which compiles to ``wgmma``), 4 stages;
+    * 8 to 15: the fused gate-up on the transposed 32-row tile, 3 stages (a busy expert's tokens in one
+      row block where the 16-row tile re-reads its weights once per 16);
+    * 16 to 63: the plain gate-up on the ``tl.dot`` kernels' 64 x 128 tile, 3 stages;
+    * from 64: the fused gate-up on the ``wgmma`` kernels' 64 x 128 tile (silu*up quantized in its
+      epilogue: no fp32 ``[rows, 2I]`` written and read again; off Hopper the plain structure on the
+      ``tl.dot`` kernels).
+
+    Chosen from every candidate of :func:`tuning_configs` timed together (interleaved CUDA-graph
+    replays, uniform and skewed routing) on an H100 SXM at 16 points of the five shipped shapes, 8-64
+    tokens per expert (``benchmarks/results/moe_rule_h100.json``). A plan runs the rule of its M bucket's
+    top M; scored so on the timings it was chosen on: 1.030x the fastest candidate's time uniform and
+    1.017x skewed (geomean), worst 1.10x (DeepSeek-V3 with 8 experts at M 48, which runs the fused
+    ``wgmma`` tile of 64 tokens), where the rule before (the 16-row tile below 16 tokens, the fused
+    ``wgmma`` tile from 16) took 1.069x and 1.067x, worst 1.193x (256 experts at 8 tokens, skewed: the
+    16-row tile reads a busy expert's weights once per 16 of its tokens). Checked afterwards at 12 points
+    inside the buckets (M 24-1536): 1.029x and 1.024x, worst 1.073x, where the rule before took 1.066x and
+    1.068x, worst 1.214x. The H200 table's measured rows at 16-32 tokens hold the same ``tl.dot`` tile at
+    six of eight points. From 64 tokens: ``benchmarks/results/moe_gate_up.json`` (the fused ``wgmma``
+    gate-up 0.81-0.96x the plain one's time on the same tile). Why each kernel:
+    docs/moe.md.
     """
     per_expert = _tokens_per_expert(m, top_k, experts)
+    if per_expert < 8:
+        return _DECODE
     if per_expert < 16:
-        return MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
-                               FUSED_ACT=0, SWAP_AB=1)
-    return MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+        return _DECODE_BUSY
+    return _NEAR_DECODE if per_expert < 64 else _PREFILL
+
+
+_DECODE = MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                          FUSED_ACT=0, SWAP_AB=1)
+_DECODE_BUSY = MoeTritonConfig(BLOCK_M=32, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=0,
+                               FUSED_ACT=1, SWAP_AB=1)
+_NEAR_DECODE = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=3, QUANT_IN_KERNEL=0,
+                               FUSED_ACT=0)
+_PREFILL = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                            FUSED_ACT=1, WGMMA=1)
 
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
-    """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10: the rule's
-    configuration, then its neighbours. At decode (the rule's transposed 16-row tile): the fused gate-up
-    on the same tile (no fp32 round trip, one launch fewer; also with one pipeline stage fewer: its two
-    weight tiles a stage hold one program on an SM at 4), the rule's tile with one stage fewer, the same
-    with half the columns (twice the programs over the SMs), plain and fused, the ``wgmma`` kernel's 64 x
-    128 tile, the 64 x 128 tile on the ``tl.dot`` kernels (one row block for up to 64 tokens of an expert:
-    vLLM's tuned H200 tile at M 64 of DeepSeek-V3's 32 experts). Timed as the whole op on an H100 SXM
-    (DeepSeek-V3 with 32 experts and Qwen3-30B-A3B, M 1-64, each candidate alone, uniform and skewed
-    routing), against the rule's time: one stage fewer 0.96-0.97x at 32 experts' M 1 and skewed M 4,
-    0.97-1.05x elsewhere; half the columns 0.95-1.10x (each GEMM alone took 3-6% less at M 1, which the
-    op's other launches hide; with the fused gate-up, the fastest candidate at Qwen3-30B-A3B's M 64). (The
-    same 16-row tile in the normal orientation, tried before, never beat the transposed one:
-    :func:`default_config`.) At prefill (the ``wgmma`` rule): below 64 tokens per expert the ``tl.dot``
-    kernels' 64 x 128 tile with 3 stages first (0.94x the rule's time at 16 tokens, DeepSeek-V3's M 64
-    with 32 experts, and 0.90x at 32, Qwen3-30B-A3B's M 512, once the kernels' row strides were
-    specialized; 1.07x at 128 tokens) and its 64-column half (0.98x the 128-column tile's time at
-    DeepSeek-V3's M 64 with 32 experts on the H100, 0.99x skewed: the fastest candidate there), the
-    plain structure (from 64 tokens per expert on 128 x 128 tiles of 8 warps first, then on the rule's
-    tile), below 32 tokens per expert the transposed 16-row tile (the rule's below 16), the down GEMM on
-    256 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned H200 prefill
-    configurations take 16-64), and from 64 tokens the same ``tl.dot`` tiles (the rule before the ``wgmma``
-    kernel, and what runs where that kernel does not).
-    Then, everywhere, the fused gate-up with the normal ``tl.dot`` tiles, and quantizing its activation
-    in the K loop (both measured slower on the H200, kept for other devices)."""
-    base = default_config(m, top_k, experts)
-    normal = {"SWAP_AB": 0}
-    tl_dot = {**normal, "WGMMA": 0, "FUSED_ACT": 0, "BLOCK_M": min(base.BLOCK_M, 64), "num_warps": 4}
-    if base.WGMMA:
-        plain = {"FUSED_ACT": 0}
-        per_expert = _tokens_per_expert(m, top_k, experts)
-        near_decode = [{**plain, "WGMMA": 0, "BLOCK_M": 16, "SWAP_AB": 1}] if per_expert < 32 else []
-        rows_128 = [{**plain, "BLOCK_M": 128, "num_warps": 8}] if per_expert >= 64 else []
-        steps: list[dict[str, int]] = [*rows_128, plain, *near_decode, {"BLOCK_N": 256}, {"num_stages": 3},
-                                       {"GROUP_M": 32}]
-        tl_dot_tiles = [{**tl_dot, "num_stages": 3}, {**tl_dot, "num_stages": 3, "BLOCK_N": 64}]
-        steps = [*tl_dot_tiles, *steps] if per_expert < 64 else [*steps, *tl_dot_tiles]
+    """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10 (load-time
+    measurement takes the first two): the rule's configuration (:func:`default_config`), then the
+    candidates that came within a few percent of the fastest somewhere near its range of tokens per
+    expert, then the other structures (timings: docs/moe.md).
+
+    * below 8: the fused gate-up on the rule's transposed 16-row tile (4 and 3 stages), the rule's tile
+      with one stage fewer, with half the columns (plain and fused), the transposed 32-row tile (the
+      rule's from 8: skewed routing gives a busy expert more tokens), the ``tl.dot`` 64 x 128 tile;
+    * 8 to 15: the transposed 32-row tile plain, the ``tl.dot`` 64 x 128 tile (the rule's from 16), the
+      transposed 16-row tiles as below 8;
+    * 16 to 63: the ``tl.dot`` 64 x 64 tile, the fused transposed 32-row tile, the fused ``wgmma`` tile (the
+      rule's from 64), the plain transposed 32-row tile, below 32 the transposed 16-row one, the plain
+      structure on the ``wgmma`` tile, the fused one on 256 columns;
+    * from 64: the plain structure on the ``wgmma`` kernels' 128 x 128 tile of 8 warps and on the rule's,
+      the down GEMM on 256 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned
+      H200 prefill configurations take 16-64), the ``tl.dot`` 64-row tiles (what runs where the ``wgmma``
+      kernels do not).
+
+    Then, everywhere, the fused gate-up on the normal ``tl.dot`` tile, and quantizing its activation in the
+    K loop (both slower on the H200 and the H100 at every point measured, kept for other devices)."""
+    per_expert = _tokens_per_expert(m, top_k, experts)
+    plain_wgmma = replace(_PREFILL, FUSED_ACT=0)
+    plain32 = replace(_DECODE_BUSY, FUSED_ACT=0, num_stages=4)
+    fused16 = replace(_DECODE, FUSED_ACT=1)
+    half16 = replace(_DECODE, BLOCK_N=64, num_stages=3)
+    swap16 = [replace(fused16, num_stages=3), replace(_DECODE, num_stages=3), half16, replace(half16, FUSED_ACT=1)]
+    if per_expert < 8:
+        candidates = [_DECODE, fused16, *swap16, _DECODE_BUSY, replace(_NEAR_DECODE, num_stages=4)]
+    elif per_expert < 16:
+        candidates = [_DECODE_BUSY, plain32, _NEAR_DECODE, _DECODE, *swap16]
+    elif per_expert < 64:
+        candidates = [_NEAR_DECODE, replace(_NEAR_DECODE, BLOCK_N=64), _DECODE_BUSY, _PREFILL, plain32,
+                      *([_DECODE] if per_expert < 32 else []), plain_wgmma, replace(_PREFILL, BLOCK_N=256)]
     else:
-        half = {"BLOCK_N": base.BLOCK_N // 2, "num_stages": 3}
-        steps = [{"FUSED_ACT": 1}, {"FUSED_ACT": 1, "num_stages": 3}, {"num_stages": 3}, half, {"FUSED_ACT": 1, **half},
-                 {**normal, "WGMMA": 1, "BLOCK_M": 64}, {**normal, "BLOCK_M": 64}]
-    steps += [{**tl_dot, "FUSED_ACT": 1}, {**tl_dot, "FUSED_ACT": 1, "QUANT_IN_KERNEL": 1}]
-    out = [base]
-    for step in steps:
-        try:
-            config = MoeTritonConfig(**{**base.to_dict(), **step})
-        except ValueError:  # a step past a bound (BLOCK_M below 16)
-            continue
-        if config not in out:
-            out.append(config)
-    return out
+        candidates = [_PREFILL, replace(plain_wgmma, BLOCK_M=128, num_warps=8), plain_wgmma,
+                      replace(_PREFILL, BLOCK_N=256), replace(_PREFILL, num_stages=3), replace(_PREFILL, GROUP_M=32),
+                      _NEAR_DECODE, replace(_NEAR_DECODE, BLOCK_N=64)]
+    first = candidates[0]
+    fused_tl_dot = replace(first, FUSED_ACT=1, WGMMA=0, SWAP_AB=0, BLOCK_M=min(first.BLOCK_M, 64), num_warps=4)
+    candidates += [fused_tl_dot, replace(fused_tl_dot, QUANT_IN_KERNEL=1)]
+    return list(dict.fromkeys(candidates))
