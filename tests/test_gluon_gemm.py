@@ -71,9 +71,9 @@ def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: b
     return kernel.asm["ptx"], kernel.metadata.shared
 
 
-def _compile_gate_up_sm90(stages: int) -> str:
+def _compile_gate_up_sm90(stages: int, warps: int | None = None) -> str:
     """PTX of the fused gate-up kernel for sm90 (e4m3 weights and output, 64-row tiles), as
-    :func:`~fp8select.kernels.gluon_gemm.launch_gate_up` launches it."""
+    :func:`~fp8select.kernels.gluon_gemm.launch_gate_up` launches it (``warps``: another warp count)."""
     import torch
 
     from fp8select.kernels import gluon_gemm
@@ -83,7 +83,7 @@ def _compile_gate_up_sm90(stages: int) -> str:
                  "bs_ptr": "*fp32", "q_desc": _desc("fp8e4nv", [64, 128]), "qs_ptr": "*fp32", "be_ptr": "*i32",
                  **dict.fromkeys(("M", "INTER", "K", "stride_asm", "stride_ask", "stride_bse", "stride_bsn", "stride_bsk",
                                   "stride_qsm"), "i32"), "eps": "fp32"}
-    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": gluon_gemm.GATE_UP_WARPS,
+    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": warps or gluon_gemm.GATE_UP_WARPS,
                  **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
     kernel: Any = _compiled(gluon_gemm._wgmma_gate_up_kernel, signature, constants)
     return str(kernel.asm["ptx"])
@@ -126,6 +126,12 @@ def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
 
 
+def test_the_fused_gate_up_compiles_only_on_the_warps_its_halves_need(ptx_dir: Path) -> None:
+    """Its K loop gives each of two warpgroups one half (gate, up) of 64 rows: on 4 warps it would not compile
+    the two halves but fail, and it says why."""
+    assert "GATE_UP: 64 rows on 8 warps" in (ptx_dir / "gate_up_4_warps.error").read_text()
+
+
 @pytest.mark.parametrize("tile", TILES, ids=_name)
 def test_shared_memory_is_what_the_search_budgets(ptx_dir: Path, tile: tuple[int, int, int, int, bool]) -> None:
     """The operands' ring and the pipeline's barriers: the output tile reuses the ring, as
@@ -151,3 +157,12 @@ if __name__ == "__main__":  # the child process of ``ptx_dir``
         (Path(sys.argv[1]) / f"{_name((block_m, block_n, warps, stages, scalar, out))}.ptx").write_text(ptx)
     for stages in GATE_UP_STAGES:
         (Path(sys.argv[1]) / f"{_name(('gate_up', stages))}.ptx").write_text(_compile_gate_up_sm90(stages))
+    try:
+        _compile_gate_up_sm90(GATE_UP_STAGES[0], warps=4)
+        error = "compiled"
+    except Exception as e:  # noqa: BLE001 - the compiler's errors, whatever their class, are the record
+        chain: BaseException | None = e
+        error = ""
+        while chain is not None:  # the static assert's message is the cause of the call site's error
+            error, chain = error + f"{type(chain).__name__}: {chain}\n", chain.__cause__
+    (Path(sys.argv[1]) / "gate_up_4_warps.error").write_text(error)

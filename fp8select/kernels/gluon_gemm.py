@@ -148,13 +148,14 @@ def _tile_acc(a_desc, as_ptr, b_desc, bs_ptr, off_m, off_n, off_b, up_off, M, N,
     """The fp32 tile ``dequant(A[off_m:]) @ dequant(B[off_b:]).T``, its scaling under the next block's MMA (the
     module docstring); ``off_n``: the tile's first column of ``N`` (the weight scales' rows). 64 rows on 8
     warps: each warpgroup computes half the tile's columns (128 of a 256-column tile, one weight scale each).
-    ``GATE_UP`` (64 rows, 8 warps): B's tile is two blocks of rows, ``off_b``'s then ``off_b + up_off``'s, the
+    ``GATE_UP`` (64 rows, 8 warps, checked when it compiles): B's tile is two blocks of rows, ``off_b``'s then ``off_b + up_off``'s, the
     warpgroups' two halves (the accumulator ``[64, 2 BLOCK_N]``)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     HALVES: gl.constexpr = 2 if GATE_UP else 1
     WARPS_N: gl.constexpr = 2 if num_warps * 16 > BLOCK_M else 1  # warpgroups side by side along N
+    gl.static_assert(not GATE_UP or (BLOCK_M == 64 and num_warps == 8), "GATE_UP: 64 rows on 8 warps")
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps // WARPS_N, WARPS_N],
         instr_shape=[16, HALVES * BLOCK_N // WARPS_N, 32])
