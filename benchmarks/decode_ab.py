@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,6 +54,8 @@ def load_kernels(path: str | None):
     if path is None:
         return None
     spec = importlib.util.spec_from_file_location("baseline_kernels", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load kernels from {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -105,7 +108,7 @@ def distill(reports: list[dict]) -> dict:
         tried = {name: us for name, us in times.items() if name in reports[0]["configs"]}
         if "layer" not in times or not tried:
             continue
-        best = min(tried, key=tried.get)
+        best = min(tried, key=tried.__getitem__)
         config = TritonConfig.from_dict({**_BASE, **reports[0]["configs"][best]}).to_dict()
         rows.append({"n": key[0], "k": key[1], "m": key[2], "table_us": times["layer"], "sweep_us": tried[best],
                      "sweep_config": config, "sweep_name": best, "reports": len(same)})
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     sel = fp8select.resolve()
     by = {b.name: b for b in sel.chain}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    report = {"env": bench.environment(), "args": vars(a), "configs": configs, "points": [], "errors": {}}
+    report: dict[str, Any] = {"env": bench.environment(), "args": vars(a), "configs": configs, "points": [], "errors": {}}
     for n, k in shapes:
         base, scale = bench.random_weight(n, k, "cuda", gen)
         weights = [base] if a.profile else bench.rotated(base)

@@ -105,7 +105,7 @@ def numerics_sweep(selection: fp8select.Selection, quick: bool, rows: list[dict[
                 bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
                 ref = expected(x, w, s, block, bias)
                 for name, layer in layers_by_backend.items():
-                    row = {"n": n, "k": k, "m": m, "block": list(block), "backend": name}
+                    row: dict[str, Any] = {"n": n, "k": k, "m": m, "block": list(block), "backend": name}
                     try:
                         row["ran"] = layer.backend_for(m).name
                         out = layer(x, bias=bias)

@@ -263,14 +263,22 @@ def _host_row(auto: Any, n: int, k: int) -> dict[str, Any]:
             route = layer.main_plan.route(HOST_M)
             launches = BoundLinear(w, s, (128, 128), route.config, out_dtype=torch.bfloat16,
                                    counters=layer.prepared["triton"].extra.get("fixup_counters"))
-            paths["fp8select Triton launches alone (bound)"] = lambda launches=launches: launches(x)
+
+            def bound_launches(launches: Any = launches) -> object:
+                return launches(x)
+            paths["fp8select Triton launches alone (bound)"] = bound_launches
             prebuilt, written = _prebuilt_launches(launches, x)
             keep.append(written)
             stream = torch.cuda.current_stream().cuda_stream
-            paths["Triton compiled launches alone (arguments prebuilt)"] = \
-                lambda prebuilt=prebuilt, stream=stream: _launch_all(prebuilt, stream)
+
+            def prebuilt_launches(prebuilt: list[tuple[Any, Any, Any]] = prebuilt, stream: int = stream) -> None:
+                _launch_all(prebuilt, stream)
+            paths["Triton compiled launches alone (arguments prebuilt)"] = prebuilt_launches
             row["triton_launches"] = len(prebuilt)
-        paths[f"layer pinned {backend}"] = lambda layer=layer: layer(x)
+
+        def pinned(layer: Any = layer) -> object:
+            return layer(x)
+        paths[f"layer pinned {backend}"] = pinned
     auto_layer = auto.prepare(w, s)
     row["auto_plan"] = auto_layer.main_plan.summary()
     paths["layer auto"] = lambda: auto_layer(x)
@@ -293,7 +301,7 @@ def phase_compile(report: dict[str, Any]) -> None:
 
     import fp8select
     from fp8select.nn import BlockFp8Linear
-    from fp8select.ops import OUT_DTYPES
+    from fp8select.ops import HANDLE_ATTR, OUT_DTYPES
 
     auto = fp8select.resolve()
     out = []
@@ -310,8 +318,10 @@ def phase_compile(report: dict[str, Any]) -> None:
             eager = _host_us(module, x)
             graph = _host_us(compiled, x)
             layer = module.fp8_layer
+            if layer is None:
+                raise RuntimeError(f"host_overhead: {module} is not prepared")
             layer_us = _host_us(layer, x)
-            handle = layer._fp8select_handle
+            handle = getattr(layer, HANDLE_ATTR)
             op_us = _host_us(torch.ops.fp8select.linear.default, x, None, None, handle, n, OUT_DTYPES.index(torch.bfloat16))
             equal = bool(torch.equal(compiled(x), module(x)))
         row = {"n": n, "k": k, "m": HOST_M, "eager_module_us": eager, "compiled_module_us": graph,
@@ -388,10 +398,13 @@ def phase_stack(report: dict[str, Any]) -> None:
     for m in STACK_M:
         fp8select_pass, raw_pass, xs = _stack_passes(layers, m)
         row: dict[str, Any] = {"m": m, "plans": [layer.main_plan.route(m).backend for layer in layers]}
-        passes = {"fp8select_eager_ms": fp8select_pass, "raw_routes_eager_ms": raw_pass}
+        passes: dict[str, Callable[[], object]] = {"fp8select_eager_ms": fp8select_pass, "raw_routes_eager_ms": raw_pass}
         if hand is not None:
             calls = hand(m)
-            passes["hand_written_eager_ms"] = lambda xs=xs, calls=calls: [f(x) for f, x in zip(calls, xs, strict=True)]
+
+            def hand_pass(xs: list[Any] = xs, calls: list[Callable[[Any], object]] = calls) -> list[object]:
+                return [f(x) for f, x in zip(calls, xs, strict=True)]
+            passes["hand_written_eager_ms"] = hand_pass
         fastest: dict[str, float] = {}
         each: dict[str, list[float]] = {}
         row |= _interleaved(passes, lambda fn: _pass_ms(fn, rounds=1), rounds=STACK_ROUNDS, mins=fastest, digits=4,
@@ -423,11 +436,13 @@ def _hand_written(weights: list[tuple[Any, Any]]) -> Callable[[int], list[Callab
     from deep_gemm import get_mn_major_tma_aligned_tensor
 
     def calls(m: int) -> list[Callable[[Any], object]]:
-        out = []
+        out: list[Callable[[Any], object]] = []
         for w, s in weights:
             n, k = w.shape
             if m < 32:
-                out.append(lambda x, w=w, s=s: fp8_blockscale_gemm_sm90(x, w, None, s, out_dtype=torch.bfloat16))
+                def fi(x: Any, w: Any = w, s: Any = s) -> object:
+                    return fp8_blockscale_gemm_sm90(x, w, None, s, out_dtype=torch.bfloat16)
+                out.append(fi)
                 continue
 
             def dg(x: Any, w: Any = w, s: Any = s, n: int = n, k: int = k) -> object:
@@ -464,7 +479,10 @@ def phase_profile(report: dict[str, Any]) -> None:
             layer = fp8select.resolve(backend=backend).prepare(w, s)
         except Exception:  # noqa: BLE001 - a backend this machine lacks
             continue
-        paths[f"layer {backend}"] = lambda layer=layer: layer(x)
+
+        def pinned(layer: Any = layer) -> object:
+            return layer(x)
+        paths[f"layer {backend}"] = pinned
     # The eager stack at its smallest M, where the host sets the pace: fp8select's pass against its raw routes'.
     auto = fp8select.resolve()
     stack = [auto.prepare(*_weights(n, k, i)) for i, (n, k) in enumerate(STACK)]

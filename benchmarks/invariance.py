@@ -207,7 +207,8 @@ def measure_moe_rows(selection: Any, names: Sequence[str], ms: Sequence[int]) ->
     shapes = [NAMED[name] for name in names]
     weights = {shape: random_experts(shape[0], shape[1], shape[2], device,
                                      torch.Generator(device=device).manual_seed(sum(shape))) for shape in shapes}
-    records, raw = [], []
+    records: list[Any] = []
+    raw: list[dict[str, Any]] = []
     for backend in moe_chain(selection):
         if backend.name == "reference":
             continue
@@ -299,7 +300,7 @@ def moe_table_cost(table: dict[str, Any], records: dict[str, Any]) -> dict[str, 
                   if r.get("layout") and r.get("invariant") and r["m"][0] <= 1 and r["m"][-1] >= M_BUCKETS[-1]
                   and len(r["schedule"]) == 1]
     shapes: dict[str, Any] = {}
-    ratios = []
+    ratios: list[float] = []
     for shape in sorted({shape for (_, shape) in timed}):
         times = [rows for (_, s), rows in timed.items() if s == shape]
         best = {b: min(rows[b][0] for rows in times if b in rows) for b in M_BUCKETS if any(b in rows for rows in times)}
@@ -366,8 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
     if phases == {"moe-cost"}:  # from measured rows alone: no GPU
-        report = {"moe_cost": moe_table_cost(json.loads(Path(args.table).read_text(encoding="utf-8")),
-                                             json.loads(Path(args.records).read_text(encoding="utf-8")))}
+        report: dict[str, Any] = {"moe_cost": moe_table_cost(json.loads(Path(args.table).read_text(encoding="utf-8")),
+                                                             json.loads(Path(args.records).read_text(encoding="utf-8")))}
         print(json.dumps(report, indent=1))
         return 0
     require_cuda("invariance")
@@ -378,8 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ms = sorted({int(m) for m in args.m.split(",") if m})
     start = time.perf_counter()
     selection = resolve(plugins=False)
-    report: dict[str, Any] = {"environment": environment(), "chain": [b.name for b in selection.chain],
-                              "shapes": shapes, "m": ms}
+    report = {"environment": environment(), "chain": [b.name for b in selection.chain], "shapes": shapes, "m": ms}
     records: list[Any] = []
     if "rows" in phases:
         records, report["rows"] = measure_rows(selection, shapes, ms)
