@@ -67,7 +67,7 @@ class MoeTritonConfig:
             the same tiles on the ``tl.dot`` kernels (faster there than their fused gate-up).
         SWAP_AB: 1 runs the ``tl.dot`` GEMMs (of either structure) on the transposed tile (the weight's
             rows on the MMA's wide side, the row block's tokens on its narrow one), as the dense decode
-            kernel does: the rule's below 16 tokens per expert (:func:`default_config`).
+            kernel does: the rule's below 16 tokens per expert (:func:`default_config`), 16 rows below 8, 32 from 8.
     """
 
     BLOCK_M: int
