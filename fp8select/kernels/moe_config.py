@@ -5,16 +5,15 @@ experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weigh
 ``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
 both GEMMs. ``FUSED_ACT`` picks the gate-up structure:
 
-* 0 (plain; the rule's below 8 and at 16-63 tokens per expert, :func:`default_config`): the gate-up runs the down
-  projection's grouped GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one accumulator),
-  writing fp32 ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128 group. One launch
-  and an fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs, each holding one
-  accumulator: on the normal ``tl.dot`` tiles faster at every point measured on the H200;
+* 0 (plain; the rule's below 8 and at 16-63 tokens per expert, :func:`default_config`): the gate-up
+  runs the down projection's grouped GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one
+  accumulator), writing fp32 ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128
+  group. One launch and an fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs,
+  each holding one accumulator: on the normal ``tl.dot`` tiles faster at every point measured on the H200;
 * 1 (fused; what a measured row or record without the key means: the only structure before plain;
-  the rule's at 8-15 tokens per expert on the transposed tile and from 64 on the ``wgmma`` kernels): each
-  gate-up program computes 128
-  columns of gate and the same 128 of up, one 1x128 scale group, so that its epilogue quantizes
-  ``silu(gate) * up`` and writes the fp8 intermediate.
+  the rule's at 8-15 tokens per expert on the transposed tile and from 64 on the ``wgmma`` kernels):
+  each gate-up program computes 128 columns of gate and the same 128 of up, one 1x128 scale group, so
+  that its epilogue quantizes ``silu(gate) * up`` and writes the fp8 intermediate.
 
 Both compute ``silu(gate) * up`` in fp32 from the same fp32 sums and quantize it per 1x128 group.
 
@@ -197,7 +196,7 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
       with one stage fewer, with half the columns (plain and fused), the transposed 32-row tile (the
       rule's from 8: skewed routing gives a busy expert more tokens), the ``tl.dot`` 64 x 128 tile;
     * 8 to 15: the transposed 32-row tile plain, the ``tl.dot`` 64 x 128 tile (the rule's from 16), the
-      transposed 16-row tiles as below 8;
+      rule's tile below 8 and four of its neighbours there;
     * 16 to 63: the ``tl.dot`` 64 x 64 tile, the fused transposed 32-row tile, the fused ``wgmma`` tile (the
       rule's from 64), the plain transposed 32-row tile, below 32 the transposed 16-row one, the plain
       structure on the ``wgmma`` tile, the fused one on 256 columns;
