@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .moe_triton_kernels import silu_mul
 from .triton_config import SCALE_GROUP_K, TritonConfig
 from .triton_gemm_kernels import _grouped_tile
 from .triton_quant import fp8_group_quantize
@@ -148,8 +149,8 @@ def _tile_acc(a_desc, as_ptr, b_desc, bs_ptr, off_m, off_n, off_b, up_off, M, N,
     """The fp32 tile ``dequant(A[off_m:]) @ dequant(B[off_b:]).T``, its scaling under the next block's MMA (the
     module docstring); ``off_n``: the tile's first column of ``N`` (the weight scales' rows). 64 rows on 8
     warps: each warpgroup computes half the tile's columns (128 of a 256-column tile, one weight scale each).
-    ``GATE_UP`` (64 rows, 8 warps, checked when it compiles): B's tile is two blocks of rows, ``off_b``'s then ``off_b + up_off``'s, the
-    warpgroups' two halves (the accumulator ``[64, 2 BLOCK_N]``)."""
+    ``GATE_UP`` (64 rows, 8 warps, checked when it compiles): B's tile is two blocks of rows, ``off_b``'s then
+    ``off_b + up_off``'s, the warpgroups' two halves (the accumulator ``[64, 2 BLOCK_N]``)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -300,7 +301,7 @@ def _wgmma_gate_up_kernel(
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [num_warps, 1], [1, 0])
     gate = both.slice(0, BLOCK_N, dim=1).load(layout)
     up = both.slice(BLOCK_N, BLOCK_N, dim=1).load(layout)
-    act = gate / (1.0 + gl.exp(-gate)) * up
+    act = silu_mul(gate, up)
     q, q_scale = fp8_group_quantize(act, eps, q_desc.dtype, False, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
                                     FP8_NAN_BITS, HW_RNE)
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))

@@ -49,6 +49,13 @@ def _block_tile(pid, num_blocks, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """``silu(gate) * up`` in fp32, written once: every gate-up structure (this module's fused and plain ones,
+    and :mod:`.gluon_gemm`'s fused one) computes it so, and their quantized outputs are the same bits."""
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _scaled_dot(a, b, a_scale, b_scale, SWAP_AB: tl.constexpr, B_SCALAR: tl.constexpr):
     """``a @ b`` (``[rows, K] x [K, cols]``) times ``a_scale[row] * b_scale`` (one per column, or one for all
     with ``B_SCALAR``). ``SWAP_AB``: computed and returned transposed, ``[cols, rows]`` (the weight's columns
@@ -155,7 +162,7 @@ def _gate_up_kernel(
     if SWAP_AB:
         acc_gate = tl.trans(acc_gate)
         acc_up = tl.trans(acc_up)
-    act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+    act = silu_mul(acc_gate, acc_up)
     act = tl.where(col_ok[None, :], act, 0.0)  # padding lanes are 0, as the group quantizer requires
     q, q_scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
                                     FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
@@ -311,7 +318,7 @@ def _silu_mul_quant_kernel(
     base = h_ptr + rows.to(tl.int64)[:, None] * stride_hm + cols[None, :]
     gate = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(base + INTER, mask=mask, other=0.0).to(tl.float32)
-    act = tl.where(mask, gate / (1.0 + tl.exp(-gate)) * up, 0.0)
+    act = tl.where(mask, silu_mul(gate, up), 0.0)
     q, scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
                                   FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
     tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :], q, mask=mask)
