@@ -8,10 +8,13 @@ tokens per expert and more), uniform routing, the whole op of :class:`fp8select.
 at ``plain128`` (the plain gate-up writing fp32, then silu*up quantized by its own kernel, on 128 x 128 tiles
 of 8 warps), ``plain64`` (the same on 64 x 128 tiles of 4 warps), ``fused64`` and ``fused64/s3`` (the fused
 ``wgmma`` gate-up, silu*up quantized in its epilogue, 4 and 3 stages), ``fused64/n256`` (its down GEMM on
-64 x 256 tiles of 8 warps), with DeepGEMM's contiguous layout and
+64 x 256 tiles of 8 warps), the persistent programs (``PERSISTENT`` 1, ``/p``: ``plain128/p``, ``plain64/n256/p``,
+``fused64/p3`` and ``fused64/n256/p3``; the fused gate-up's at 3 stages, all its shared memory allows), with
+DeepGEMM's contiguous layout and
 CUTLASS's where installed (their rule's launch), each captured in a CUDA graph and replayed interleaved
 (``fp8select.measure.timing``), weights rotated past the L2. Each point also says whether ``fused64``'s
-output is ``plain64``'s bit for bit, and each column's speed as a fraction of DeepGEMM contiguous's.
+output is ``plain64``'s bit for bit and the persistent columns of :data:`PERSISTENT_TWINS` their twins', and each
+column's speed as a fraction of DeepGEMM contiguous's.
 """
 
 from __future__ import annotations
@@ -42,7 +45,17 @@ def configs() -> dict[str, Any]:
     return {"plain128": dataclasses.replace(plain64, BLOCK_M=128, num_warps=8), "plain64": plain64,
             "fused64": dataclasses.replace(plain64, FUSED_ACT=1),
             "fused64/s3": dataclasses.replace(plain64, FUSED_ACT=1, num_stages=3),
-            "fused64/n256": dataclasses.replace(plain64, FUSED_ACT=1, BLOCK_N=256)}
+            "fused64/n256": dataclasses.replace(plain64, FUSED_ACT=1, BLOCK_N=256),
+            "plain128/p": dataclasses.replace(plain64, BLOCK_M=128, num_warps=8, PERSISTENT=1),
+            "plain64/n256/p": dataclasses.replace(plain64, BLOCK_N=256, PERSISTENT=1),
+            "fused64/p3": dataclasses.replace(plain64, FUSED_ACT=1, num_stages=3, PERSISTENT=1),
+            "fused64/n256/p3": dataclasses.replace(plain64, FUSED_ACT=1, BLOCK_N=256, num_stages=3, PERSISTENT=1)}
+
+
+PERSISTENT_TWINS = {"plain128/p": "plain128", "fused64/p3": "fused64/s3", "fused64/n256/p3": "fused64/n256"}
+"""Each persistent column and the column of the same tiles launched one program per tile: the same sums in
+the same order, so the same output bits (checked at every point); ``fused64/n256/p3`` runs one stage fewer
+than its twin (which the bits do not depend on)."""
 
 
 def points(selection: Any, name: str, ms: tuple[int, ...], deadline: float) -> tuple[list[dict[str, Any]], str]:
@@ -71,10 +84,12 @@ def points(selection: Any, name: str, ms: tuple[int, ...], deadline: float) -> t
                 launches = [_launch(p[col], dataclasses.replace(problem, m=m), m, selection.capabilities) for p in pinned]
                 calls[col] = [functools.partial(run, x, w, ids) for run in launches]
         same = bool(torch.equal(ops[0](x, w, ids, structures["fused64"]), ops[0](x, w, ids, structures["plain64"])))
+        persistent_same = all(torch.equal(ops[0](x, w, ids, structures[col]), ops[0](x, w, ids, structures[twin]))
+                              for col, twin in PERSISTENT_TWINS.items())
         errors: dict[str, str] = {}
         times = {col: t.median_us for col, t in time_graphs(calls, replays=20, errors=errors).items()}
         row: dict[str, Any] = {"shape": name, "m": m, "tokens_per_expert": m * k // e, "fused_same_bits": same,
-                               "us": {col: round(us, 1) for col, us in times.items()}}
+                               "persistent_same_bits": persistent_same, "us": {col: round(us, 1) for col, us in times.items()}}
         if "deepgemm/contiguous" in times:
             row["speed_vs_deepgemm"] = {col: round(times["deepgemm/contiguous"] / us, 3) for col, us in times.items()
                                         if col in structures}
@@ -91,7 +106,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``fused64``'s time over each plain structure's (geometric mean, least, most), whether its output was
     ``plain64``'s at every point, and per column the points at 1024 tokens or more where it reached 0.8 of
     DeepGEMM contiguous's speed."""
-    out: dict[str, Any] = {"fused_same_bits": all(r["fused_same_bits"] for r in rows)}
+    out: dict[str, Any] = {"fused_same_bits": all(r["fused_same_bits"] for r in rows),
+                           "persistent_same_bits": all(r.get("persistent_same_bits", False) for r in rows)}
+    for col, twin in PERSISTENT_TWINS.items():
+        ratios = [r["us"][col] / r["us"][twin] for r in rows if col in r["us"] and twin in r["us"]]
+        if ratios:
+            out[f"{col}_vs_{twin}"] = {"geomean": geomean(ratios), "min": round(min(ratios), 3),
+                                       "max": round(max(ratios), 3)}
     for plain in ("plain64", "plain128"):
         ratios = [r["us"]["fused64"] / r["us"][plain] for r in rows if "fused64" in r["us"] and plain in r["us"]]
         if ratios:

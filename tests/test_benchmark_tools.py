@@ -102,6 +102,31 @@ def test_the_kept_gate_up_run_summarizes_as_its_points_say() -> None:
     assert summary["fused64_vs_plain64"]["max"] == round(max(ratios), 3) < 1  # faster at every point
 
 
+def test_the_moe_prefill_rule_scores_on_the_kept_gate_up_run_as_its_docstring_says() -> None:
+    """``moe_config.default_config`` from 64 tokens per expert (each point's column the rule's configuration)
+    against the fastest Triton structure of each point of ``moe_gate_up.json``, and the points from M 1024 where
+    it reaches 0.8 of DeepGEMM contiguous's speed: the figures its docstring quotes, for the rule and for the
+    fused 64-row tile it replaced from 256 tokens."""
+    from benchmarks import moe_gate_up
+    from benchmarks._stats import geomean
+    from fp8select.kernels.moe_config import default_config
+    from fp8select.measured.moe import MOE_SHAPES
+
+    kept = json.loads((BENCHMARKS / "results" / "moe_gate_up.json").read_text())
+    structures = moe_gate_up.configs()
+    column = {config: name for name, config in structures.items()}
+    figures = {}
+    for rule, pick in (("rule", lambda m, k, e: column[default_config(m, k, e)]), ("before", lambda m, k, e: "fused64")):
+        ratios, met = [], 0
+        for p in (p for p in kept["points"] if p["tokens_per_expert"] >= 64):
+            e, _, _, k = MOE_SHAPES[p["shape"]]
+            us = p["us"][pick(p["m"], k, e)]
+            ratios.append(us / min(p["us"][name] for name in structures))
+            met += p["m"] >= 1024 and p["us"]["deepgemm/contiguous"] / us >= 0.8 - 5e-4
+        figures[rule] = (geomean(ratios), round(max(ratios), 3), met)
+    assert figures == {"rule": (1.0019, 1.023, 15), "before": (1.0421, 1.099, 11)}
+
+
 def test_the_moe_rule_scores_on_the_kept_candidate_timings_as_its_docstring_says() -> None:
     """``moe_config.default_config`` at each kept point's M bucket (what a plan runs there) against the fastest
     candidate timed there under either routing: the figures its docstring quotes for the

@@ -1,4 +1,4 @@
-"""fp8select.kernels.gluon_gemm compiled for sm90 on the CPU host (no GPU: the interpreter cannot run Gluon).
+"""fp8select.kernels.gluon_gemm and gluon_moe compiled for sm90 on the CPU host (no GPU: the interpreter cannot run Gluon).
 
 What makes the kernel faster than the ``tl.dot`` tile kernel is the shape of its K loop in the
 machine code: one K block's ``wgmma`` left in flight while the previous block is scaled
@@ -24,11 +24,15 @@ TILES = [(64, 128, 4, 4, True), (128, 128, 8, 4, True), (128, 64, 4, 4, True), (
          (64, 64, 4, 4, False)]
 GROUPED_TILES = [(64, 128, 4, 4, True, "fp32"), (128, 128, 8, 4, True, "fp32"), (128, 128, 8, 4, True, "bf16"),
                  (64, 256, 8, 4, False, "bf16")]
-"""The MoE experts' grouped launches (:func:`fp8select.kernels.gluon_gemm.launch_grouped`): the gate-up's
+"""The MoE experts' grouped launches (:func:`fp8select.kernels.gluon_moe.launch_grouped`): the gate-up's
 fp32 output and the down GEMM's bf16 one, at the tiles ``tune --moe`` times (64 x 256: two warpgroups side
 by side, one weight scale each)."""
+PERSISTENT_TILES = [(128, 128, 8, 4, "fp32"), (128, 128, 8, 5, "fp32"), (128, 128, 8, 4, "bf16"),
+                    (64, 256, 8, 4, "fp32"), (64, 256, 8, 4, "bf16"), ("gate_up", 3)]
+"""The persistent programs (:func:`fp8select.kernels.gluon_moe._persistent_kernel`) at the tiles ``tune --moe``
+times (``PERSISTENT`` 1): both GEMMs of the plain structure (fp32 gate-up, bf16 down) and the fused gate-up."""
 GATE_UP_STAGES = (3, 4)
-"""The fused gate-up (:func:`fp8select.kernels.gluon_gemm.launch_gate_up`, 64 rows, 8 warps) at the depths
+"""The fused gate-up (:func:`fp8select.kernels.gluon_moe.launch_gate_up`, 64 rows, 8 warps) at the depths
 ``tune --moe`` times."""
 
 
@@ -73,20 +77,43 @@ def _compile_sm90(block_m: int, block_n: int, warps: int, stages: int, scalar: b
 
 def _compile_gate_up_sm90(stages: int, warps: int | None = None) -> str:
     """PTX of the fused gate-up kernel for sm90 (e4m3 weights and output, 64-row tiles), as
-    :func:`~fp8select.kernels.gluon_gemm.launch_gate_up` launches it (``warps``: another warp count)."""
+    :func:`~fp8select.kernels.gluon_moe.launch_gate_up` launches it (``warps``: another warp count)."""
     import torch
 
-    from fp8select.kernels import gluon_gemm
+    from fp8select.kernels import gluon_moe
     from fp8select.kernels.triton_quant import fp8_constexprs
 
     signature = {"a_desc": _desc("fp8e4nv", [64, 128]), "as_ptr": "*fp32", "b_desc": _desc("fp8e4nv", [128, 128]),
                  "bs_ptr": "*fp32", "q_desc": _desc("fp8e4nv", [64, 128]), "qs_ptr": "*fp32", "be_ptr": "*i32",
                  **dict.fromkeys(("M", "INTER", "K", "stride_asm", "stride_ask", "stride_bse", "stride_bsn", "stride_bsk",
                                   "stride_qsm"), "i32"), "eps": "fp32"}
-    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": warps or gluon_gemm.GATE_UP_WARPS,
+    constants = {"GROUP_M": 8, "STAGES": stages, "num_warps": warps or gluon_moe.GATE_UP_WARPS,
                  **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
-    kernel: Any = _compiled(gluon_gemm._wgmma_gate_up_kernel, signature, constants)
+    kernel: Any = _compiled(gluon_moe._wgmma_gate_up_kernel, signature, constants)
     return str(kernel.asm["ptx"])
+
+
+def _compile_persistent_sm90(tile: tuple[Any, ...]) -> tuple[str, int]:
+    """PTX and shared-memory bytes of the persistent kernel for sm90 at a tile of :data:`PERSISTENT_TILES`
+    (``(block_m, block_n, warps, stages, out)``, or ``("gate_up", stages)``), as the launches compile it."""
+    import torch
+
+    from fp8select.kernels import gluon_moe
+    from fp8select.kernels.triton_quant import fp8_constexprs
+
+    gate_up = tile[0] == "gate_up"
+    if gate_up:
+        block_m, block_n, warps, stages, out = 64, 128, gluon_moe.GATE_UP_WARPS, tile[1], "fp8e4nv"
+    else:
+        block_m, block_n, warps, stages, out = tile
+    signature = {"a_desc": _desc("fp8e4nv", [block_m, 128]), "as_ptr": "*fp32", "b_desc": _desc("fp8e4nv", [block_n, 128]),
+                 "bs_ptr": "*fp32", "c_desc": _desc(out, [block_m, block_n]), "qs_ptr": "*fp32", "be_ptr": "*i32",
+                 **dict.fromkeys(("M", "N", "K", "stride_asm", "stride_ask", "stride_bse", "stride_bsn", "stride_bsk",
+                                  "stride_qsm"), "i32"), "eps": "fp32"}
+    constants: dict[str, object] = {"GROUP_M": 8, "STAGES": stages, "num_warps": warps, "GATE_UP": gate_up,
+                                    **fp8_constexprs(torch.float8_e4m3fn), "HW_RNE": True}
+    kernel: Any = _compiled(gluon_moe._persistent_kernel, signature, constants)
+    return kernel.asm["ptx"], kernel.metadata.shared
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +137,8 @@ def _name(tile: tuple[int | bool | str, ...]) -> str:
     return "_".join(v if isinstance(v, str) else str(int(v)) for v in tile)
 
 
-@pytest.mark.parametrize("tile", TILES + GROUPED_TILES + [("gate_up", s) for s in GATE_UP_STAGES], ids=_name)
+@pytest.mark.parametrize("tile", TILES + GROUPED_TILES + [("gate_up", s) for s in GATE_UP_STAGES]
+                         + [("persistent", *t) for t in PERSISTENT_TILES], ids=_name)
 def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
         ptx_dir: Path, tile: tuple[int | bool | str, ...]) -> None:
     from triton.backends.nvidia.compiler import get_ptxas
@@ -124,6 +152,15 @@ def test_the_scaling_runs_under_the_next_mma_without_serialising_or_spilling(
                             capture_output=True, text=True, check=True).stderr
     assert "serialized" not in report and "warpgroup.wait is injected" not in report, report
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
+
+
+@pytest.mark.parametrize("tile", PERSISTENT_TILES, ids=_name)
+def test_persistent_programs_fit_the_shared_memory_a_program_may_have(ptx_dir: Path, tile: tuple[int | str, ...]) -> None:
+    """The ring, the output tile (and the fused gate-up's exchange of gate and up) live at once: within the
+    227 KB of an sm90 block at every tile ``tune --moe`` times; the fused gate-up's 4 stages would not be
+    (which is why its configurations stop at 3)."""
+    assert int((ptx_dir / f"{_name(('persistent', *tile))}.shared").read_text()) <= 227 * 1024
+    assert int((ptx_dir / "persistent_gate_up_4.shared").read_text()) > 227 * 1024
 
 
 def test_the_fused_gate_up_compiles_only_on_the_warps_its_halves_need(ptx_dir: Path) -> None:
@@ -157,6 +194,10 @@ if __name__ == "__main__":  # the child process of ``ptx_dir``
         (Path(sys.argv[1]) / f"{_name((block_m, block_n, warps, stages, scalar, out))}.ptx").write_text(ptx)
     for stages in GATE_UP_STAGES:
         (Path(sys.argv[1]) / f"{_name(('gate_up', stages))}.ptx").write_text(_compile_gate_up_sm90(stages))
+    for persistent in [*PERSISTENT_TILES, ("gate_up", 4)]:
+        ptx, shared = _compile_persistent_sm90(persistent)
+        (Path(sys.argv[1]) / f"{_name(('persistent', *persistent))}.ptx").write_text(ptx)
+        (Path(sys.argv[1]) / f"{_name(('persistent', *persistent))}.shared").write_text(str(shared))
     try:
         _compile_gate_up_sm90(GATE_UP_STAGES[0], warps=4)
         error = "compiled"

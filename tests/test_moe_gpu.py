@@ -211,6 +211,30 @@ def test_the_wgmma_path_within_1e2_and_as_the_tl_dot_kernel_of_the_same_tiles(pr
         assert torch.equal(experts(x.cuda(), w.cuda(), ids.cuda(), wgmma), experts(x.cuda(), w.cuda(), ids.cuda(), plain))
 
 
+@pytest.mark.parametrize("tiles", [(64, 4, 1, 128, 3), (128, 8, 0, 128, 3), (64, 4, 1, 256, 3), (64, 4, 0, 128, 4)])
+@pytest.mark.parametrize("m", [1, 64, 300])
+@pytest.mark.parametrize("skew", [False, True])
+def test_persistent_wgmma_programs_write_the_bits_of_one_program_per_tile(problem, tiles, m: int, skew: bool) -> None:  # type: ignore[no-untyped-def]
+    """``PERSISTENT`` 1: each program takes tile after tile, loading the next one's first K blocks under the
+    last one's epilogue; the same products in the same order as one program per tile, so the same bits, and
+    within 1e-2 of fp64, ids -1 and NaN as there. At M 300 each GEMM has more tiles than the GPU has SMs
+    (programs loop), at M 1 fewer (programs past the last tile return); the unused row blocks come last. The
+    down GEMM's K (384) holds 3 blocks: at 4 stages it runs one program per tile (the last case)."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.triton_device import wgmma_runs
+
+    if not wgmma_runs(torch.device("cuda")):
+        pytest.skip("the wgmma kernel does not run on this GPU")
+    block_m, warps, fused, block_n, stages = tiles
+    persistent = MoeTritonConfig(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, num_warps=warps, num_stages=stages,
+                                 QUANT_IN_KERNEL=0, FUSED_ACT=fused, WGMMA=1, PERSISTENT=1)
+    twin = MoeTritonConfig(**{**persistent.to_dict(), "PERSISTENT": 0})
+    experts, x, w, ids = _as_its_twin(problem, persistent, twin, m, skew=skew, twin_tol=1e-9)
+    assert torch.equal(experts(x.cuda(), w.cuda(), ids.cuda(), persistent), experts(x.cuda(), w.cuda(), ids.cuda(), twin))
+    one = torch.zeros_like(ids)
+    assert torch.equal(experts(x.cuda(), w.cuda(), one.cuda(), persistent), experts(x.cuda(), w.cuda(), one.cuda(), twin))
+
+
 def test_prepare_moe_measures_a_shape_no_table_holds_at_load_time(problem, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``tune=True``: the open buckets of this shape (in no table) are timed with the layer's weights, saved in
     the cache directory, and the layer's plan reads them."""

@@ -240,12 +240,15 @@ def test_public_grouped_gemms_check_their_arguments() -> None:
 
 
 def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
-    # M 1 / 28 / 29 / 60 / 61 / 252 / 253 / 8192 of 32 experts: 1 / 7 / 8 / 15 / 16 / 63 / 64 / 2048 tokens per expert
-    ms = (1, 28, 29, 60, 61, 252, 253, 8192)
-    assert [default_config(m, 8, 32).BLOCK_M for m in ms] == [16, 16, 32, 32, 64, 64, 64, 64]
-    assert [default_config(m, 8, 32).SWAP_AB for m in ms] == [1, 1, 1, 1, 0, 0, 0, 0]  # transposed below 16
-    assert [default_config(m, 8, 32).FUSED_ACT for m in ms] == [0, 0, 1, 1, 0, 0, 1, 1]
-    assert [default_config(m, 8, 32).WGMMA for m in ms] == [0, 0, 0, 0, 0, 0, 1, 1]  # wgmma from 64 per expert
+    # M 1 / 28 / 29 / 60 / 61 / 252 / 253 / 1020 / 1021 / 4092 / 4093 of 32 experts: 1 / 7 / 8 / 15 / 16 / 63 / 64 /
+    # 255 / 256 / 1023 / 1024 tokens per expert
+    ms = (1, 28, 29, 60, 61, 252, 253, 1020, 1021, 4092, 4093)
+    assert [default_config(m, 8, 32).BLOCK_M for m in ms] == [16, 16, 32, 32, 64, 64, 64, 64, 64, 64, 128]
+    assert [default_config(m, 8, 32).BLOCK_N for m in ms] == [128] * 8 + [256, 256, 128]
+    assert [default_config(m, 8, 32).SWAP_AB for m in ms] == [1, 1, 1, 1] + [0] * 7  # transposed below 16
+    assert [default_config(m, 8, 32).FUSED_ACT for m in ms] == [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 0]
+    assert [default_config(m, 8, 32).WGMMA for m in ms] == [0] * 6 + [1] * 5  # wgmma from 64 per expert
+    assert [default_config(m, 8, 32).PERSISTENT for m in ms] == [0] * 8 + [1] * 3  # from 256 per expert
     assert {default_config(m, 8, 8).QUANT_IN_KERNEL for m in (1, 64, 4096)} == {0}  # measured slower in the GEMM
     with pytest.raises(ValueError, match="BLOCK_M"):
         MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
@@ -293,6 +296,30 @@ def test_a_wgmma_config_is_checked_and_runs_the_tl_dot_kernels_where_the_gluon_o
     plain = dataclasses.replace(wgmma, WGMMA=0)
     assert torch.equal(experts(x, w, ids, wgmma), experts(x, w, ids, plain))
     assert torch.equal(experts(x, w, ids, fused), experts(x, w, ids, plain))  # the plain structure there
+
+
+def test_a_persistent_config_is_checked_and_runs_the_rules_prefill_tiles_where_the_gluon_kernels_cannot(problem) -> None:  # type: ignore[no-untyped-def]
+    """``PERSISTENT`` 1 needs the ``wgmma`` kernels, and the fused gate-up at most 3 stages (its shared memory);
+    rows without the key read back as 0. Off Hopper (here: the interpreter) its tiles, chosen for the ``wgmma``
+    kernels, would not fit some GPUs' shared memory on the ``tl.dot`` ones: the op runs the rule's configuration
+    at 64-255 tokens per expert instead, bit for bit."""
+    from fp8select.kernels.moe_config import tuning_configs, without_wgmma
+
+    rule = default_config(8192, 8, 8)
+    assert rule.PERSISTENT and rule.describe().endswith(" wgmma persistent")
+    assert MoeTritonConfig.from_dict(rule.to_dict()) == rule
+    below = default_config(255, 8, 8)  # 255 tokens per expert
+    assert "PERSISTENT" not in below.to_dict()  # the rows before the key
+    for bad in ({"WGMMA": 0}, {"FUSED_ACT": 1, "BLOCK_M": 64, "num_warps": 4, "num_stages": 4}):
+        with pytest.raises(ValueError, match="PERSISTENT"):
+            MoeTritonConfig(**{**rule.to_dict(), **bad})
+    MoeTritonConfig(**{**rule.to_dict(), "FUSED_ACT": 1, "BLOCK_M": 64, "num_warps": 4, "num_stages": 3})
+    assert without_wgmma(rule) == below and without_wgmma(default_config(256, 8, 8)) == below
+    assert without_wgmma(below) == below
+    assert all(c.PERSISTENT for c in tuning_configs(8192, 8, 8)[:2])  # load-time measurement's two
+    x, w, ids = _inputs_for(problem, 5)
+    experts = moe_triton.TritonExperts(*problem.weights())
+    assert torch.equal(experts(x, w, ids, rule), experts(x, w, ids, below))
 
 
 def test_on_gfx942_the_experts_become_e4m3fnuz_and_match_fp64_on_that_grid(problem) -> None:  # type: ignore[no-untyped-def]

@@ -252,15 +252,19 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
         assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
         assert all(16 <= c.BLOCK_M <= 128 for c in configs) and len(configs) <= 10
         # the fused gate-up on the tl.dot kernel's tiles comes last, both placements (measured slower on the H200)
-        fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, SWAP_AB=0, BLOCK_M=min(configs[0].BLOCK_M, 64), num_warps=4)
+        fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, SWAP_AB=0, PERSISTENT=0, BLOCK_M=min(configs[0].BLOCK_M, 64),
+                        BLOCK_N=min(configs[0].BLOCK_N, 128), num_warps=4)
         assert configs[-2:] == [fused, replace(fused, QUANT_IN_KERNEL=1)]
         assert all(c.QUANT_IN_KERNEL == 0 for c in configs if not c.FUSED_ACT)
-    # 2048 tokens per expert: the fused wgmma gate-up's 64-row tile, then the plain structure's 128- and 64-row ones
+    # 2048 tokens per expert: the plain structure's persistent 128-row tile, its 64 x 256 one (the rule's at 256-1023),
+    # the fused wgmma gate-up's 64-row tile (64-255), the 128-row tile one program per tile
     prefill = tuning_configs(8192, 8, 32)
-    assert prefill[0].WGMMA == prefill[0].FUSED_ACT == 1 and prefill[0].BLOCK_M == 64
-    assert prefill[1:3] == [replace(prefill[0], FUSED_ACT=0, BLOCK_M=128, num_warps=8), replace(prefill[0], FUSED_ACT=0)]
-    assert replace(prefill[0], num_stages=3) in prefill
-    assert replace(prefill[0], WGMMA=0, FUSED_ACT=0, num_stages=3) in prefill  # the tl.dot kernel's tile
+    assert prefill[0].WGMMA == prefill[0].PERSISTENT == 1 and prefill[0].BLOCK_M == 128 and not prefill[0].FUSED_ACT
+    fused = replace(prefill[0], FUSED_ACT=1, PERSISTENT=0, BLOCK_M=64, num_warps=4)
+    assert prefill[1:3] == [replace(prefill[0], BLOCK_M=64, BLOCK_N=256, num_warps=4), fused]
+    assert prefill[1:3] == [tuning_configs(1024, 8, 32)[0], tuning_configs(1020, 8, 32)[0]]  # 256 and 255 per expert
+    assert replace(prefill[0], PERSISTENT=0) in prefill
+    assert replace(fused, WGMMA=0, FUSED_ACT=0, num_stages=3) in prefill  # the tl.dot kernel's tile
     assert not any(c.SWAP_AB for c in prefill)
     # decode: the transposed 16-row tile, the fused gate-up on it, one stage fewer, half its columns, the busy tile
     decode = tuning_configs(1, 8, 32)
@@ -277,8 +281,8 @@ def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
                                               decode[0]]
     # 16 per expert: the tl.dot kernel's 64-row tile at 128 and 64 columns, the busy tile, the fused wgmma tile
     near = tuning_configs(64, 8, 32)
-    assert near[0] == replace(prefill[0], WGMMA=0, FUSED_ACT=0, num_stages=3) and near[1] == replace(near[0], BLOCK_N=64)
-    assert near[2:4] == [busy, prefill[0]] and decode[0] in near and decode[0] not in tuning_configs(128, 8, 32)
+    assert near[0] == replace(fused, WGMMA=0, FUSED_ACT=0, num_stages=3) and near[1] == replace(near[0], BLOCK_N=64)
+    assert near[2:4] == [busy, fused] and decode[0] in near and decode[0] not in tuning_configs(128, 8, 32)
 
 
 def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:

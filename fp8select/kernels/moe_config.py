@@ -5,13 +5,13 @@ experts call (:mod:`.moe_triton`): the gate-up GEMM, the down GEMM and the weigh
 ``BLOCK_M`` is also the padding of each expert's rows in the sorted layout, so one routing serves
 both GEMMs. ``FUSED_ACT`` picks the gate-up structure:
 
-* 0 (plain; the rule's below 8 and at 16-63 tokens per expert, :func:`default_config`): the gate-up
+* 0 (plain; the rule's below 8, at 16-63 and from 256 tokens per expert, :func:`default_config`): the gate-up
   runs the down projection's grouped GEMM kernel over all ``2I`` columns (``BLOCK_N`` per program, one
   accumulator), writing fp32 ``[rows, 2I]``; a second kernel quantizes ``silu(gate) * up`` per 1x128
   group. One launch and an fp32 round trip more than fused, and at ``BLOCK_N`` 128 twice the programs,
   each holding one accumulator: on the normal ``tl.dot`` tiles faster at every point measured on the H200;
 * 1 (fused; what a measured row or record without the key means: the only structure before plain;
-  the rule's at 8-15 tokens per expert on the transposed tile and from 64 on the ``wgmma`` kernels):
+  the rule's at 8-15 tokens per expert on the transposed tile and at 64-255 on the ``wgmma`` kernels):
   each gate-up program computes 128 columns of gate and the same 128 of up, one 1x128 scale group, so
   that its epilogue quantizes ``silu(gate) * up`` and writes the fp8 intermediate.
 
@@ -30,14 +30,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-__all__ = ["MoeTritonConfig", "default_config", "tuning_configs"]
+__all__ = ["MoeTritonConfig", "default_config", "tuning_configs", "without_wgmma"]
 
 _KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "num_warps", "num_stages", "QUANT_IN_KERNEL")
-_OPTIONAL = {"FUSED_ACT": 1, "WGMMA": 0, "SWAP_AB": 0}
+_OPTIONAL = {"FUSED_ACT": 1, "WGMMA": 0, "SWAP_AB": 0, "PERSISTENT": 0}
 """Keys a mapping may leave out (measured rows and records written before the key existed), with the
 value they then mean; :meth:`MoeTritonConfig.to_dict` leaves them out at that value, so those rows
 round-trip unchanged."""
-_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT", "WGMMA", "SWAP_AB")
+_FLAGS = ("QUANT_IN_KERNEL", "FUSED_ACT", "WGMMA", "SWAP_AB", "PERSISTENT")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class MoeTritonConfig:
             measured, :func:`default_config`), 0 runs the quantization kernel first (each token
             quantized once however many column tiles read it). The plain gate-up takes 0 only.
         FUSED_ACT: 1, the fused gate-up (the default); 0, the plain one (the module docstring).
-        WGMMA: 1 runs both GEMMs on the Hopper ``wgmma`` kernels (:mod:`.gluon_gemm`, the tiles' rows one
+        WGMMA: 1 runs both GEMMs on the Hopper ``wgmma`` kernels (:mod:`.gluon_moe`, the tiles' rows one
             warpgroup's 64 per 4 warps, ``BLOCK_N`` 64 or 128, or 256 on 64 rows: twice the warps, a
             warpgroup to each 128 columns), the activation gathered into the sorted rows first; with
             ``FUSED_ACT`` 1 (64-row tiles) the gate-up is the fused one, its two halves of 8 warps computing
@@ -67,6 +67,11 @@ class MoeTritonConfig:
         SWAP_AB: 1 runs the ``tl.dot`` GEMMs (of either structure) on the transposed tile (the weight's
             rows on the MMA's wide side, the row block's tokens on its narrow one), as the dense decode
             kernel does: the rule's below 16 tokens per expert (:func:`default_config`), 16 rows below 8, 32 from 8.
+        PERSISTENT: 1 (with ``WGMMA`` 1) runs both ``wgmma`` GEMMs in one program per SM taking tile after tile,
+            the next tile's first K blocks loading while a tile's result is stored
+            (:func:`.gluon_moe.launch_grouped`); with ``FUSED_ACT`` 1 at most 3 stages (the fused gate-up's
+            ring, its gate-and-up exchange and its output tile live at once). Where the ``wgmma`` kernels do
+            not run, :func:`without_wgmma`.
     """
 
     BLOCK_M: int
@@ -78,6 +83,7 @@ class MoeTritonConfig:
     FUSED_ACT: int = 1
     WGMMA: int = 0
     SWAP_AB: int = 0
+    PERSISTENT: int = 0
 
     def __post_init__(self) -> None:
         for key in (*_KEYS, *_OPTIONAL):
@@ -105,6 +111,9 @@ class MoeTritonConfig:
                              f"QUANT_IN_KERNEL 0, got {self.describe()}")
         if self.SWAP_AB and self.WGMMA:
             raise ValueError(f"MoeTritonConfig 'SWAP_AB' 1 needs WGMMA 0, got {self.describe()}")
+        if self.PERSISTENT and (not self.WGMMA or (self.FUSED_ACT and self.num_stages > 3)):
+            raise ValueError("MoeTritonConfig 'PERSISTENT' 1 needs WGMMA 1, and with FUSED_ACT 1 num_stages <= 3 "
+                             f"(shared memory), got {self.describe()}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MoeTritonConfig:
@@ -131,7 +140,9 @@ class MoeTritonConfig:
         group = f" g{self.GROUP_M}" if self.GROUP_M != 1 else ""
         plain = "" if self.FUSED_ACT else " plain"
         kernel = " wgmma" if self.WGMMA else " swap" if self.SWAP_AB else ""
-        return f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}{kernel}"
+        persistent = " persistent" if self.PERSISTENT else ""
+        return (f"moe {self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{group}{quant}{plain}{kernel}"
+                f"{persistent}")
 
 
 def _tokens_per_expert(m: int, top_k: int, experts: int) -> int:
@@ -150,9 +161,13 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     * 8 to 15: the fused gate-up on the transposed 32-row tile, 3 stages (a busy expert's tokens in one
       row block where the 16-row tile re-reads its weights once per 16);
     * 16 to 63: the plain gate-up on the ``tl.dot`` kernels' 64 x 128 tile, 3 stages;
-    * from 64: the fused gate-up on the ``wgmma`` kernels' 64 x 128 tile (silu*up quantized in its
+    * 64 to 255: the fused gate-up on the ``wgmma`` kernels' 64 x 128 tile (silu*up quantized in its
       epilogue: no fp32 ``[rows, 2I]`` written and read again; off Hopper the plain structure on the
-      ``tl.dot`` kernels).
+      ``tl.dot`` kernels);
+    * 256 to 1023: the plain gate-up on the ``wgmma`` kernels' 64 x 256 tile (two warpgroups side by side) in
+      persistent programs (``PERSISTENT`` 1: the next tile's first K blocks load while a tile's result is
+      stored; off Hopper, :func:`without_wgmma`);
+    * from 1024: the same on the 128 x 128 tile of 8 warps (two warpgroups one above the other).
 
     Chosen from every candidate of :func:`tuning_configs` timed together (interleaved CUDA-graph
     replays, uniform and skewed routing) on an H100 SXM at 16 points of the five shipped shapes, 8-64
@@ -164,16 +179,23 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     16-row tile reads a busy expert's weights once per 16 of its tokens). Checked afterwards at 12 points
     inside the buckets (M 24-1536): 1.029x and 1.024x, worst 1.073x, where the rule before took 1.066x and
     1.068x, worst 1.214x. The H200 table's measured rows at 16-32 tokens hold the same ``tl.dot`` tile at
-    six of eight points. From 64 tokens: ``benchmarks/results/moe_gate_up.json`` (the fused ``wgmma``
-    gate-up 0.81-0.96x the plain one's time on the same tile). Why each kernel:
-    docs/moe.md.
+    six of eight points. From 64 tokens: ``benchmarks/results/moe_gate_up.json`` (H100 SXM, 18 points of four
+    shapes at 64-8192 tokens per expert, every structure timed together): the rule 1.002x the fastest Triton
+    structure's time in geomean, 1.023x at worst (the rule before, the fused 64-row tile throughout: 1.042x and
+    1.099x), and at least 0.8 of DeepGEMM contiguous's speed at 15 of the 16 points from M 1024 (before: 11).
+    The thresholds were chosen on those points and agree with a second run's nine (one-off, the same day).
+    Why each kernel: docs/moe.md.
     """
     per_expert = _tokens_per_expert(m, top_k, experts)
     if per_expert < 8:
         return _DECODE
     if per_expert < 16:
         return _DECODE_BUSY
-    return _NEAR_DECODE if per_expert < 64 else _PREFILL
+    if per_expert < 64:
+        return _NEAR_DECODE
+    if per_expert < 256:
+        return _PREFILL
+    return _PREFILL_WIDE if per_expert < 1024 else _PREFILL_LARGE
 
 
 _DECODE = MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
@@ -184,6 +206,19 @@ _NEAR_DECODE = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, 
                                FUSED_ACT=0)
 _PREFILL = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
                            FUSED_ACT=1, WGMMA=1)
+_PREFILL_WIDE = MoeTritonConfig(BLOCK_M=64, BLOCK_N=256, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0,
+                                FUSED_ACT=0, WGMMA=1, PERSISTENT=1)
+_PREFILL_LARGE = MoeTritonConfig(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, num_warps=8, num_stages=4, QUANT_IN_KERNEL=0,
+                                 FUSED_ACT=0, WGMMA=1, PERSISTENT=1)
+
+
+def without_wgmma(config: MoeTritonConfig) -> MoeTritonConfig:
+    """What runs ``config`` where the ``wgmma`` kernels do not (off Hopper, and on shapes TMA cannot read): the
+    same tiles on the ``tl.dot`` kernels (``WGMMA`` above), except for ``PERSISTENT`` 1, whose tiles were
+    chosen for the ``wgmma`` kernels only and whose rings (128-160 KB on the ``tl.dot`` kernels) exceed the
+    shared memory of GPUs with about 100 KB a block: the rule's configuration at 64-255 tokens per expert
+    runs instead."""
+    return _PREFILL if config.PERSISTENT else config
 
 
 def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
@@ -200,9 +235,9 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     * 16 to 63: the ``tl.dot`` 64 x 64 tile, the fused transposed 32-row tile, the fused ``wgmma`` tile (the
       rule's from 64), the plain transposed 32-row tile, below 32 the transposed 16-row one, the plain
       structure on the ``wgmma`` tile, the fused one on 256 columns;
-    * from 64: the plain structure on the ``wgmma`` kernels' 128 x 128 tile of 8 warps and on the rule's,
-      the down GEMM on 256 columns, one stage fewer, 32 row blocks sharing each weight tile (vLLM's tuned
-      H200 prefill configurations take 16-64), the ``tl.dot`` 64-row tiles (what runs where the ``wgmma``
+    * from 64: the rule's three configurations from 64 tokens (the range's first, then the one nearest it in
+      the timings), the fused gate-up with its down GEMM on 256 columns (persistent with 3 stages, and not),
+      the 128-row tile one program per tile, the ``tl.dot`` 64-row tiles (what runs where the ``wgmma``
       kernels do not).
 
     Then, everywhere, the fused gate-up on the normal ``tl.dot`` tile, and quantizing its activation in the
@@ -221,10 +256,13 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
         candidates = [_NEAR_DECODE, replace(_NEAR_DECODE, BLOCK_N=64), _DECODE_BUSY, _PREFILL, plain32,
                       *([_DECODE] if per_expert < 32 else []), plain_wgmma, replace(_PREFILL, BLOCK_N=256)]
     else:
-        candidates = [_PREFILL, replace(plain_wgmma, BLOCK_M=128, num_warps=8), plain_wgmma,
-                      replace(_PREFILL, BLOCK_N=256), replace(_PREFILL, num_stages=3), replace(_PREFILL, GROUP_M=32),
-                      _NEAR_DECODE, replace(_NEAR_DECODE, BLOCK_N=64)]
+        ranked = ([_PREFILL, _PREFILL_WIDE, _PREFILL_LARGE] if per_expert < 256 else
+                  [_PREFILL_WIDE, _PREFILL_LARGE, _PREFILL] if per_expert < 1024 else
+                  [_PREFILL_LARGE, _PREFILL_WIDE, _PREFILL])
+        candidates = [*ranked, replace(_PREFILL, BLOCK_N=256, num_stages=3, PERSISTENT=1), replace(_PREFILL, BLOCK_N=256),
+                      replace(_PREFILL_LARGE, PERSISTENT=0), _NEAR_DECODE, replace(_NEAR_DECODE, BLOCK_N=64)]
     first = candidates[0]
-    fused_tl_dot = replace(first, FUSED_ACT=1, WGMMA=0, SWAP_AB=0, BLOCK_M=min(first.BLOCK_M, 64), num_warps=4)
+    fused_tl_dot = replace(first, FUSED_ACT=1, WGMMA=0, SWAP_AB=0, PERSISTENT=0, BLOCK_M=min(first.BLOCK_M, 64),
+                           BLOCK_N=min(first.BLOCK_N, 128), num_warps=4)
     candidates += [fused_tl_dot, replace(fused_tl_dot, QUANT_IN_KERNEL=1)]
     return list(dict.fromkeys(candidates))

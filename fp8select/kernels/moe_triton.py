@@ -6,7 +6,7 @@ GEMM writing each slot's row, and the weighted sum over each token's ``k`` rows.
 fused kernel (``silu(gate) * up`` and its 1x128 quantization in its epilogue) or, with
 ``FUSED_ACT`` 0 (:mod:`.moe_config`), the plain grouped GEMM over the ``2I`` columns writing fp32,
 then :func:`silu_mul_quant`. With ``WGMMA`` (:mod:`.moe_config`) both GEMMs run on the Hopper ``wgmma``
-kernels (:func:`.gluon_gemm.launch_grouped`, and :func:`.gluon_gemm.launch_gate_up` for the fused
+kernels (:func:`.gluon_moe.launch_grouped`, and :func:`.gluon_moe.launch_gate_up` for the fused
 gate-up), whose operands come by TMA: the quantized activation is first gathered into the sorted rows,
 and the down GEMM writes the sorted rows, which the weighted sum reads through each slot's row. Sizes
 depend on M only, so a call captures into a CUDA graph. Inputs are checked by the caller (:mod:`fp8select.moe`); these functions
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .moe_config import MoeTritonConfig
+from .moe_config import MoeTritonConfig, without_wgmma
 from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
 from .triton_device import wgmma_runs
@@ -80,6 +80,8 @@ class TritonExperts:
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  config: MoeTritonConfig) -> torch.Tensor:
         k = topk_ids.shape[1]
+        if config.WGMMA and not self._wgmma:
+            config = without_wgmma(config)
         pdl = self._pdl and launches_with_pdl(config, x.shape[0])
         prefetch = self._prefetch_k if pdl else None
         routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl)
@@ -131,10 +133,11 @@ class TritonExperts:
         padding row takes the last token's: finite, never read back), the fused gate-up into quantized
         silu*up (``FUSED_ACT`` 1, where ``I`` allows) or the plain one into fp32 sorted rows and silu*up
         quantized, the down GEMM into sorted rows, the weighted sum by slot row."""
-        from .gluon_gemm import launch_gate_up, launch_grouped
+        from .gluon_moe import launch_gate_up, launch_grouped
 
         tiles = {"block_m": config.BLOCK_M, "block_n": config.BLOCK_N, "group_m": config.GROUP_M,
                  "stages": config.num_stages, "num_warps": config.num_warps}
+        persistent = bool(config.PERSISTENT)
         xq, xs = self._quantize(x)
         tokens = token_of_row(routing, topk_ids.shape[1], x.shape[0])
         a = xq.view(torch.uint8).index_select(0, tokens).view(xq.dtype)
@@ -143,13 +146,14 @@ class TritonExperts:
             q_scale = torch.empty((routing.rows, self.inter // 128), dtype=torch.float32, device=self.device)
             launch_gate_up(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, q, q_scale,
                            DEFAULT_EPS, block_m=config.BLOCK_M, group_m=config.GROUP_M, stages=config.num_stages,
-                           hw_rne=self._act_hw_rne, fp8=self._act_fp8)
+                           hw_rne=self._act_hw_rne, fp8=self._act_fp8, persistent=persistent)
         else:
             h = torch.empty((routing.rows, 2 * self.inter), dtype=torch.float32, device=self.device)
-            launch_grouped(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, h, **tiles)
+            launch_grouped(a, xs.index_select(0, tokens), self.w13, self.w13_scale, routing.block_expert, h,
+                           persistent=persistent, **tiles)
             q, q_scale = silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots)
         out = torch.empty((routing.rows, self.hidden), dtype=x.dtype, device=self.device)
-        launch_grouped(q, q_scale, self.w2, self.w2_scale, routing.block_expert, out, **tiles)
+        launch_grouped(q, q_scale, self.w2, self.w2_scale, routing.block_expert, out, persistent=persistent, **tiles)
         return weighted_sum(out, row_of_slot(routing), topk_ids, topk_weights, self.experts, x.dtype)
 
     def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,7 +51,7 @@ def _block_tile(pid, num_blocks, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def silu_mul(gate, up):
     """``silu(gate) * up`` in fp32, written once: every gate-up structure (this module's fused and plain ones,
-    and :mod:`.gluon_gemm`'s fused one) computes it so, and their quantized outputs are the same bits."""
+    and :mod:`.gluon_moe`'s fused one) computes it so, and their quantized outputs are the same bits."""
     return gate / (1.0 + tl.exp(-gate)) * up
 
 

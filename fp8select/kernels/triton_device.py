@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - older triton
 from .triton_config import TritonConfig
 from .triton_gemm_kernels import _w8a8_block_kernel
 
-__all__ = ["FIXUP_TILES_PER_N", "WGMMA_TRITON", "fixup_counters", "wgmma_runs"]
+__all__ = ["FIXUP_TILES_PER_N", "WGMMA_TRITON", "fixup_counters", "sm_count", "wgmma_runs"]
 
 _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -77,10 +77,15 @@ def _persistent_programs(cfg: TritonConfig, device: torch.device, tiles: int) ->
     if device.type == "cpu":
         sms = 1
     elif device.type == "cuda":
-        sms = _sm_count(_cuda_index(device))
+        sms = sm_count(device)
     else:
         return 0
     return min(tiles, cfg.PERSISTENT * sms)
+
+
+def sm_count(device: torch.device) -> int:
+    """The SMs of a CUDA ``device`` (cached per device)."""
+    return _sm_count(_cuda_index(device))
 
 
 def _cuda_index(device: torch.device) -> int:
