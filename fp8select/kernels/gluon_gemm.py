@@ -165,6 +165,7 @@ def _ring(a_desc, b_desc, STAGES: gl.constexpr, GATE_UP: gl.constexpr):
 
 @gluon.jit
 def _release(ready, STAGES: gl.constexpr):
+    """The ring's barriers invalidated (its loads all consumed)."""
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
