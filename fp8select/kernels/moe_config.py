@@ -184,6 +184,9 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     structure's time in geomean, 1.023x at worst (the rule before, the fused 64-row tile throughout: 1.042x and
     1.099x), and at least 0.8 of DeepGEMM contiguous's speed at 15 of the 16 points from M 1024 (before: 11).
     The thresholds were chosen on those points and agree with a second run's nine (one-off, the same day).
+    Checked afterwards on an H200 (``moe_gate_up_h200.json``, the same points): 1.011x and 1.066x (before
+    1.056x and 1.136x), 15 of 16 (before 12); its worst points, at 128 tokens per expert, ran fastest on the
+    persistent 64 x 256 tiles, which ``tune --moe`` tries second there.
     Why each kernel: docs/moe.md.
     """
     per_expert = _tokens_per_expert(m, top_k, experts)
