@@ -153,8 +153,9 @@ def default_config(m: int, top_k: int, experts: int) -> MoeTritonConfig:
     """The rule for ``m`` tokens routed to ``top_k`` of ``experts`` experts (see the module docstring).
 
     ``tokens per expert = m * top_k / experts`` (uniform routing) picks the tile; the activation is
-    quantized by its own kernel first, ``BLOCK_N`` 128, ``GROUP_M`` 8 (an expert's row blocks take each
-    weight tile together, once from HBM into L2: under skew a busy expert has several even at decode):
+    quantized by its own kernel first, ``BLOCK_N`` 128 (256 at 256-1023), ``GROUP_M`` 8 (an expert's row
+    blocks take each weight tile together, once from HBM into L2: under skew a busy expert has several even
+    at decode):
 
     * below 8: the plain gate-up on the ``tl.dot`` kernels' 16-row tile transposed (``SWAP_AB`` 1: the
       weight tile on the MMA's 128-row side, which compiles to ``wgmma``), 4 stages;
