@@ -228,19 +228,16 @@ def launch_gate_up(a: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor, w1
     experts, two_i, _ = w13.shape
     inter = two_i // 2
     tiles = triton.cdiv(rows, block_m) * (inter // SCALE_GROUP_K)
-    a_desc = _descriptor(a, [block_m, SCALE_GROUP_K])
-    w_desc = _descriptor(w13.view(experts * two_i, k), [SCALE_GROUP_K, SCALE_GROUP_K])
-    q_desc = _descriptor(q, [block_m, SCALE_GROUP_K])
+    # Both kernels take the same arguments (the persistent one's N is I here).
+    args = (_descriptor(a, [block_m, SCALE_GROUP_K]), a_scale,
+            _descriptor(w13.view(experts * two_i, k), [SCALE_GROUP_K, SCALE_GROUP_K]), w13_scale,
+            _descriptor(q, [block_m, SCALE_GROUP_K]), q_scale, block_expert, rows, inter, k, a_scale.stride(0),
+            a_scale.stride(1), w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), q_scale.stride(0), eps)
+    constexprs = {"GROUP_M": group_m, "STAGES": stages, "num_warps": GATE_UP_WARPS, "HW_RNE": hw_rne, **fp8}
     if _runs_persistent(persistent, k, stages):
-        _persistent_kernel[(min(tiles, sm_count(a.device)),)](
-            a_desc, a_scale, w_desc, w13_scale, q_desc, q_scale, block_expert, rows, inter, k, a_scale.stride(0),
-            a_scale.stride(1), w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), q_scale.stride(0), eps,
-            GROUP_M=group_m, STAGES=stages, num_warps=GATE_UP_WARPS, GATE_UP=True, HW_RNE=hw_rne, **fp8)
-        return
-    _wgmma_gate_up_kernel[(tiles,)](
-        a_desc, a_scale, w_desc, w13_scale, q_desc, q_scale, block_expert, rows, inter, k, a_scale.stride(0),
-        a_scale.stride(1), w13_scale.stride(0), w13_scale.stride(1), w13_scale.stride(2), q_scale.stride(0), eps,
-        GROUP_M=group_m, STAGES=stages, num_warps=GATE_UP_WARPS, HW_RNE=hw_rne, **fp8)
+        _persistent_kernel[(min(tiles, sm_count(a.device)),)](*args, GATE_UP=True, **constexprs)
+    else:
+        _wgmma_gate_up_kernel[(tiles,)](*args, **constexprs)
 
 
 def _runs_persistent(persistent: bool, k: int, stages: int) -> bool:
