@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
+import pytest
 import torch
 
 from fp8select.kernels.stream_scratch import SCRATCH_MAX_BYTES, StreamScratch
@@ -44,3 +48,43 @@ def test_none_inside_a_capture_and_for_large_workspaces() -> None:
     assert scratch.take(16, CPU, 1) is buf
     scratch.clear()
     assert scratch.take(16, CPU, 1) is not buf
+
+
+def test_no_buffer_is_made_where_allocations_may_go_to_a_graph_pool() -> None:
+    pooled = {3}
+    scratch = StreamScratch(capturing=lambda: False, pooled=lambda device, stream: stream in pooled)
+    assert scratch.take(64, CPU, 3) is None  # the caller allocates its own for this call
+    buf = scratch.take(64, CPU, 4)
+    assert buf is not None
+    scratch.give(buf, CPU, 4)
+    pooled.add(4)
+    assert scratch.take(32, CPU, 4) is buf  # a buffer made before serves without asking
+    scratch.give(buf, CPU, 4)
+    assert scratch.take(4096, CPU, 4) is None  # too small, and no larger one made here
+    pooled.clear()
+    assert scratch.take(32, CPU, 4) is buf  # kept
+
+
+def test_only_the_stream_of_torch_compiles_cuda_graph_tree_counts_as_pooled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fp8select.kernels import stream_scratch
+
+    device = torch.device("cuda", 0)
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    assert not stream_scratch.cudagraph_tree_stream(device, 7)  # never loaded: nothing warms up
+
+    class Manager:
+        stream = types.SimpleNamespace(cuda_stream=7)
+
+    managers: dict[int, object] = {}
+
+    def get_manager(index: int, create_if_none_exists: bool = True) -> object:
+        assert not create_if_none_exists
+        return managers.get(index)
+
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", types.SimpleNamespace(get_manager=get_manager))
+    assert not stream_scratch.cudagraph_tree_stream(device, 7)  # no tree on this device
+    managers[0] = Manager()
+    assert stream_scratch.cudagraph_tree_stream(device, 7)
+    assert not stream_scratch.cudagraph_tree_stream(device, 8)
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", types.SimpleNamespace())
+    assert stream_scratch.cudagraph_tree_stream(device, 8)  # internals moved: keep nothing

@@ -137,3 +137,44 @@ def test_layers_sharing_a_streams_scratch_give_their_own_bits() -> None:
     assert SCRATCH._free == held
     graph.replay()
     assert torch.equal(captured, first[(0, 1)])
+
+
+def test_no_buffer_is_kept_from_a_compiled_cuda_graph_trees_stream() -> None:
+    """torch.compile's CUDA graphs warm a graph up on their tree's stream with the thread's allocations in the
+    graphs' pool: the store makes no buffer for that stream (one kept there is a live tensor in the pool,
+    which the trees refuse), and makes one for any other stream as before."""
+    from torch._inductor import cudagraph_trees
+
+    from fp8select.kernels.stream_scratch import StreamScratch, cudagraph_tree_stream
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    tree = cudagraph_trees.get_manager(device.index).stream.cuda_stream  # the tree's manager, made if none
+    current = torch.cuda.current_stream().cuda_stream
+    assert cudagraph_tree_stream(device, tree) and not cudagraph_tree_stream(device, current)
+    scratch = StreamScratch()
+    assert scratch.take(64, device, tree) is None
+    assert scratch.take(64, device, current) is not None
+
+
+def test_a_layer_called_eagerly_then_under_compiled_cuda_graphs_gives_its_bits() -> None:
+    """A layer that has replayed launches at an M (an eager call recorded them) runs under
+    ``torch.compile(mode="reduce-overhead")``: the warm-up replays on the tree's stream, the graph
+    records and replays, each giving the eager call's bits; nothing of the graphs' pool is kept."""
+    from torch._inductor import cudagraph_trees
+
+    from fp8select.kernels.stream_scratch import SCRATCH
+    from fp8select.nn import BlockFp8Linear
+
+    w, s = random_problem(N, K, (128, 128), seed=7)
+    layer = BlockFp8Linear.from_weights(w.cuda(), s.cuda(), selection=fp8select.resolve(backend="triton", plugins=False))
+    torch._dynamo.reset()
+    SCRATCH.clear()
+    for m in (1, 3):
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        want = layer(x)
+        assert torch.equal(layer(x), want)  # the second eager call replays
+        graphed = torch.compile(layer, mode="reduce-overhead", dynamic=False)
+        for _ in range(4):  # warm-up, recording, replays
+            assert torch.equal(graphed(x), want), m
+    tree = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert tree is not None and all(stream != tree.stream.cuda_stream for _, stream in SCRATCH._free)

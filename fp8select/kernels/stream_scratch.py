@@ -13,15 +13,23 @@ same stream meanwhile finds none and allocates its own: two calls never share on
 their launches. Not used (None) inside a CUDA-graph capture, where a call's memory must be the
 graph's own, nor for workspaces over :data:`SCRATCH_MAX_BYTES` (calls that large are not
 launch-bound). The store holds at most one buffer of at most that size per stream and device.
+
+Nor is a buffer made where the thread's allocations may go to a CUDA-graph pool without a capture:
+``torch.compile``'s CUDA graphs (``mode="reduce-overhead"``) first run a compiled graph eagerly on
+their tree's own stream with every allocation in the graphs' private pool, and a buffer kept from
+there is a live tensor in that pool, which the trees refuse ("tensor(s) in the cudagraph pool not
+tracked as outputs"). :func:`cudagraph_tree_stream` says so for a stream; asked only when a buffer
+would be made, so a call that finds its stream's buffer pays nothing for it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["SCRATCH", "SCRATCH_MAX_BYTES", "StreamScratch"]
+__all__ = ["SCRATCH", "SCRATCH_MAX_BYTES", "StreamScratch", "cudagraph_tree_stream"]
 
 SCRATCH_MAX_BYTES = 16 << 20
 """The largest workspace a stream's buffer serves (16 MiB: the quantized activation and split-K partials
@@ -31,14 +39,17 @@ of a few hundred rows); larger ones are allocated per call."""
 class StreamScratch:
     """Reusable per-stream scratch buffers (uint8, CUDA): ``take`` one, launch, ``give`` it back."""
 
-    __slots__ = ("_capturing", "_free")
+    __slots__ = ("_capturing", "_free", "_pooled")
 
-    def __init__(self, capturing: Callable[[], bool] | None = None) -> None:
+    def __init__(self, capturing: Callable[[], bool] | None = None,
+                 pooled: Callable[[torch.device, int], bool] | None = None) -> None:
         self._free: dict[tuple[torch.device, int], torch.Tensor] = {}
         # Whether the current stream is capturing a CUDA graph (torch's binding: cheaper than its wrapper).
         if capturing is None:
             capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
         self._capturing: Callable[[], bool] = capturing
+        # (device, stream) -> whether a buffer made now may land in a CUDA-graph pool (module docstring)
+        self._pooled = cudagraph_tree_stream if pooled is None else pooled
 
     def take(self, nbytes: int, device: torch.device, stream: int) -> torch.Tensor | None:
         """A buffer of at least ``nbytes`` on ``device`` for launches on ``stream`` (the current one),
@@ -47,6 +58,10 @@ class StreamScratch:
             return None
         buf = self._free.pop((device, stream), None)
         if buf is None or buf.numel() < nbytes:
+            if self._pooled(device, stream):
+                if buf is not None:
+                    self._free[(device, stream)] = buf
+                return None
             # Sizes round up to a power of two, so a stream's buffer grows a few times at most.
             buf = torch.empty(1 << max(nbytes - 1, 0).bit_length(), dtype=torch.uint8, device=device)
         return buf
@@ -58,6 +73,22 @@ class StreamScratch:
     def clear(self) -> None:
         """Let every buffer go (to torch's caching allocator)."""
         self._free.clear()
+
+
+def cudagraph_tree_stream(device: torch.device, stream: int) -> bool:
+    """Whether ``stream`` (a raw CUDA stream) is the stream of ``torch.compile``'s CUDA-graph tree on ``device``
+    in this thread, where its warm-up runs with the thread's allocations in the graphs' pool (module
+    docstring). False where torch.compile's CUDA graphs were never loaded; True where their state cannot be
+    read (a torch whose internals differ): a call then allocates its own workspace, as without the store."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return False
+    try:
+        manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),
+                                    create_if_none_exists=False)
+        return manager is not None and int(manager.stream.cuda_stream) == stream
+    except Exception:  # noqa: BLE001 - torch's private API moved: do not keep buffers
+        return True
 
 
 SCRATCH = StreamScratch()
