@@ -320,6 +320,27 @@ def test_fixup_equals_two_pass_reduction_and_resets_counters(path: str, split_k:
     assert counters and all(int(buf.abs().sum()) == 0 for buf in counters.values())
 
 
+def test_no_split_k_counters_are_kept_from_a_compiled_cuda_graph_trees_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the stream where torch.compile's CUDA graphs warm up (every allocation in their pool), a call that passes
+    no counters gets zeroed ones of its own and none are kept; on any other stream the stream's buffer is kept."""
+    triton_device = importlib.import_module("fp8select.kernels.triton_device")
+    monkeypatch.setattr(triton_device, "_COUNTERS", {})
+    pooled = {"yes": True}
+    monkeypatch.setattr(triton_device, "cudagraph_tree_stream", lambda device, stream: pooled["yes"])
+    m, n, k = 17, 200, 896
+    x = _activation(m, k)
+    w, ws = _weight(n, k, 128)
+    cfg = replace(_cfg("gemm", split_k=3), FIXUP=1)
+    first = triton_device._fixup_counters(torch.device("cpu"), 10)
+    assert first is not triton_device._fixup_counters(torch.device("cpu"), 10) and not first.any()
+    pooled_out = tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, config=cfg)
+    assert triton_device._COUNTERS == {}
+    pooled["yes"] = False
+    kept = triton_device._fixup_counters(torch.device("cpu"), 10)
+    assert kept is triton_device._fixup_counters(torch.device("cpu"), 10)
+    assert torch.equal(tg.linear(x, w, ws, (128, 128), out_dtype=torch.bfloat16, config=cfg), pooled_out)
+
+
 @pytest.mark.parametrize("layout", [M_MAJOR, ScaleLayout(mn_major=True, m_align=4)])
 def test_swap_prequantized_scale_layouts_and_weight_scale_strides(layout: ScaleLayout) -> None:
     m, n, k = 3, 200, 320

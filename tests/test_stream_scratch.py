@@ -86,5 +86,6 @@ def test_only_the_stream_of_torch_compiles_cuda_graph_tree_counts_as_pooled(monk
     managers[0] = Manager()
     assert stream_scratch.cudagraph_tree_stream(device, 7)
     assert not stream_scratch.cudagraph_tree_stream(device, 8)
+    assert not stream_scratch.cudagraph_tree_stream(torch.device("cpu"), 7)  # only CUDA devices have trees
     monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", types.SimpleNamespace())
     assert stream_scratch.cudagraph_tree_stream(device, 8)  # internals moved: keep nothing

@@ -178,3 +178,37 @@ def test_a_layer_called_eagerly_then_under_compiled_cuda_graphs_gives_its_bits()
             assert torch.equal(graphed(x), want), m
     tree = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
     assert tree is not None and all(stream != tree.stream.cuda_stream for _, stream in SCRATCH._free)
+
+
+def test_a_kernel_call_without_counters_under_compiled_cuda_graphs_keeps_none_of_their_pool() -> None:
+    """The kernel-level ``linear`` with split-K summed in one launch, and no counters of the caller's, run from
+    an engine's custom op under ``torch.compile(mode="reduce-overhead")``: on the trees' stream each call gets
+    counters of its own (a kept buffer made in their warm-up is a live tensor in their pool, which they refuse),
+    and warm-up, recording and replays give the eager call's bits."""
+    from torch._inductor import cudagraph_trees
+
+    from fp8select.kernels import triton_device
+    from fp8select.kernels import triton_gemm as tg
+    from fp8select.kernels.triton_config import TritonConfig
+
+    w, s = random_problem(N, K, (128, 128), seed=11)
+    w, s = w.cuda(), s.cuda()
+    cfg = TritonConfig.from_dict({"path": "gemm", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 3,
+                                  "FIXUP": 1, "GROUP_M": 8, "num_warps": 4, "num_stages": 3})
+
+    @torch.library.custom_op("fp8select_test::split_k_linear", mutates_args=())
+    def split_k_linear(x: torch.Tensor) -> torch.Tensor:
+        return tg.linear(x, w, s, (128, 128), out_dtype=torch.bfloat16, config=cfg)
+
+    @split_k_linear.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((x.shape[0], N))
+
+    torch._dynamo.reset()
+    x = torch.randn(5, K, device="cuda", dtype=torch.bfloat16)
+    want = split_k_linear(x)
+    graphed = torch.compile(lambda t: split_k_linear(t) * 1, mode="reduce-overhead", dynamic=False)
+    for _ in range(4):  # warm-up, recording, replays
+        assert torch.equal(graphed(x), want)
+    tree = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert tree is not None and all(stream != tree.stream.cuda_stream for _, stream in triton_device._COUNTERS)

@@ -81,7 +81,7 @@ def cudagraph_tree_stream(device: torch.device, stream: int) -> bool:
     docstring). False where torch.compile's CUDA graphs were never loaded; True where their state cannot be
     read (a torch whose internals differ): a call then allocates its own workspace, as without the store."""
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
-    if trees is None:
+    if trees is None or device.type != "cuda":
         return False
     try:
         manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),

@@ -16,6 +16,7 @@ try:  # host-side TMA descriptors (triton >= 3.4); without them the TMA configs 
 except ImportError:  # pragma: no cover - older triton
     TensorDescriptor = None  # type: ignore[assignment,misc]
 
+from .stream_scratch import cudagraph_tree_stream
 from .triton_config import TritonConfig
 from .triton_gemm_kernels import _w8a8_block_kernel
 
@@ -48,14 +49,18 @@ def _fixup_counters(device: torch.device, count: int) -> torch.Tensor:
     One buffer per device and stream, so launches that may run concurrently never share
     counters; launches on one stream run in order, and each leaves its counters at zero. The
     buffer is made at the first such call on a stream (inside a CUDA-graph capture: in the
-    graph's memory).
+    graph's memory), except on the stream of ``torch.compile``'s CUDA graphs, whose warm-up
+    puts every allocation in the graphs' pool, where a kept buffer is refused
+    (:func:`~fp8select.kernels.stream_scratch.cudagraph_tree_stream`): there each call gets
+    zeroed counters of its own.
     """
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < count:
         buf = torch.zeros(max(1024, triton.next_power_of_2(count)), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
+        if not cudagraph_tree_stream(device, stream):
+            _COUNTERS[key] = buf
     return buf
 
 
