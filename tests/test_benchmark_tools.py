@@ -30,6 +30,7 @@ NEEDS_CUDA = {
     "jit_warm": ["--out", "OUT/warm.json"],
     "moe": ["--out", "OUT/moe"],
     "moe_gate_up": ["--out", "OUT/gate_up"],
+    "moe_host": ["--out", "OUT/moe_host"],
     "moe_peer": ["--out", "OUT/peer"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
