@@ -9,9 +9,11 @@ plans use, and binds each M bucket to one call. ``moe(x, topk_weights, topk_ids)
 
 Expert ids: -1 contributes nothing (the expert lives on another rank); any other id outside
 ``[0, E)``, or an id repeated in one token's row, is an :class:`~fp8select.errors.InvalidInputError`.
-Checking the ids reads one flag back from the device, so it runs on eager calls only (not while a
+Checking the ids reads three values back from the device, so it runs on eager calls only (not while a
 CUDA graph is captured, nor in a compiled graph), and ``check_ids=False`` turns it off; unchecked, an
-id outside ``[0, E)`` contributes nothing, as -1 does, and never reads out of bounds.
+id outside ``[0, E)`` contributes nothing, as -1 does, and never reads out of bounds. That is what lets
+a call queue its launches before it reads the check (:class:`_IdsCheck`): the GPU computes while the host
+waits, and a bad call raises after its launches, its output never returned.
 """
 
 from __future__ import annotations
@@ -202,8 +204,8 @@ class Fp8MoE:
 
         Under ``torch.compile`` one opaque custom op (:mod:`fp8select.moe_ops`). Eagerly, the inputs a
         prepared layer expects (plain contiguous tensors of planned dtypes and matching shapes on the
-        weights' device, no gradient) go straight to their bucket's bound launch after the ids' check
-        (one device read); anything else takes :meth:`_checked_forward`, which checks every argument.
+        weights' device, no gradient) go straight to their bucket's bound launch, the ids' check queued
+        before it and read after it; anything else takes :meth:`_checked_forward`, which checks every argument.
         """
         if torch.compiler.is_compiling():
             return moe_ops.compiled_call(self, x, topk_weights, topk_ids)
@@ -219,9 +221,13 @@ class Fp8MoE:
                 launches = self._launches.get((x.dtype, ids_shape[1]))
                 m = shape[0]
                 if launches is not None and m:
+                    launch = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET]
                     if self.check_ids and not _capturing(topk_ids):
-                        _check_ids(topk_ids, self.experts)
-                    return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](x, topk_weights, topk_ids)
+                        pending = _IdsCheck(topk_ids)
+                        y = launch(x, topk_weights, topk_ids)
+                        pending.raise_if_bad(topk_ids, self.experts)
+                        return y
+                    return launch(x, topk_weights, topk_ids)
         return self._checked_forward(x, topk_weights, topk_ids)
 
     __call__ = forward
@@ -235,9 +241,13 @@ class Fp8MoE:
         if launches is None:
             self._plan_for(x.dtype, top_k)
             launches = self._launches[(x.dtype, top_k)]
+        pending = _IdsCheck(topk_ids) if self.check_ids and not _capturing(topk_ids) else None
         with torch.no_grad():
-            return launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](
+            y = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](
                 x.contiguous(), topk_weights.contiguous(), topk_ids.contiguous())
+        if pending is not None:
+            pending.raise_if_bad(topk_ids, self.experts)
+        return y
 
     def _check(self, x: object, topk_weights: object, topk_ids: object) -> tuple[int, int]:
         x = _tensor("x", x)
@@ -260,8 +270,6 @@ class Fp8MoE:
         for name, t in (("x", x), ("topk_weights", weights), ("topk_ids", ids)):
             if t.device != self.device:
                 raise InvalidInputError(f"{name}: expected device {self.device} (the weights'), found {t.device}")
-        if self.check_ids and m and not _capturing(ids):
-            _check_ids(ids, self.experts)
         return m, ids.shape[1]
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
@@ -277,19 +285,41 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _check_ids(ids: torch.Tensor, experts: int) -> None:
-    """One device read: the ids' least and greatest value, and whether a token's row repeats an id (ignoring
-    -1); the message is worked out only when something is wrong."""
-    low, high = torch.aminmax(ids)
-    if ids.shape[1] > 1:
-        ordered = torch.sort(ids, dim=1).values
-        repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, :-1] >= 0)).any()
-        low, high, twice = torch.stack([low, high, repeated.to(ids.dtype)]).tolist()
-    else:
-        low, high, twice = *torch.stack([low, high]).tolist(), 0
-    if low < -1 or high >= experts:
-        bad = ids[(ids < -1) | (ids >= experts)][:4].tolist()
-        raise InvalidInputError(f"topk_ids: expected expert ids in [0, {experts}) or -1 (an expert on another rank), "
-                                f"found {bad}")
-    if twice:
-        raise InvalidInputError("topk_ids: expected distinct expert ids within each token's row, found a repeated id")
+class _IdsCheck:
+    """The ids' check of one eager call, its reductions queued before the call's launches and read after them.
+
+    Queued: the ids' least and greatest value and whether a token's row repeats an id (ignoring -1), copied
+    to host memory as they come. The call's launches are queued next (an id outside ``[0, E)`` contributes
+    nothing and is never read out of bounds), then :meth:`raise_if_bad` waits for the copy. So the GPU runs
+    the call's kernels while the host waits, where a check read before the launches left it idle while
+    the host launched them. The message is worked out only when something is wrong."""
+
+    __slots__ = ("_done", "_flags")
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        low, high = torch.aminmax(ids)
+        if ids.shape[1] > 1:
+            ordered = torch.sort(ids, dim=1).values
+            repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, :-1] >= 0)).any()
+            flags = torch.stack([low, high, repeated.to(ids.dtype)])
+        else:
+            flags = torch.stack([low, high, torch.zeros_like(low)])
+        self._done: torch.cuda.Event | None = None
+        if flags.is_cuda:
+            flags = flags.to("cpu", non_blocking=True)  # into pinned memory, in stream order
+            self._done = torch.cuda.Event()
+            self._done.record()
+        self._flags = flags
+
+    def raise_if_bad(self, ids: torch.Tensor, experts: int) -> None:
+        """Wait for the flags; an :class:`InvalidInputError` if an id is outside ``[0, E)`` and not -1, or repeated
+        in a token's row."""
+        if self._done is not None:
+            self._done.synchronize()
+        low, high, twice = self._flags.tolist()
+        if low < -1 or high >= experts:
+            bad = ids[(ids < -1) | (ids >= experts)][:4].tolist()
+            raise InvalidInputError(f"topk_ids: expected expert ids in [0, {experts}) or -1 (an expert on another "
+                                    f"rank), found {bad}")
+        if twice:
+            raise InvalidInputError("topk_ids: expected distinct expert ids within each token's row, found a repeated id")

@@ -126,6 +126,15 @@ def with_minus_ones(ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
+def with_strays(ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids`` with ids outside ``[0, E)`` that are not -1 (E, 99 and -2; the layer's check raises on them, and
+    a launch must count them nowhere and read nothing for them), and the same ids with those as -1 (what the
+    launch's result must equal). Needs three tokens or more."""
+    stray = ids.clone()
+    stray[0, 0], stray[1, -1], stray[2, 0] = experts, 99, -2
+    return stray, stray.masked_fill((stray < 0) | (stray >= experts), -1)
+
+
 def assert_minus_one_and_nan_rows(run, hidden: int, top_k: int, experts: int) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
     """A launch ``run(x, topk_weights, topk_ids)``: every id -1 gives zeros; a NaN in one token's input makes
     that token's row NaN and leaves the others finite. Returns ``(x, weights, ids)`` for further checks."""

@@ -22,6 +22,7 @@ from fp64_moe_reference import (
     random_routing,
     rel_err,
     with_minus_ones,
+    with_strays,
 )
 from matrix import MATRIX
 
@@ -69,6 +70,15 @@ def test_matches_fp64_with_minus_one_ids(monkeypatch, problem, m: int, k: int, s
     assert rows == [m * k] * 2  # 2100 rows at M 700: the kernel's unswapped path
     first = calls[0].arguments
     assert first["expert_offsets"].shape == (E,) and first["b"].stride()[1] == 1  # the weight's transpose(1, 2) view
+
+
+def test_ids_outside_the_experts_are_counted_nowhere(monkeypatch, problem) -> None:  # type: ignore[no-untyped-def]
+    """What the layer's ids' check runs after (its read comes after the launches): strays give the -1 result."""
+    install(monkeypatch, "sgl_kernel")
+    w, ids = random_routing(5, 2, E, seed=3)
+    stray, minus = with_strays(ids, E)
+    x = torch.randn(5, H, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    _check(_launch(problem)(x, w, stray), problem, x, w, minus)
 
 
 def test_empty_experts_int64_ids_and_fp16(monkeypatch, problem) -> None:  # type: ignore[no-untyped-def]

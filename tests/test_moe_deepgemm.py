@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 from fakes import install
-from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err, with_strays
 from matrix import MATRIX
 
 from fp8select.backends.moe import MoeProblem, MoeWeights
@@ -54,6 +54,17 @@ def test_both_layouts_match_fp64(monkeypatch, problem, layout: str, m: int, skew
     assert [c.ok for c in fake.calls_to(name)] == [True, True]
     if layout == "masked":
         assert fake.last(name).arguments["expected_m"] == max(1, -(-m * 2 // 4))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_ids_outside_the_experts_are_counted_nowhere(monkeypatch, problem, layout: str) -> None:  # type: ignore[no-untyped-def]
+    """What the layer's ids' check runs after (its read comes after the launches): strays give the -1 result."""
+    install(monkeypatch, "deep_gemm")
+    w, ids = random_routing(5, 2, 4, seed=4)
+    stray, minus = with_strays(ids, 4)
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    y = _launch(problem, layout)(x, w, stray)
+    assert rel_err(y, expected_moe(x, *problem.weights(), w, minus, gemm_out=torch.bfloat16)) < TOL / 2
 
 
 def test_a_wrong_scale_layout_is_rejected_by_the_fake(monkeypatch, problem) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 import torch
-from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
+from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err, with_strays
 
 import fp8select
 from fp8select.backends.moe import MoeProblem, MoeWeights
@@ -91,11 +91,39 @@ def test_module_compiles_fullgraph_dynamic(selection, problem) -> None:  # type:
         assert torch.equal(compiled(x, w, ids), module(x, w, ids) + x), m
 
 
+@pytest.mark.parametrize("m", [5, 64])
+def test_every_backend_and_layout_counts_ids_outside_the_experts_nowhere(selection, problem, m: int) -> None:  # type: ignore[no-untyped-def]
+    """Ids outside ``[0, E)`` that are not -1 (E, 99, -2) give the result with those as -1, on every route: what
+    an unchecked call runs, and what a checked eager call has queued when it reads its check."""
+    x, w, ids = _inputs(m, seed=m + 1)
+    stray, minus = with_strays(ids, E)
+    caps = selection.capabilities
+    moe_problem = MoeProblem(E, H, INTER, K, m=m)
+    for backend in moe_chain(selection):
+        prepared = backend.prepare(MoeWeights(*_cuda(problem), (128, 128)), caps)
+        gemm_out = torch.bfloat16 if backend.name in BF16_GEMMS else None
+        want = expected_moe(x, *problem.weights(), w, minus, gemm_out=gemm_out)
+        for layout in backend.layouts:
+            if not backend.supports(moe_problem, caps, layout).ok:
+                continue
+            run = backend.bind(prepared, layout, backend.default_config(moe_problem, layout, m), caps)
+            y = run(x.cuda(), w.cuda(), stray.cuda())
+            torch.cuda.synchronize()
+            assert rel_err(y.cpu(), want) < TOL, (backend.name, layout)
+
+
 def test_bad_ids_are_typed_errors_on_eager_calls(selection, problem) -> None:  # type: ignore[no-untyped-def]
+    """Raised after the call's launches were queued (the check is read after them); the next call is unharmed."""
     moe = selection.prepare_moe(*_cuda(problem), top_k=K)
     x, w, ids = (t.cuda() for t in _inputs(4))
+    good = moe(x, w, ids)
     with pytest.raises(fp8select.InvalidInputError, match="topk_ids"):
         moe(x, w, ids.masked_fill(ids == ids[0, 0], E))
+    with pytest.raises(fp8select.InvalidInputError, match="distinct"):
+        moe(x, w, ids[:, :1].repeat(1, K))
+    with pytest.raises(fp8select.InvalidInputError, match=r"\[-2"):
+        moe(x.clone().t().contiguous().t(), w, ids.masked_fill(ids == ids[1, 1], -2))  # the checked path
+    assert torch.equal(moe(x, w, ids), good)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sgl_kernel") is None, reason="needs sgl_kernel (sglang-kernel 0.4.4)")

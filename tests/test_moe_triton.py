@@ -19,7 +19,7 @@ from interpreted import rebuild
 
 pytest.importorskip("triton")
 
-from fp64_moe_reference import expected_moe, grouped_expected, random_moe, random_routing, rel_err
+from fp64_moe_reference import expected_moe, grouped_expected, random_moe, random_routing, rel_err, with_strays
 from fp64_reference import quantize_groups
 from matrix import MATRIX
 
@@ -57,6 +57,17 @@ def test_experts_match_fp64_with_minus_one_and_idle_experts(problem, config, ske
     x = torch.randn(6, 256).to(torch.bfloat16)
     y = experts(x, w, ids, config)
     assert y.dtype == torch.bfloat16 and rel_err(y, expected_moe(x, *problem.weights(), w, ids)) < TOL
+
+
+@pytest.mark.parametrize("fused", [1, 0])
+def test_ids_outside_the_experts_are_counted_nowhere(problem, fused: int) -> None:  # type: ignore[no-untyped-def]
+    """What the layer's ids' check runs after (its read comes after the launches): strays give the -1 result."""
+    experts = moe_triton.TritonExperts(*problem.weights())
+    w, ids = random_routing(5, 2, 4, seed=5)
+    stray, minus = with_strays(ids, 4)
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    y = experts(x, w, stray, _cfg(16, 0, fused=fused))
+    assert rel_err(y, expected_moe(x, *problem.weights(), w, minus)) < TOL
 
 
 @pytest.mark.parametrize("fused", [1, 0])
