@@ -51,18 +51,23 @@ def test_every_backend_and_layout_within_1e2(selection, problem, m: int, skew: b
     x, w, ids = _inputs(m, seed=m, skew=skew)
     ids[0, -1] = -1
     want = expected_moe(x, *problem.weights(), w, ids)
+    for name, layout, run in _every_route(selection, problem, m):
+        y = run(x.cuda(), w.cuda(), ids.cuda()).cpu()
+        gemm_out = torch.bfloat16 if name in BF16_GEMMS else None  # the vendors write gate/up in bf16
+        ref = want if gemm_out is None else expected_moe(x, *problem.weights(), w, ids, gemm_out=gemm_out)
+        assert rel_err(y, ref) < TOL, (name, layout)
+
+
+def _every_route(selection, problem, m: int):  # type: ignore[no-untyped-def]
+    """``(backend, layout, launch)`` for every backend of the MoE chain and every layout it accepts at M ``m``,
+    at its default configuration."""
     caps = selection.capabilities
     moe_problem = MoeProblem(E, H, INTER, K, m=m)
     for backend in moe_chain(selection):
         prepared = backend.prepare(MoeWeights(*_cuda(problem), (128, 128)), caps)
         for layout in backend.layouts:
-            if not backend.supports(moe_problem, caps, layout).ok:
-                continue
-            run = backend.bind(prepared, layout, backend.default_config(moe_problem, layout, m), caps)
-            y = run(x.cuda(), w.cuda(), ids.cuda()).cpu()
-            gemm_out = torch.bfloat16 if backend.name in BF16_GEMMS else None  # the vendors write gate/up in bf16
-            ref = want if gemm_out is None else expected_moe(x, *problem.weights(), w, ids, gemm_out=gemm_out)
-            assert rel_err(y, ref) < TOL, (backend.name, layout)
+            if backend.supports(moe_problem, caps, layout).ok:
+                yield backend.name, layout, backend.bind(prepared, layout, backend.default_config(moe_problem, layout, m), caps)
 
 
 def test_cuda_graph_replay_equals_eager(selection, problem) -> None:  # type: ignore[no-untyped-def]
@@ -98,15 +103,8 @@ def test_every_backend_and_layout_counts_ids_outside_the_experts_nowhere(selecti
     runs, and what a checked eager call has queued when it reads its check."""
     x, w, ids = (t.cuda() for t in _inputs(m, seed=m + 1))
     stray, minus = with_strays(ids, E)
-    caps = selection.capabilities
-    moe_problem = MoeProblem(E, H, INTER, K, m=m)
-    for backend in moe_chain(selection):
-        prepared = backend.prepare(MoeWeights(*_cuda(problem), (128, 128)), caps)
-        for layout in backend.layouts:
-            if not backend.supports(moe_problem, caps, layout).ok:
-                continue
-            run = backend.bind(prepared, layout, backend.default_config(moe_problem, layout, m), caps)
-            assert torch.equal(run(x, w, stray), run(x, w, minus)), (backend.name, layout)
+    for name, layout, run in _every_route(selection, problem, m):
+        assert torch.equal(run(x, w, stray), run(x, w, minus)), (name, layout)
 
 
 def test_bad_ids_are_typed_errors_on_eager_calls(selection, problem) -> None:  # type: ignore[no-untyped-def]
