@@ -237,11 +237,14 @@ class Fp8MoE:
         m, top_k = self._check(x, topk_weights, topk_ids)
         if m == 0:
             return torch.empty((0, self.hidden), dtype=x.dtype, device=x.device)
+        pending = _IdsCheck(topk_ids) if self.check_ids and not _capturing(topk_ids) else None
         launches = self._launches.get((x.dtype, top_k))
-        if launches is None:
+        if launches is None:  # the first call at this dtype and top-k: bad ids raise before it plans
+            if pending is not None:
+                pending.raise_if_bad(topk_ids, self.experts)
+                pending = None
             self._plan_for(x.dtype, top_k)
             launches = self._launches[(x.dtype, top_k)]
-        pending = _IdsCheck(topk_ids) if self.check_ids and not _capturing(topk_ids) else None
         with torch.no_grad():
             y = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](
                 x.contiguous(), topk_weights.contiguous(), topk_ids.contiguous())

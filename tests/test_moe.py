@@ -108,6 +108,16 @@ def test_bad_routing_is_a_typed_error(moe, case: str) -> None:  # type: ignore[n
     assert fragment in str(info.value)
 
 
+def test_bad_ids_at_a_new_top_k_raise_before_it_is_planned(problem) -> None:  # type: ignore[no-untyped-def]
+    moe = resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=K)
+    w, ids = random_routing(3, 3, E, seed=8)
+    with pytest.raises(InvalidInputError, match="topk_ids"):
+        moe(_x(3), w, ids.masked_fill(ids == ids[0, 0], E))
+    assert (torch.bfloat16, 3) not in moe.plans  # nothing planned for a bad call
+    assert rel_err(moe(_x(3), w, ids), expected_moe(_x(3), *problem.weights(), w, ids)) < TOL
+    assert (torch.bfloat16, 3) in moe.plans
+
+
 def test_bad_activation_is_a_typed_error(moe) -> None:  # type: ignore[no-untyped-def]
     w, ids = random_routing(3, K, E, seed=6)
     with pytest.raises(InvalidDtypeError, match="x: expected dtype"):
