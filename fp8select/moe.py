@@ -223,9 +223,9 @@ class Fp8MoE:
                 if launches is not None and m:
                     launch = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET]
                     if self.check_ids and not _capturing(topk_ids):
-                        pending = _IdsCheck(topk_ids)
+                        pending = _IdsCheck(topk_ids, self.experts)
                         y = launch(x, topk_weights, topk_ids)
-                        pending.raise_if_bad(topk_ids, self.experts)
+                        pending.raise_if_bad()
                         return y
                     return launch(x, topk_weights, topk_ids)
         return self._checked_forward(x, topk_weights, topk_ids)
@@ -237,11 +237,11 @@ class Fp8MoE:
         m, top_k = self._check(x, topk_weights, topk_ids)
         if m == 0:
             return torch.empty((0, self.hidden), dtype=x.dtype, device=x.device)
-        pending = _IdsCheck(topk_ids) if self.check_ids and not _capturing(topk_ids) else None
+        pending = _IdsCheck(topk_ids, self.experts) if self.check_ids and not _capturing(topk_ids) else None
         launches = self._launches.get((x.dtype, top_k))
         if launches is None:  # the first call at this dtype and top-k: bad ids raise before it plans
             if pending is not None:
-                pending.raise_if_bad(topk_ids, self.experts)
+                pending.raise_if_bad()
                 pending = None
             self._plan_for(x.dtype, top_k)
             launches = self._launches[(x.dtype, top_k)]
@@ -249,7 +249,7 @@ class Fp8MoE:
             y = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET](
                 x.contiguous(), topk_weights.contiguous(), topk_ids.contiguous())
         if pending is not None:
-            pending.raise_if_bad(topk_ids, self.experts)
+            pending.raise_if_bad()
         return y
 
     def _check(self, x: object, topk_weights: object, topk_ids: object) -> tuple[int, int]:
@@ -297,9 +297,10 @@ class _IdsCheck:
     the call's kernels while the host waits, where a check read before the launches left it idle while
     the host launched them. The message is worked out only when something is wrong."""
 
-    __slots__ = ("_done", "_flags")
+    __slots__ = ("_done", "_experts", "_flags", "_ids")
 
-    def __init__(self, ids: torch.Tensor) -> None:
+    def __init__(self, ids: torch.Tensor, experts: int) -> None:
+        self._ids, self._experts = ids, experts
         low, high = torch.aminmax(ids)
         if ids.shape[1] > 1:
             ordered = torch.sort(ids, dim=1).values
@@ -314,12 +315,13 @@ class _IdsCheck:
             self._done.record()
         self._flags = flags
 
-    def raise_if_bad(self, ids: torch.Tensor, experts: int) -> None:
+    def raise_if_bad(self) -> None:
         """Wait for the flags; an :class:`InvalidInputError` if an id is outside ``[0, E)`` and not -1, or repeated
         in a token's row."""
         if self._done is not None:
             self._done.synchronize()
         low, high, twice = self._flags.tolist()
+        ids, experts = self._ids, self._experts
         if low < -1 or high >= experts:
             bad = ids[(ids < -1) | (ids >= experts)][:4].tolist()
             raise InvalidInputError(f"topk_ids: expected expert ids in [0, {experts}) or -1 (an expert on another "
