@@ -27,8 +27,9 @@ from fp8select import InvalidDtypeError, InvalidInputError, resolve
 from fp8select.grouped import grouped_gemm_contiguous, grouped_gemm_masked
 from fp8select.kernels import moe_triton, moe_triton_kernels
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config
-from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
-from fp8select.kernels.moe_routing import route
+from fp8select.kernels.moe_reference import quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch
+from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
+from fp8select.kernels.quant import quantize_per_token_group
 
 if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
     rebuild("moe_triton_kernels", "moe_triton", force=True)
@@ -212,6 +213,76 @@ def test_silu_mul_quant_of_a_sorted_layout_computes_the_rows_holding_a_slot() ->
     used = routing.slot_ids < routing.slots
     assert 0 < int(used.sum()) < routing.rows - 16  # partial blocks, and a block (program) of padding alone
     assert torch.equal(q[used].view(torch.uint8), full_q[used].view(torch.uint8)) and torch.equal(s[used], full_s[used])
+
+
+def _filled(shape: tuple[int, ...], dtype: torch.dtype, strides: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A tensor every element of which is a sentinel (fp8 bits 0x11, scales -7): rows left unset stay so."""
+    t = torch.empty_strided(shape, strides or torch.empty(shape).stride(), dtype=dtype)
+    if dtype == torch.float32:
+        return t.fill_(-7.0)
+    t.view(torch.uint8).fill_(0x11)
+    return t
+
+
+@pytest.mark.parametrize("quantize_slots", [moe_triton.quantize_slots, quantize_slots_torch], ids=["triton", "torch"])
+def test_quantize_slots_writes_each_slots_token_at_its_row_in_the_vendors_scale_layout(quantize_slots) -> None:  # type: ignore[no-untyped-def]
+    """The bits of the quantizer at each slot's row: masked rows with scales MN-major per expert, and sorted rows
+    (row_of_slot, checked against slot_ids) with MN-major TMA-aligned scales; -1 and stray ids and the rows no
+    slot names are left as they were. NaN in a token's group makes that group's scale and values NaN."""
+    x = (torch.randn(5, 300) * 4).to(torch.bfloat16)
+    x[3, 140] = float("nan")
+    ids = with_strays(torch.tensor([[0, 2], [2, -1], [1, 2], [2, 0], [3, 1]], dtype=torch.int32), 3)[0]
+    x_q, x_s = quantize_per_token_group(x, 128, dtype=torch.float8_e4m3fn)
+    k, experts, max_m = 2, 3, 4
+    flat = ids.reshape(-1)
+    # Masked: [E, max_m] rows, scales [E, max_m, G] MN-major per expert.
+    routing = route(ids, experts, 1, max_m=max_m, kernel=False)
+    rows = masked_rows(routing, experts, max_m)
+    q = _filled((experts * max_m, 300), torch.float8_e4m3fn)
+    scale = _filled((experts, 3, max_m), torch.float32).transpose(1, 2)
+    quantize_slots(x, rows, k, q, scale)
+    written = set()
+    for slot, expert in enumerate(flat.tolist()):
+        if 0 <= expert < experts:
+            row = int(rows[slot])
+            written.add(row)
+            assert torch.equal(q[row].view(torch.uint8), x_q[slot // k].view(torch.uint8))
+            assert torch.allclose(scale[row // max_m, row % max_m], x_s[slot // k], rtol=0, atol=0, equal_nan=True)
+    assert 0 < len(written) < experts * max_m
+    for row in set(range(experts * max_m)) - written:
+        assert bool((q[row].view(torch.uint8) == 0x11).all()) and bool((scale[row // max_m, row % max_m] == -7).all())
+    # Sorted rows, as DeepGEMM's contiguous layout reads them: scales [R, G] MN-major, TMA-aligned (R padded to 4).
+    routing = route(ids, experts, 8, kernel=False)
+    slot_row = row_of_slot(routing)
+    q = _filled((routing.rows, 300), torch.float8_e4m3fn)
+    scale = _filled((routing.rows, 3), torch.float32, (1, routing.rows))
+    quantize_slots(x, slot_row, k, q, scale, slot_ids=routing.slot_ids)
+    held = routing.slot_ids < routing.slots
+    for row in range(routing.rows):
+        if bool(held[row]):
+            token = int(routing.slot_ids[row]) // k
+            assert torch.equal(q[row].view(torch.uint8), x_q[token].view(torch.uint8))
+            assert torch.allclose(scale[row], x_s[token], rtol=0, atol=0, equal_nan=True)
+        else:  # padding, and row 0's namesakes: the slots routed nowhere (row_of_slot gives them 0)
+            assert bool((q[row].view(torch.uint8) == 0x11).all()) and bool((scale[row] == -7).all())
+    assert bool(scale[slot_row[6]].isnan()[1]) and not bool(scale[slot_row[6]].isnan()[0])  # token 3's group 1
+
+
+@pytest.mark.parametrize("silu", [moe_triton.silu_mul_quant, silu_mul_quant_torch], ids=["triton", "torch"])
+def test_silu_mul_quant_writes_its_scales_into_the_layout_given(silu) -> None:  # type: ignore[no-untyped-def]
+    """The same bits as row-major scales, written MN-major per group of rows (the masked layout) or MN-major over
+    all rows; the returned scale is the tensor given."""
+    groups, group_rows = 2, 16
+    h = (torch.randn(groups * group_rows, 2 * 256) * 3).to(torch.bfloat16)
+    full_q, full_s = silu(h, torch.float8_e4m3fn)
+    counts = torch.tensor([group_rows, group_rows], dtype=torch.int32)
+    per_expert = torch.empty((groups, 2, group_rows)).transpose(1, 2)
+    q, s = silu(h, torch.float8_e4m3fn, counts, group_rows, scale=per_expert)
+    assert s is per_expert and torch.equal(s.reshape(-1, 2), full_s)
+    assert torch.equal(q.view(torch.uint8), full_q.view(torch.uint8))
+    mn_major = torch.empty_strided((groups * group_rows, 2), (1, groups * group_rows))
+    q, s = silu(h, torch.float8_e4m3fn, scale=mn_major)
+    assert s is mn_major and torch.equal(s, full_s) and torch.equal(q.view(torch.uint8), full_q.view(torch.uint8))
 
 
 def _rows(e: int, n: int, k: int, rows: int, seed: int = 5):  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -35,7 +35,7 @@ from fp8select.problem import dtype_name
 from fp8select.verdict import Verdict
 
 __all__ = ["FlashInferMoe", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
-           "TorchGroupedMoe", "TritonMoe", "epilogue_helpers", "gather_rows", "nan_where_nonfinite"]
+           "Helpers", "TorchGroupedMoe", "TritonMoe", "gather_rows", "helpers", "nan_where_nonfinite"]
 
 MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
@@ -94,16 +94,27 @@ def nan_where_nonfinite(y: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor
     return y.masked_fill(poisoned.unsqueeze(1), float("nan"))
 
 
-def epilogue_helpers(device: torch.device) -> tuple[Any, Any]:
-    """What a vendor backend runs around its grouped GEMMs, ``(silu_mul_quant, weighted_sum)``: fp8select's
-    Triton kernels on a GPU, torch elsewhere (CPU tests against the fakes)."""
+class Helpers(NamedTuple):
+    """What a vendor backend runs around its grouped GEMMs (:func:`helpers`)."""
+
+    quantize_slots: Any
+    """``quantize_slots(x, rows, top_k, q, scale)``: the tokens quantized into the vendor's rows and scale layout."""
+    silu_mul_quant: Any
+    """``silu_mul_quant(h, dtype, ...) -> (q, scale)``: the gate-up output's activation, quantized."""
+    weighted_sum: Any
+    """``weighted_sum(out, row_map, topk_ids, topk_weights, experts, dtype) -> y``."""
+
+
+def helpers(device: torch.device) -> Helpers:
+    """What a vendor backend runs around its grouped GEMMs: fp8select's Triton kernels on a GPU, torch elsewhere
+    (CPU tests against the fakes)."""
     if device.type == "cuda":
-        from fp8select.kernels.moe_triton import silu_mul_quant, weighted_sum
+        from fp8select.kernels.moe_triton import quantize_slots, silu_mul_quant, weighted_sum
 
-        return silu_mul_quant, weighted_sum
-    from fp8select.kernels.moe_reference import silu_mul_quant_torch, weighted_sum_torch
+        return Helpers(quantize_slots, silu_mul_quant, weighted_sum)
+    from fp8select.kernels.moe_reference import quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch
 
-    return silu_mul_quant_torch, weighted_sum_torch
+    return Helpers(quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch)
 
 
 class MoeBackend:

@@ -54,8 +54,8 @@ from fp8select.backends.moe import (
     MoeLaunch,
     MoeProblem,
     MoeWeights,
-    epilogue_helpers,
     gather_rows,
+    helpers,
 )
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.quant import ROW_MAJOR
@@ -148,7 +148,7 @@ class CutlassMoe(MoeBackend):
         e, two_i, hidden = w.w13.shape
         device = w.w13.device
         quantize = bind_quantizer(hidden, w.w13.dtype, ROW_MAJOR, device)
-        silu_mul_quant, weighted_sum = epilogue_helpers(device)
+        _, silu_mul_quant, weighted_sum = helpers(device)
         grouped_mm, prepare_input = s.grouped_mm.fn, s.prepare_input.fn
         offsets = s.expert_offsets[:e]
         ps1, ps2 = s.problem_sizes

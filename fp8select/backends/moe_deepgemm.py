@@ -11,9 +11,10 @@ row (-1: a padding block, skipped), ``b`` ``[E, N, K]`` with fp32 ``[E, N/128, K
 Activation scales fp32, MN-major and TMA-aligned (per
 expert for the masked form). Only ``a, b, d`` and the layout arguments are passed, positionally.
 
-What runs around the two GEMMs (fp8select's): the activation quantizer, the permutation of the
-quantized rows into the layout (gathers, no host synchronisation), ``silu(gate) * up`` of DeepGEMM's
-bf16 output with its 1x128 quantization, and the weighted sum back to the tokens. ``contiguous``
+What runs around the two GEMMs (fp8select's kernels, no host synchronisation): the routing, one launch
+that quantizes each slot's token straight into its row of the layout and its scale into DeepGEMM's
+scale layout, ``silu(gate) * up`` of DeepGEMM's bf16 output with its 1x128 quantization (the rows holding
+a slot only, its scales written in that layout too), and the weighted sum back to the tokens. ``contiguous``
 suits prefill (every expert padded to 128 rows); ``masked`` decode and CUDA graphs (``[E, M]`` rows,
 each token's experts distinct: top-k routing; a repeated id beyond M rows of one expert is dropped).
 
@@ -27,17 +28,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
+from fp8select.backends._vendor import EntryPoint, require
 from fp8select.backends.moe import (
     MoeBackend,
     MoeLaunch,
     MoeWeights,
-    epilogue_helpers,
-    gather_rows,
+    helpers,
 )
 from fp8select.capabilities import Capabilities
-from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot, token_of_row
-from fp8select.kernels.quant import ROW_MAJOR, ScaleLayout, empty_scale
+from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
+from fp8select.kernels.quant import ScaleLayout, empty_scale
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
 
 __all__ = ["CONTIGUOUS", "MASKED", "DeepGemmMoe"]
@@ -62,21 +62,6 @@ class DeepGemmExperts:
     contiguous: EntryPoint
     masked: EntryPoint
     alignment: int
-
-
-def _mn_major(scale: torch.Tensor) -> torch.Tensor:
-    out = empty_scale(scale.shape[0], scale.shape[1], TMA, scale.device)
-    out.copy_(scale)
-    return out
-
-
-def _masked_scale(rows: torch.Tensor, experts: int, max_m: int) -> torch.Tensor:
-    """``[E * max_m, G]`` scales as ``[E, max_m, G]``, MN-major per expert (strides ``(G * max_m, 1, max_m)``);
-    ``max_m`` is a multiple of 4, so each expert's columns are TMA-aligned."""
-    groups = rows.shape[1]
-    out = torch.empty((experts, groups, max_m), dtype=torch.float32, device=rows.device).transpose(1, 2)
-    out.copy_(rows.view(experts, max_m, groups))
-    return out
 
 
 class DeepGemmMoe(MoeBackend):
@@ -105,47 +90,57 @@ class DeepGemmMoe(MoeBackend):
         experts: DeepGemmExperts = prepared
         w = experts.weights
         e, two_i, hidden = w.w13.shape
-        device = w.w13.device
-        quantize = bind_quantizer(hidden, w.w13.dtype, ROW_MAJOR, device)
-        silu_mul_quant, weighted_sum = epilogue_helpers(device)
+        device, fp8 = w.w13.device, w.w13.dtype
+        quantize_slots, silu_mul_quant, weighted_sum = helpers(device)
         b13, b2 = (w.w13, w.w13_scale), (w.w2, w.w2_scale)
 
         def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-            m, k = topk_ids.shape
+            k = topk_ids.shape[1]
             routing = route(topk_ids, e, experts.alignment)
-            token = token_of_row(routing, k, m)  # padding rows read token m-1
-            x_q, x_s = quantize(x)
-            a = (gather_rows(x_q, token), _mn_major(x_s.index_select(0, token)))
+            slot_row = row_of_slot(routing)
+            # Each slot's token quantized straight into its row; the padding rows are left unset (a GEMM's rows
+            # are independent, and no padding row is read back).
+            a = (torch.empty((routing.rows, hidden), dtype=fp8, device=device),
+                 empty_scale(routing.rows, _groups(hidden), TMA, device))
+            quantize_slots(x, slot_row, k, *a, slot_ids=routing.slot_ids)
             layout_rows = routing.block_expert.repeat_interleave(experts.alignment)
             d1 = torch.empty((routing.rows, two_i), dtype=torch.bfloat16, device=device)
             experts.contiguous.fn(a, b13, d1, layout_rows)
-            q, q_s = silu_mul_quant(d1, w.w2.dtype)
+            q_s = empty_scale(routing.rows, _groups(two_i // 2), TMA, device)
+            q, q_s = silu_mul_quant(d1, w.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots, scale=q_s)
             d2 = torch.empty((routing.rows, hidden), dtype=torch.bfloat16, device=device)
-            experts.contiguous.fn((q, _mn_major(q_s)), b2, d2, layout_rows)
-            return weighted_sum(d2, row_of_slot(routing), topk_ids, topk_weights, e, x.dtype)
+            experts.contiguous.fn((q, q_s), b2, d2, layout_rows)
+            return weighted_sum(d2, slot_row, topk_ids, topk_weights, e, x.dtype)
 
         def masked(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             max_m = -(-m // MASKED_BLOCK_M) * MASKED_BLOCK_M
             routing = route(topk_ids, e, 1, max_m=max_m)  # on a GPU, the masked rows in the same launch
             rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere
-            token = torch.arange(m * k, device=device) // k
-            x_q, x_s = quantize(x)
             # Rows past an expert's count are never read back (a GEMM's rows are independent): left unset,
             # not filled (E * max_m * H bytes a call: 235 MB at 256 local experts of DeepSeek-V3).
-            a_rows = torch.empty((e * max_m + 1, hidden), dtype=torch.uint8, device=device)
-            a_rows.index_copy_(0, rows, x_q.view(torch.uint8).index_select(0, token))
-            s_rows = torch.empty((e * max_m + 1, x_s.shape[1]), dtype=torch.float32, device=device)
-            s_rows.index_copy_(0, rows, x_s.index_select(0, token))
-            a = (a_rows[: e * max_m].view(w.w13.dtype).view(e, max_m, hidden), _masked_scale(s_rows[: e * max_m], e, max_m))
+            a = (torch.empty((e, max_m, hidden), dtype=fp8, device=device), _masked_scale(e, max_m, hidden, device))
+            quantize_slots(x, rows, k, a[0].view(e * max_m, hidden), a[1])
             counts = routing.counts.clamp(max=max_m).to(torch.int32)
             expected = max(1, -(-m * k // e))
             d1 = torch.empty((e, max_m, two_i), dtype=torch.bfloat16, device=device)
             experts.masked.fn(a, b13, d1, counts, expected)
-            q, q_s = silu_mul_quant(d1.view(e * max_m, two_i), w.w2.dtype, counts, max_m, m)  # the used rows only
+            q, q_s = silu_mul_quant(d1.view(e * max_m, two_i), w.w2.dtype, counts, max_m, m,  # the used rows only
+                                    scale=_masked_scale(e, max_m, two_i // 2, device))
             d2 = torch.empty((e, max_m, hidden), dtype=torch.bfloat16, device=device)
-            experts.masked.fn((q.view(e, max_m, -1), _masked_scale(q_s, e, max_m)), b2, d2, counts, expected)
+            experts.masked.fn((q.view(e, max_m, -1), q_s), b2, d2, counts, expected)
             return weighted_sum(d2.view(e * max_m, hidden), rows.clamp(max=e * max_m - 1), topk_ids, topk_weights, e,
                                 x.dtype)
 
         return contiguous if layout == "contiguous" else masked
+
+
+def _groups(k: int) -> int:
+    return -(-k // 128)
+
+
+def _masked_scale(experts: int, max_m: int, k: int, device: torch.device) -> torch.Tensor:
+    """fp32 ``[E, max_m, ceil(K/128)]`` scales, MN-major per expert (strides ``(G * max_m, 1, max_m)``); ``max_m`` is
+    a multiple of 4, so each expert's columns are TMA-aligned."""
+    return torch.empty((experts, _groups(k), max_m), dtype=torch.float32, device=device).transpose(1, 2)
+

@@ -49,8 +49,8 @@ from fp8select.backends.moe import (
     MoeLaunch,
     MoeProblem,
     MoeWeights,
-    epilogue_helpers,
     gather_rows,
+    helpers,
     nan_where_nonfinite,
 )
 from fp8select.backends.npu import AscendArch35
@@ -109,7 +109,7 @@ class NpuMoe(MoeBackend):
         experts = p.weights.w13.shape[0]
         fp8 = p.weights.w13.dtype
         quant, grouped_mm = p.quant.fn, p.grouped_mm.fn
-        silu_mul_quant, weighted_sum = epilogue_helpers(p.weights.w13.device)
+        _, silu_mul_quant, weighted_sum = helpers(p.weights.w13.device)
 
         def gemm(a: torch.Tensor, a_scale: torch.Tensor, b: tuple[torch.Tensor, torch.Tensor],
                  counts: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,8 @@ import torch
 from .exact import block_scaled_product
 from .quant import quantize_per_token_group
 
-__all__ = ["dequantize_blocks", "experts_reference", "grouped_gemm_reference", "silu_mul_quant_torch", "weighted_sum_torch"]
+__all__ = ["dequantize_blocks", "experts_reference", "grouped_gemm_reference", "quantize_slots_torch", "silu_mul_quant_torch",
+           "weighted_sum_torch"]
 
 
 def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
@@ -83,13 +84,40 @@ def grouped_gemm_reference(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
 
 
 def silu_mul_quant_torch(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
-                         group_rows: int = 0, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``silu(h[:, :I]) * h[:, I:]`` of ``[R, 2I]`` in fp32, quantized per 1x128 group (row-major scales).
-    ``counts``/``group_rows``/``most`` (the Triton version's, which skips a masked layout's unused rows) are
-    accepted and every row computed: rows past the counts are unspecified either way."""
+                         group_rows: int = 0, most: int | None = None, *, slot_ids: torch.Tensor | None = None,
+                         slots: int = 0, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu(h[:, :I]) * h[:, I:]`` of ``[R, 2I]`` in fp32, quantized per 1x128 group: row-major scales, or
+    written into ``scale`` (``[R, G]`` or ``[R / group_rows, group_rows, G]``, any strides) and returned. The
+    arguments the Triton version takes to skip unused rows (``counts``, ``group_rows``, ``most``, ``slot_ids``,
+    ``slots``) are accepted and every row computed: unused rows are unspecified either way."""
     inter = h.shape[1] // 2
     hf = h.to(torch.float32)
-    return quantize_per_token_group(torch.nn.functional.silu(hf[:, :inter]) * hf[:, inter:], 128, dtype=dtype)
+    q, s = quantize_per_token_group(torch.nn.functional.silu(hf[:, :inter]) * hf[:, inter:], 128, dtype=dtype)
+    if scale is None:
+        return q, s
+    scale.copy_(s.view(scale.shape))
+    return q, scale
+
+
+def quantize_slots_torch(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Tensor, scale: torch.Tensor,
+                         slot_ids: torch.Tensor | None = None) -> None:
+    """:func:`fp8select.kernels.moe_triton.quantize_slots` in torch ops: each slot's token of ``x`` quantized per
+    1x128 group into row ``rows[slot]`` of ``q`` ``[L, H]`` and of ``scale`` (``[L, G]`` or ``[B, L / B, G]``);
+    slots whose row is ``L`` or more skipped, and with ``slot_ids`` those it does not hold at that row."""
+    x_q, x_s = quantize_per_token_group(x, 128, dtype=q.dtype)
+    limit = q.shape[0]
+    ok = rows < limit
+    if slot_ids is not None:
+        slot = torch.arange(rows.shape[0], device=rows.device)
+        ok &= slot_ids.to(torch.int64)[rows.clamp(0, max(limit - 1, 0))] == slot
+    used = torch.nonzero(ok).flatten()
+    dest, token = rows[used].to(torch.int64), used // top_k
+    q.view(torch.uint8)[dest] = x_q.view(torch.uint8)[token]
+    if scale.dim() == 3:
+        per_block = scale.shape[1]
+        scale[dest // per_block, dest % per_block] = x_s[token]
+    else:
+        scale[dest] = x_s[token]
 
 
 def weighted_sum_torch(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torch.Tensor,

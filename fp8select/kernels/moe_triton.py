@@ -25,7 +25,8 @@ from .triton_device import wgmma_runs
 from .triton_pdl import PDL_MAX_M, pdl_launch, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
-__all__ = ["TritonExperts", "grouped_gemm_rows", "launches_with_pdl", "silu_mul_quant", "weighted_sum"]
+__all__ = ["TritonExperts", "grouped_gemm_rows", "launches_with_pdl", "quantize_slots", "scale_rows", "silu_mul_quant",
+           "weighted_sum"]
 
 _SUM_BLOCK_H = 1024
 
@@ -233,11 +234,48 @@ SILU_BLOCK_R = 16
 """Rows per program of the silu*up quantization."""
 
 
+def scale_rows(scale: torch.Tensor) -> tuple[int, int, int, int]:
+    """``(rows per block, block stride, row stride, group stride)`` of a scale tensor the kernels write through its
+    strides: ``[R, G]`` (one block; any strides: row-major, or MN-major and TMA-aligned) or ``[B, R, G]`` (a masked
+    layout's ``B`` experts, e.g. MN-major per expert)."""
+    if scale.dim() == 2:
+        return max(scale.shape[0], 1), 0, scale.stride(0), scale.stride(1)
+    return max(scale.shape[1], 1), scale.stride(0), scale.stride(1), scale.stride(2)
+
+
+def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Tensor, scale: torch.Tensor,
+                   slot_ids: torch.Tensor | None = None) -> None:
+    """Each slot's token (``slot // top_k``) of ``x`` ``[M, H]`` quantized per 1x128 group (as the quantizer does,
+    bit for bit) into row ``rows[slot]`` of ``q`` ``[L, H]`` and of ``scale`` (``[L, G]`` or ``[B, L / B, G]``,
+    any strides: :func:`scale_rows`); a slot whose row is ``L`` or more is skipped, and rows no slot names are
+    left unset. With ``slot_ids`` (a sorted layout's: ``rows`` is then :func:`.moe_routing.row_of_slot`, whose
+    0 for a slot routed nowhere is not its row) only the slots it holds at their rows are written. One launch
+    for the quantizer, the gathers into a vendor's layout and its scales' re-layout."""
+    from . import moe_triton_kernels as kernels
+
+    slots, hidden = rows.shape[0], x.shape[1]
+    if slots == 0:
+        return
+    per_block, stride_sb, stride_sm, stride_sg = scale_rows(scale)
+    kernels._quant_slots_kernel[(_ceil_div(slots, _SLOTS_BLOCK), _ceil_div(hidden, 128))](
+        x, rows, rows if slot_ids is None else slot_ids, q, scale, slots, hidden, q.shape[0], x.stride(0), q.stride(0),
+        stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS, TOP_K=top_k, BLOCK_S=_SLOTS_BLOCK,
+        HAS_SLOTS=slot_ids is not None,
+        HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4)
+
+
+_SLOTS_BLOCK = 16
+"""Slots per program of :func:`quantize_slots`."""
+
+
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
                    group_rows: int = 0, most: int | None = None, *, slot_ids: torch.Tensor | None = None,
-                   slots: int = 0, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   slots: int = 0, scale: torch.Tensor | None = None,
+                   pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of a ``[R, 2I]`` GEMM output, quantized per 1x128 group:
-    ``(q [R, I] in dtype, row-major fp32 scales [R, ceil(I/128)])``. With ``counts`` (int32 ``[G]``) the
+    ``(q [R, I] in dtype, fp32 scales)``, the scales row-major ``[R, ceil(I/128)]``, or written into ``scale``
+    (``[R, G]`` or ``[R / group_rows, group_rows, G]``, any strides: :func:`scale_rows`), the layout a vendor's
+    next GEMM reads, and returned. With ``counts`` (int32 ``[G]``) the
     rows are G groups of ``group_rows`` (a multiple of :data:`SILU_BLOCK_R`: a masked layout) and only
     each group's first ``counts[g]`` rows (rounded up to the program's rows) are computed; the others
     are left unset. ``most``: a bound on every count the caller knows (a masked layout's tokens: no
@@ -251,7 +289,8 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
     rows, inter = h.shape[0], h.shape[1] // 2
     groups = _ceil_div(inter, 128)
     q = torch.empty((rows, inter), dtype=dtype, device=h.device)
-    scale = torch.empty((rows, groups), dtype=torch.float32, device=h.device)
+    if scale is None:
+        scale = torch.empty((rows, groups), dtype=torch.float32, device=h.device)
     if rows == 0:
         return q, scale
     if counts is not None and (group_rows <= 0 or group_rows % SILU_BLOCK_R or rows % group_rows):
@@ -261,9 +300,11 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
     else:
         group_blocks = _ceil_div(group_rows if most is None else max(min(most, group_rows), 1), SILU_BLOCK_R)
         programs = rows // group_rows * group_blocks
+    per_block, stride_sb, stride_sm, stride_sg = scale_rows(scale)
     kernels._silu_mul_quant_kernel[(programs, groups)](
         h, q, scale, scale if counts is None else counts, scale if slot_ids is None else slot_ids, rows, inter,
-        h.stride(0), q.stride(0), scale.stride(0), max(group_rows, 1), group_blocks, slots, DEFAULT_EPS,
+        h.stride(0), q.stride(0), stride_sb, stride_sm, stride_sg, per_block, max(group_rows, 1), group_blocks, slots,
+        DEFAULT_EPS,
         BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None, HAS_SLOTS=slot_ids is not None,
         HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=8,
         **pdl_launch(pdl))

@@ -282,10 +282,10 @@ def _weighted_sum_kernel(
 # The per-call sizes are not specialized (one compiled kernel serves every M); the strides, fixed by the
 # layer's I, are: known multiples of 16, the row loads and stores are vectorized (1.3-1.5x the time
 # without, at decode on the H200).
-@triton.jit(do_not_specialize=["R", "GROUP_ROWS", "GROUP_BLOCKS", "slots"])
+@triton.jit(do_not_specialize=["R", "SCALE_ROWS", "GROUP_ROWS", "GROUP_BLOCKS", "slots"])
 def _silu_mul_quant_kernel(
-    h_ptr, q_ptr, s_ptr, counts_ptr, slot_ids_ptr, R, INTER, stride_hm, stride_qm, stride_sm, GROUP_ROWS,
-    GROUP_BLOCKS, slots, eps,
+    h_ptr, q_ptr, s_ptr, counts_ptr, slot_ids_ptr, R, INTER, stride_hm, stride_qm, stride_sb, stride_sm, stride_sg,
+    SCALE_ROWS, GROUP_ROWS, GROUP_BLOCKS, slots, eps,
     BLOCK_R: tl.constexpr, HAS_COUNTS: tl.constexpr, HAS_SLOTS: tl.constexpr, FP8_MAX: tl.constexpr,
     FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -296,7 +296,9 @@ def _silu_mul_quant_kernel(
     cover the first ``GROUP_BLOCKS`` blocks of BLOCK_R rows each (a bound on every count), and a program
     whose rows start at or past its group's ``counts`` returns at once (a masked layout's unused rows).
     With ``HAS_SLOTS`` the rows are the sorted layout's: a row whose ``slot_ids`` entry is ``slots`` or
-    more (padding) is skipped, and a program with none used returns at once."""
+    more (padding) is skipped, and a program with none used returns at once. Row ``r``'s scale of group ``g``
+    goes to ``s[r // SCALE_ROWS, r % SCALE_ROWS, g]`` through the strides (row-major, MN-major, or MN-major per
+    expert: DeepGEMM's layouts)."""
     pdl_enter(PDL)
     if HAS_COUNTS:
         group_of_rows = tl.program_id(0) // GROUP_BLOCKS
@@ -322,4 +324,42 @@ def _silu_mul_quant_kernel(
     q, scale = fp8_group_quantize(act, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS,
                                   FP8_MIN_EXP_BIASED, FP8_NAN_BITS, HW_RNE)
     tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :], q, mask=mask)
-    tl.store(s_ptr + rows.to(tl.int64) * stride_sm + group, scale, mask=row_ok)
+    _store_scales(s_ptr, rows, group, SCALE_ROWS, stride_sb, stride_sm, stride_sg, scale, row_ok)
+
+
+@triton.jit
+def _store_scales(s_ptr, rows, group, ROWS_PER_BLOCK, stride_sb, stride_sm, stride_sg, scale, mask):
+    """Row ``r``'s scale of ``group`` into ``s[r // ROWS_PER_BLOCK, r % ROWS_PER_BLOCK, group]`` (strides in elements)."""
+    rows64 = rows.to(tl.int64)
+    block = rows64 // ROWS_PER_BLOCK
+    tl.store(s_ptr + block * stride_sb + (rows64 - block * ROWS_PER_BLOCK) * stride_sm + group * stride_sg, scale,
+             mask=mask)
+
+
+@triton.jit(do_not_specialize=["SLOTS", "LIMIT", "ROWS_PER_BLOCK"])
+def _quant_slots_kernel(
+    x_ptr, dest_ptr, slot_ids_ptr, q_ptr, s_ptr, SLOTS, K, LIMIT, stride_xm, stride_qm, stride_sb, stride_sm,
+    stride_sg, ROWS_PER_BLOCK, eps,
+    TOP_K: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SLOTS: tl.constexpr, FP8_MAX: tl.constexpr,
+    FP8_MANT_BITS: tl.constexpr, FP8_MIN_EXP_BIASED: tl.constexpr, FP8_NAN_BITS: tl.constexpr, HW_RNE: tl.constexpr,
+):
+    """For BLOCK_S slots and one 1x128 group: the slot's token row (``slot // TOP_K``) of ``x`` quantized as
+    :mod:`.triton_quant` does, its values stored at row ``dest[slot]`` of ``q`` and its scale at
+    ``s[dest // ROWS_PER_BLOCK, dest % ROWS_PER_BLOCK, group]``. A slot whose row is ``LIMIT`` or more (routed
+    nowhere) is skipped; with ``HAS_SLOTS``, also one the sorted layout's ``slot_ids`` does not hold at that row.
+    One launch for what the quantizer, two gathers and a scale re-layout did."""
+    slot = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    ok = slot < SLOTS
+    dest = tl.load(dest_ptr + slot, mask=ok, other=LIMIT)
+    ok = ok & (dest < LIMIT)
+    if HAS_SLOTS:
+        ok = ok & (tl.load(slot_ids_ptr + dest, mask=ok, other=-1) == slot)
+    group = tl.program_id(1)
+    cols = group * 128 + tl.arange(0, 128)
+    mask = ok[:, None] & (cols < K)[None, :]
+    token = (slot // TOP_K).to(tl.int64)
+    x = tl.load(x_ptr + token[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    q, scale = fp8_group_quantize(x, eps, q_ptr.dtype.element_ty, False, FP8_MAX, FP8_MANT_BITS, FP8_MIN_EXP_BIASED,
+                                  FP8_NAN_BITS, HW_RNE)
+    tl.store(q_ptr + dest.to(tl.int64)[:, None] * stride_qm + cols[None, :], q, mask=mask)
+    _store_scales(s_ptr, dest, group, ROWS_PER_BLOCK, stride_sb, stride_sm, stride_sg, scale, ok)
