@@ -34,8 +34,8 @@ from fp8select.probes import (
 from fp8select.problem import dtype_name
 from fp8select.verdict import Verdict
 
-__all__ = ["FlashInferMoe", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
-           "Helpers", "TorchGroupedMoe", "TritonMoe", "gather_rows", "helpers", "nan_where_nonfinite"]
+__all__ = ["FlashInferMoe", "Helpers", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
+           "TorchGroupedMoe", "TritonMoe", "gather_rows", "helpers", "nan_where_nonfinite"]
 
 MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
