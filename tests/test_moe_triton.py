@@ -251,7 +251,7 @@ def test_quantize_slots_writes_each_slots_token_at_its_row_in_the_vendors_scale_
     assert 0 < len(written) < experts * max_m
     for row in set(range(experts * max_m)) - written:
         assert bool((q[row].view(torch.uint8) == 0x11).all()) and bool((scale[row // max_m, row % max_m] == -7).all())
-    # Sorted rows, as DeepGEMM's contiguous layout reads them: scales [R, G] MN-major, TMA-aligned (R padded to 4).
+    # Sorted rows, as DeepGEMM's contiguous layout reads them: scales [R, G] MN-major (R a multiple of 8 here: TMA-aligned).
     routing = route(ids, experts, 8, kernel=False)
     slot_row = row_of_slot(routing)
     q = _filled((routing.rows, 300), torch.float8_e4m3fn)
