@@ -29,10 +29,12 @@ caller, so it is allocated once per layer here, where ``es_`` allocates ten smal
 (``es_fp8_blockwise.cu``), and it is the form SGLang runs by default. SGLang's own benchmark turns ``es_``
 on for the down projection on H200s; timing it is for the GPU session.
 
-What runs around the two GEMMs (fp8select's): the activation quantizer, the row gathers, ``silu(gate) *
-up`` with its 1x128 quantization and the weighted sum. -1 ids: the input permutation is zero-filled before
-prepare, so unwritten rows gather token 0 (never computed), and the weighted sum skips the slots whose
-id is outside ``[0, E)`` without reading their unwritten output rows.
+What runs around the two GEMMs (fp8select's): one launch quantizing each slot's token into the slot's row
+(``quantize_slots`` over the output permutation), ``silu(gate) * up`` with its 1x128 quantization and the
+weighted sum. -1 ids: prepare leaves their output permutation entries unwritten, so they are filled with the
+row count before it; the quantizing launch skips those slots (the rows past the routed ones stay unset and
+no expert's GEMM reads them), and the weighted sum skips the slots whose id is outside ``[0, E)`` without
+reading their rows.
 
 Gates: sm90 (the kernel has sm100 launchers too, with other scale layouts: not verified), CUDA >= 12.3
 (CUTLASS's sm90 pointer-array kernels need modifiable TMA descriptors), sglang-kernel >= 0.4.4 (the
@@ -48,17 +50,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from fp8select.backends._vendor import EntryPoint, bind_quantizer, require
+from fp8select.backends._vendor import EntryPoint, require
 from fp8select.backends.moe import (
     MoeBackend,
     MoeLaunch,
     MoeProblem,
     MoeWeights,
-    gather_rows,
     helpers,
 )
 from fp8select.capabilities import Capabilities
-from fp8select.kernels.quant import ROW_MAJOR
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
 from fp8select.verdict import Verdict
 
@@ -147,8 +147,8 @@ class CutlassMoe(MoeBackend):
         w = s.weights
         e, two_i, hidden = w.w13.shape
         device = w.w13.device
-        quantize = bind_quantizer(hidden, w.w13.dtype, ROW_MAJOR, device)
-        _, silu_mul_quant, weighted_sum = helpers(device)
+        quantize_slots, silu_mul_quant, weighted_sum = helpers(device)
+        groups = -(-hidden // 128)
         grouped_mm, prepare_input = s.grouped_mm.fn, s.prepare_input.fn
         offsets = s.expert_offsets[:e]
         ps1, ps2 = s.problem_sizes
@@ -161,12 +161,14 @@ class CutlassMoe(MoeBackend):
         def launch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             ids = topk_ids.to(torch.int32).contiguous()
-            # rows past the routed ones: token 0; one zeroing for both (a launch fewer)
-            rows, row_of_slot = torch.zeros((2, m * k), dtype=torch.int32, device=device).unbind(0)
+            # a slot routed nowhere keeps row m * k: quantize_slots skips it (one fill for both, a launch fewer)
+            rows, row_of_slot = torch.full((2, m * k), m * k, dtype=torch.int32, device=device).unbind(0)
             prepare_input(ids, s.expert_offsets, ps1, ps2, rows, row_of_slot, e, two_i // 2, hidden)
-            x_q, x_s = quantize(x)
+            a = torch.empty((m * k, hidden), dtype=w.w13.dtype, device=device)
+            a_s = torch.empty((m * k, groups), dtype=torch.float32, device=device)
+            quantize_slots(x, row_of_slot, k, a, a_s)  # each slot's token quantized into its row: one launch
             d1 = torch.empty((m * k, two_i), dtype=torch.bfloat16, device=device)
-            gemm(d1, gather_rows(x_q, rows), x_s.index_select(0, rows), s.b13, s.strides13, ps1)  # int32 indices
+            gemm(d1, a, a_s, s.b13, s.strides13, ps1)
             q, q_s = silu_mul_quant(d1, w.w2.dtype)
             d2 = torch.empty((m * k, hidden), dtype=torch.bfloat16, device=device)
             gemm(d2, q, q_s, s.b2, s.strides2, ps2)

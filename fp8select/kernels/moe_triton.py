@@ -247,25 +247,26 @@ def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Ten
                    slot_ids: torch.Tensor | None = None) -> None:
     """Each slot's token (``slot // top_k``) of ``x`` ``[M, H]`` quantized per 1x128 group (as the quantizer does,
     bit for bit) into row ``rows[slot]`` of ``q`` ``[L, H]`` and of ``scale`` (``[L, G]`` or ``[B, L / B, G]``,
-    any strides: :func:`scale_rows`); a slot whose row is ``L`` or more is skipped, and rows no slot names are
-    left unset. With ``slot_ids`` (a sorted layout's: ``rows`` is then :func:`.moe_routing.row_of_slot`, whose
-    0 for a slot routed nowhere is not its row) only the slots it holds at their rows are written. One launch
-    for the quantizer, the gathers into a vendor's layout and its scales' re-layout."""
+    any strides: :func:`scale_rows`), ``rows`` holding ``top_k`` slots per token; a slot whose row is ``L`` or more
+    is skipped, and rows no slot names are left unset. With ``slot_ids`` (a sorted layout's: ``rows`` is then
+    :func:`.moe_routing.row_of_slot`, whose 0 for a slot routed nowhere is not its row) only the slots it holds at
+    their rows are written. One launch, each token quantized once, for the quantizer, the gathers into a
+    vendor's layout and its scales' re-layout."""
     from . import moe_triton_kernels as kernels
 
-    slots, hidden = rows.shape[0], x.shape[1]
-    if slots == 0:
+    tokens, hidden = rows.shape[0] // top_k, x.shape[1]
+    if tokens == 0:
         return
     per_block, stride_sb, stride_sm, stride_sg = scale_rows(scale)
-    kernels._quant_slots_kernel[(_ceil_div(slots, _SLOTS_BLOCK), _ceil_div(hidden, 128))](
-        x, rows, rows if slot_ids is None else slot_ids, q, scale, slots, hidden, q.shape[0], x.stride(0), q.stride(0),
-        stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS, TOP_K=top_k, BLOCK_S=_SLOTS_BLOCK,
+    kernels._quant_slots_kernel[(_ceil_div(tokens, _TOKENS_BLOCK), _ceil_div(hidden, 128))](
+        x, rows, rows if slot_ids is None else slot_ids, q, scale, tokens, hidden, q.shape[0], x.stride(0),
+        q.stride(0), stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS, TOP_K=top_k, BLOCK_T=_TOKENS_BLOCK,
         HAS_SLOTS=slot_ids is not None,
         HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4)
 
 
-_SLOTS_BLOCK = 16
-"""Slots per program of :func:`quantize_slots`."""
+_TOKENS_BLOCK = 16
+"""Tokens per program of :func:`quantize_slots`."""
 
 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
