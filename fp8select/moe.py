@@ -9,11 +9,12 @@ plans use, and binds each M bucket to one call. ``moe(x, topk_weights, topk_ids)
 
 Expert ids: -1 contributes nothing (the expert lives on another rank); any other id outside
 ``[0, E)``, or an id repeated in one token's row, is an :class:`~fp8select.errors.InvalidInputError`.
-Checking the ids reads three values back from the device, so it runs on eager calls only (not while a
-CUDA graph is captured, nor in a compiled graph), and ``check_ids=False`` turns it off; unchecked, an
-id outside ``[0, E)`` contributes nothing, as -1 does, and never reads out of bounds. That is what lets
-a call queue its launches before it reads the check (:class:`_IdsCheck`): the GPU computes while the host
-waits, and a bad call raises after its launches, its output never returned.
+Checking the ids reads two flags back from the device (one launch on a GPU with Triton), so it runs
+on eager calls only (not while a CUDA graph is captured, nor in a compiled graph), and ``check_ids=False``
+turns it off; unchecked, an id outside ``[0, E)`` contributes nothing, as -1 does, and never reads out
+of bounds. That is what lets a call queue its launches before it reads the check (:class:`_IdsCheck`):
+the GPU computes while the host waits, and a bad call raises after its launches, its output never
+returned.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class Fp8MoE:
         self.backends_chain = tuple(backends)
         self._by_name = {b.name: b for b in self.backends_chain}
         self.device = w13.device
+        self._ids_flags = _ids_flags_for(self.device, caps)
         self._weights = MoeWeights(w13.detach(), w13_scale.detach(), w2.detach(), w2_scale.detach(), block)
         self._measured, self._table, self._invariance = measured, table, invariance
         self.prepared: dict[str, Any] = {}
@@ -223,7 +225,7 @@ class Fp8MoE:
                 if launches is not None and m:
                     launch = launches[BUCKET_INDEX[m] if m <= M_BUCKET_MAX else _LAST_BUCKET]
                     if self.check_ids and not _capturing(topk_ids):
-                        pending = _IdsCheck(topk_ids, self.experts)
+                        pending = _IdsCheck(topk_ids, self.experts, self._ids_flags)
                         y = launch(x, topk_weights, topk_ids)
                         pending.raise_if_bad()
                         return y
@@ -237,7 +239,7 @@ class Fp8MoE:
         m, top_k = self._check(x, topk_weights, topk_ids)
         if m == 0:
             return torch.empty((0, self.hidden), dtype=x.dtype, device=x.device)
-        pending = _IdsCheck(topk_ids, self.experts) if self.check_ids and not _capturing(topk_ids) else None
+        pending = _IdsCheck(topk_ids, self.experts, self._ids_flags) if self.check_ids and not _capturing(topk_ids) else None
         launches = self._launches.get((x.dtype, top_k))
         if launches is None:  # the first call at this dtype and top-k: bad ids raise before it plans
             if pending is not None:
@@ -284,6 +286,18 @@ class Fp8MoE:
                 f"plan={self.main_plan.summary()!r})")
 
 
+def _ids_flags_for(device: torch.device, caps: Capabilities) -> Any:
+    """What computes the ids' check flags on ``device``: the one-launch Triton kernel on a GPU with Triton (the
+    torch ops took eight or so launches, more host time than the rest of a decode call), else torch ops."""
+    if device.type == "cuda" and "triton" in caps.packages:
+        from fp8select.kernels.moe_triton import ids_flags
+
+        return ids_flags
+    from fp8select.kernels.moe_reference import ids_flags_torch
+
+    return ids_flags_torch
+
+
 def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
@@ -291,23 +305,18 @@ def _capturing(t: torch.Tensor) -> bool:
 class _IdsCheck:
     """The ids' check of one eager call, its reductions queued before the call's launches and read after them.
 
-    Queued: the ids' least and greatest value and whether a token's row repeats an id (ignoring -1), copied
-    to host memory as they come. The call's launches are queued next (an id outside ``[0, E)`` contributes
-    nothing and is never read out of bounds), then :meth:`raise_if_bad` waits for the copy. So the GPU runs
+    Queued: whether an id is outside ``[0, E)`` and not -1 and whether a token's row repeats an id (ignoring
+    -1), one Triton launch on a GPU (``_ids_flags_for``), copied to host memory as they come. The call's
+    launches are queued next (an id outside ``[0, E)`` contributes nothing and is never read out of bounds),
+    then :meth:`raise_if_bad` waits for the copy. So the GPU runs
     the call's kernels while the host waits, where a check read before the launches left it idle while
     the host launched them. The message is worked out only when something is wrong."""
 
     __slots__ = ("_done", "_experts", "_flags", "_ids")
 
-    def __init__(self, ids: torch.Tensor, experts: int) -> None:
+    def __init__(self, ids: torch.Tensor, experts: int, ids_flags: Any) -> None:
         self._ids, self._experts = ids, experts
-        low, high = torch.aminmax(ids)
-        if ids.shape[1] > 1:
-            ordered = torch.sort(ids, dim=1).values
-            repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, :-1] >= 0)).any()
-            flags = torch.stack([low, high, repeated.to(ids.dtype)])
-        else:
-            flags = torch.stack([low, high, torch.zeros_like(low)])
+        flags = ids_flags(ids, experts)
         self._done: torch.cuda.Event | None = None
         if flags.is_cuda:
             flags = flags.to("cpu", non_blocking=True)  # into pinned memory, in stream order
@@ -320,11 +329,12 @@ class _IdsCheck:
         in a token's row."""
         if self._done is not None:
             self._done.synchronize()
-        low, high, twice = self._flags.tolist()
+        flags = self._flags.tolist()
+        bad, twice = any(f[0] for f in flags), any(f[1] for f in flags)
         ids, experts = self._ids, self._experts
-        if low < -1 or high >= experts:
-            bad = ids[(ids < -1) | (ids >= experts)][:4].tolist()
+        if bad:
+            found = ids[(ids < -1) | (ids >= experts)][:4].tolist()
             raise InvalidInputError(f"topk_ids: expected expert ids in [0, {experts}) or -1 (an expert on another "
-                                    f"rank), found {bad}")
+                                    f"rank), found {found}")
         if twice:
             raise InvalidInputError("topk_ids: expected distinct expert ids within each token's row, found a repeated id")

@@ -27,7 +27,12 @@ from fp8select import InvalidDtypeError, InvalidInputError, resolve
 from fp8select.grouped import grouped_gemm_contiguous, grouped_gemm_masked
 from fp8select.kernels import moe_triton, moe_triton_kernels
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config
-from fp8select.kernels.moe_reference import quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch
+from fp8select.kernels.moe_reference import (
+    ids_flags_torch,
+    quantize_slots_torch,
+    silu_mul_quant_torch,
+    weighted_sum_torch,
+)
 from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
 from fp8select.kernels.quant import quantize_per_token_group
 
@@ -266,6 +271,36 @@ def test_quantize_slots_writes_each_slots_token_at_its_row_in_the_vendors_scale_
         else:  # padding, and row 0's namesakes: the slots routed nowhere (row_of_slot gives them 0)
             assert bool((q[row].view(torch.uint8) == 0x11).all()) and bool((scale[row] == -7).all())
     assert bool(scale[slot_row[6]].isnan()[1]) and not bool(scale[slot_row[6]].isnan()[0])  # token 3's group 1
+
+
+@pytest.mark.parametrize("ids_flags", [moe_triton.ids_flags, ids_flags_torch], ids=["triton", "torch"])
+def test_ids_flags_find_ids_outside_the_experts_and_repeats_within_a_row(ids_flags) -> None:  # type: ignore[no-untyped-def]
+    """The eager check's flags (any block's): an id outside ``[0, E)`` other than -1, and a row repeating an id
+    other than -1, wherever they are (a later block of rows, the last column, strided ids); -1 repeated is not."""
+    def flags(ids: torch.Tensor) -> tuple[bool, bool]:
+        out = ids_flags(ids, 16)
+        assert out.dtype == torch.int32 and out.shape[1] == 2
+        return bool(out[:, 0].any()), bool(out[:, 1].any())
+
+    gen = torch.Generator().manual_seed(5)
+    for m, k, dtype in ((1, 1, torch.int32), (3, 2, torch.int64), (300, 6, torch.int32), (130, 8, torch.int64)):
+        ids = torch.stack([torch.randperm(16, generator=gen)[:k] for _ in range(m)]).to(dtype)
+        ids[0, k - 1] = -1
+        assert flags(ids) == (False, False)
+        for bad in (16, -2, 1 << 40 if dtype == torch.int64 else 1 << 30):
+            wrong = ids.clone()
+            wrong[m - 1, k - 1] = bad  # the last block's last row and column
+            assert flags(wrong) == (True, False), (m, k, bad)
+        if k > 1:
+            twice = ids.clone()
+            twice[m - 1, k - 1] = twice[m - 1, 0]
+            assert flags(twice) == (False, True)
+            minus = ids.clone()
+            minus[m - 1, :2] = -1
+            assert flags(minus) == (False, False)
+            strided = torch.stack([ids, ids], dim=2).reshape(m, 2 * k)[:, ::2]  # each id twice; every other one
+            assert not strided.is_contiguous() and flags(strided) == (False, False)
+    assert flags(torch.empty((0, 8), dtype=torch.int32)) == (False, False)
 
 
 @pytest.mark.parametrize("silu", [moe_triton.silu_mul_quant, silu_mul_quant_torch], ids=["triton", "torch"])

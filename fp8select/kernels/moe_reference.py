@@ -23,8 +23,8 @@ import torch
 from .exact import block_scaled_product
 from .quant import quantize_per_token_group
 
-__all__ = ["dequantize_blocks", "experts_reference", "grouped_gemm_reference", "quantize_slots_torch", "silu_mul_quant_torch",
-           "weighted_sum_torch"]
+__all__ = ["dequantize_blocks", "experts_reference", "grouped_gemm_reference", "ids_flags_torch", "quantize_slots_torch",
+           "silu_mul_quant_torch", "weighted_sum_torch"]
 
 
 def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
@@ -128,3 +128,15 @@ def weighted_sum_torch(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids
     gathered = out.index_select(0, rows.clamp(0, max(out.shape[0] - 1, 0))).reshape(m, k, -1).to(torch.float32)
     valid = ((topk_ids >= 0) & (topk_ids < experts)).unsqueeze(-1)
     return (torch.where(valid, gathered, 0.0) * topk_weights.to(torch.float32).unsqueeze(-1)).sum(1).to(dtype)
+
+
+def ids_flags_torch(ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """:func:`fp8select.kernels.moe_triton.ids_flags` in torch ops, ``[1, 2]`` int32: whether an id of ``ids``
+    ``[M, k]`` is outside ``[0, experts)`` and not -1, and whether a row repeats an id other than -1."""
+    bad = ((ids < -1) | (ids >= experts)).any()
+    if ids.shape[1] > 1:
+        ordered = torch.sort(ids, dim=1).values
+        twice = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, :-1] >= 0)).any()
+    else:
+        twice = torch.zeros_like(bad)
+    return torch.stack([bad, twice]).to(torch.int32).view(1, 2)

@@ -25,8 +25,8 @@ from .triton_device import wgmma_runs
 from .triton_pdl import PDL_MAX_M, pdl_launch, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
-__all__ = ["TritonExperts", "grouped_gemm_rows", "launches_with_pdl", "quantize_slots", "scale_rows", "silu_mul_quant",
-           "weighted_sum"]
+__all__ = ["TritonExperts", "grouped_gemm_rows", "ids_flags", "launches_with_pdl", "quantize_slots", "scale_rows",
+           "silu_mul_quant", "weighted_sum"]
 
 _SUM_BLOCK_H = 1024
 
@@ -228,6 +228,24 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
         out.stride(0), y.stride(0), TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
         **pdl_launch(pdl))
     return y
+
+
+def ids_flags(ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """``[P, 2]`` int32 on the ids' device, one launch: per block of rows of ``ids`` ``[M, k]`` (any strides),
+    whether an id is outside ``[0, experts)`` and not -1, and whether a row repeats an id other than -1 (the
+    eager call's check: :class:`fp8select.moe._IdsCheck`; ``moe_reference.ids_flags_torch`` in torch ops)."""
+    from . import moe_triton_kernels as kernels
+
+    m, k = ids.shape
+    programs = max(_ceil_div(m, _IDS_BLOCK_M), 1)
+    out = torch.empty((programs, 2), dtype=torch.int32, device=ids.device)
+    kernels._ids_check_kernel[(programs,)](ids, out, m, experts, ids.stride(0), ids.stride(1), TOP_K=k,
+                                           K_POW2=triton.next_power_of_2(k), BLOCK_M=_IDS_BLOCK_M, num_warps=4)
+    return out
+
+
+_IDS_BLOCK_M = 128
+"""Rows of the ids per program of :func:`ids_flags`."""
 
 
 SILU_BLOCK_R = 16

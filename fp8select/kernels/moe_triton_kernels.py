@@ -17,6 +17,8 @@ accumulator by the activation's per-row scale times the weight's per-block scale
   ``2I`` columns (tokens in, sorted rows out, fp32) and the public grouped GEMMs (slots in and out).
 * ``_weighted_sum_kernel``: ``y[t] = sum_j w[t, j] * out[row(t * k + j)]`` over the slots routed
   somewhere, in fp32, cast once.
+* ``_ids_check_kernel``: whether the ids hold one outside ``[0, E)`` other than -1, or a row repeating
+  one (the eager call's input check, in one launch).
 
 Non-finite activations follow :mod:`.quant`: a NaN or inf in a token's group makes its scale and
 values NaN, so the token's gate-up rows, their quantized product and its output row are NaN.
@@ -367,3 +369,20 @@ def _quant_slots_kernel(
         tl.store(q_ptr + dest.to(tl.int64)[:, None] * stride_qm + cols[None, :], q, mask=ok[:, None] & col_ok)
         _store_scales(s_ptr, dest, group, ROWS_PER_BLOCK, stride_sb, stride_sm, stride_sg, scale, ok)
 
+
+@triton.jit(do_not_specialize=["M", "E"])
+def _ids_check_kernel(ids_ptr, out_ptr, M, E, stride_m, stride_k, TOP_K: tl.constexpr, K_POW2: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    """For BLOCK_M rows of the ids ``[M, TOP_K]``: ``out[pid, 0]`` 1 if an id is outside ``[0, E)`` and not -1,
+    ``out[pid, 1]`` 1 if a row repeats an id other than -1 (each id against the later ones of its row)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    j = tl.arange(0, K_POW2)
+    mask = (rows < M)[:, None] & (j < TOP_K)[None, :]
+    ids = tl.load(ids_ptr + rows.to(tl.int64)[:, None] * stride_m + j[None, :] * stride_k, mask=mask, other=-1)
+    bad = tl.max(tl.max(((ids < -1) | (ids >= E)).to(tl.int32), axis=1), axis=0)
+    twice = tl.zeros([BLOCK_M, K_POW2], dtype=tl.int32)
+    for a in tl.static_range(TOP_K - 1):
+        id_a = tl.sum(tl.where(j[None, :] == a, ids, 0), axis=1)
+        twice |= ((ids == id_a[:, None]) & (j > a)[None, :] & (id_a >= 0)[:, None]).to(tl.int32)
+    tl.store(out_ptr + tl.program_id(0) * 2, bad)
+    tl.store(out_ptr + tl.program_id(0) * 2 + 1, tl.max(tl.max(twice, axis=1), axis=0))
