@@ -308,9 +308,9 @@ class _IdsCheck:
     Queued: whether an id is outside ``[0, E)`` and not -1 and whether a token's row repeats an id (ignoring
     -1), one Triton launch on a GPU (``_ids_flags_for``), copied to host memory as they come. The call's
     launches are queued next (an id outside ``[0, E)`` contributes nothing and is never read out of bounds),
-    then :meth:`raise_if_bad` waits for the copy. So the GPU runs
-    the call's kernels while the host waits, where a check read before the launches left it idle while
-    the host launched them. The message is worked out only when something is wrong."""
+    then :meth:`raise_if_bad` waits for the copy. So the GPU runs the call's kernels while the host waits,
+    where a check read before the launches left it idle while the host launched them. The message is
+    worked out only when something is wrong."""
 
     __slots__ = ("_done", "_experts", "_flags", "_ids")
 
