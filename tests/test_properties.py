@@ -101,7 +101,8 @@ def _strict_expected(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: t
 
 
 def _assert_close(out: torch.Tensor, strict: torch.Tensor, loose: torch.Tensor, out_dtype: torch.dtype) -> None:
-    """Every element within one output ulp of the strict fp64 result; rel. Frobenius error < 1e-2 overall."""
+    """Every element within one output ulp of the strict fp64 result; relative Frobenius error against fp64_reference
+    below 1e-2 beyond the recipe's own."""
     assert out.dtype == out_dtype and tuple(out.shape) == tuple(strict.shape)
     if strict.numel() == 0:
         return
@@ -112,7 +113,10 @@ def _assert_close(out: torch.Tensor, strict: torch.Tensor, loose: torch.Tensor, 
     worst = float(excess.max())
     assert worst <= 0, f"an element is off by {worst:.3g} beyond rtol={RTOL[out_dtype]:.3g}, atol={atol:.3g}"
     rel = float((out64 - loose).norm() / loose.norm().clamp_min(1e-30))
-    assert rel < 1e-2, f"relative Frobenius error {rel:.3g} against fp64_reference"
+    # The recipe's own distance from fp64_reference: its fp64 scale moves a value at a rounding tie by one e4m3
+    # step (6-12%), which a handful of products (K 2, N 1) does not average away.
+    recipe = float((strict - loose).norm() / loose.norm().clamp_min(1e-30))
+    assert rel < 1e-2 + recipe, f"relative Frobenius error {rel:.3g} against fp64_reference (the recipe's {recipe:.3g})"
 
 
 @st.composite
