@@ -273,6 +273,28 @@ def test_quantize_slots_writes_each_slots_token_at_its_row_in_the_vendors_scale_
     assert bool(scale[slot_row[6]].isnan()[1]) and not bool(scale[slot_row[6]].isnan()[0])  # token 3's group 1
 
 
+def test_quantize_slots_tile_heights_write_what_the_torch_twin_does() -> None:
+    """Every tile height the launch picks (1 to 16 tokens a program) and more than one program: the same bits as
+    :func:`quantize_slots_torch`, the rows no slot names left as they were."""
+    gen = torch.Generator().manual_seed(11)
+    for tokens in (1, 2, 3, 9, 33):
+        k, experts = 3, 5
+        x = (torch.randn(tokens, 256, generator=gen) * 3).to(torch.bfloat16)
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).to(torch.int32)
+        ids[tokens - 1, 0] = -1
+        routing = route(ids, experts, 1, max_m=tokens, kernel=False)
+        rows = masked_rows(routing, experts, tokens)
+        outs = []
+        for fn in (moe_triton.quantize_slots, quantize_slots_torch):
+            q = _filled((experts * tokens, 256), torch.float8_e4m3fn)
+            scale = _filled((experts, 2, tokens), torch.float32).transpose(1, 2)
+            fn(x, rows, k, q, scale)
+            outs.append((q.view(torch.uint8), scale))
+        assert torch.equal(outs[0][0], outs[1][0]), tokens
+        assert torch.equal(outs[0][1], outs[1][1]), tokens
+        assert bool((outs[0][0] != 0x11).any()), tokens
+
+
 @pytest.mark.parametrize("ids_flags", [moe_triton.ids_flags, ids_flags_torch], ids=["triton", "torch"])
 def test_ids_flags_find_ids_outside_the_experts_and_repeats_within_a_row(ids_flags) -> None:  # type: ignore[no-untyped-def]
     """The eager check's flags (any block's): an id outside ``[0, E)`` other than -1, and a row repeating an id

@@ -276,15 +276,17 @@ def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Ten
     if tokens == 0:
         return
     per_block, stride_sb, stride_sm, stride_sg = scale_rows(scale)
-    kernels._quant_slots_kernel[(_ceil_div(tokens, _TOKENS_BLOCK), _ceil_div(hidden, 128))](
+    block_t = min(_TOKENS_BLOCK, triton.next_power_of_2(tokens))
+    kernels._quant_slots_kernel[(_ceil_div(tokens, block_t), _ceil_div(hidden, 128))](
         x, rows, rows if slot_ids is None else slot_ids, q, scale, tokens, hidden, q.shape[0], x.stride(0),
-        q.stride(0), stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS, TOP_K=top_k, BLOCK_T=_TOKENS_BLOCK,
+        q.stride(0), stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS, TOP_K=top_k, BLOCK_T=block_t,
         HAS_SLOTS=slot_ids is not None,
         HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4)
 
 
 _TOKENS_BLOCK = 16
-"""Tokens per program of :func:`quantize_slots`."""
+"""Tokens per program of :func:`quantize_slots`, fewer (a power of two) for fewer tokens: each program stores its
+tile once per slot, so at decode a tile of masked rows cost its stores' instructions ``TOP_K`` times."""
 
 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
