@@ -285,8 +285,8 @@ def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Ten
 
 
 _TOKENS_BLOCK = 16
-"""Tokens per program of :func:`quantize_slots`, fewer (a power of two) for fewer tokens: each program stores its
-tile once per slot, so at decode a tile of masked rows cost its stores' instructions ``TOP_K`` times."""
+"""Tokens per program of :func:`quantize_slots`, fewer (a power of two) for fewer tokens: a program stores its
+tile once per slot, so a 16-token tile holding one token would issue its masked rows' stores ``TOP_K`` times."""
 
 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
