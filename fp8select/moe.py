@@ -20,7 +20,7 @@ returned.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -286,7 +286,11 @@ class Fp8MoE:
                 f"plan={self.main_plan.summary()!r})")
 
 
-def _ids_flags_for(device: torch.device, caps: Capabilities) -> Any:
+_IdsFlags = Callable[[torch.Tensor, int], torch.Tensor]
+"""``ids_flags(ids, experts) -> [P, 2]`` int32: per block of rows, an id outside ``[0, E)`` and not -1, a repeat."""
+
+
+def _ids_flags_for(device: torch.device, caps: Capabilities) -> _IdsFlags:
     """What computes the ids' check flags on ``device``: the one-launch Triton kernel on a GPU with Triton (the
     torch ops took eight or so launches, more host time than the rest of a decode call), else torch ops."""
     if device.type == "cuda" and "triton" in caps.packages:
@@ -314,7 +318,7 @@ class _IdsCheck:
 
     __slots__ = ("_done", "_experts", "_flags", "_ids")
 
-    def __init__(self, ids: torch.Tensor, experts: int, ids_flags: Any) -> None:
+    def __init__(self, ids: torch.Tensor, experts: int, ids_flags: _IdsFlags) -> None:
         self._ids, self._experts = ids, experts
         flags = ids_flags(ids, experts)
         self._done: torch.cuda.Event | None = None
