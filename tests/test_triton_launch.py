@@ -144,3 +144,77 @@ def test_replays_are_kept_on_cuda_only_for_inputs_they_can_take_and_within_their
     assert replays.get("a") is None
     monkeypatch.setattr(triton_launch, "REPLAYS_MAX", 2)
     assert replays.recording() is None
+
+
+class _Op:
+    """A stand-in op for :class:`~fp8select.kernels.call_replay.CallReplays`: one launch reading its input, a
+    buffer it allocates (through a view) and a weight, writing its output; ``extra`` does one more thing."""
+
+    def __init__(self, extra: str = "") -> None:
+        self.kernel, self.weight, self.extra, self.stray = _Kernel(), torch.zeros(2, 8), extra, torch.zeros(4)
+
+    def __call__(self, x: torch.Tensor, record: list[object] | None) -> torch.Tensor:
+        h = torch.empty(4, 8)
+        y = torch.empty(4, 8)
+        other = {"computes": lambda: torch.zeros(3), "stray": lambda: self.stray,
+                 "output view": lambda: y[1:]}.get(self.extra, lambda: h.view(32))()
+        if record is not None:
+            record.append((self.kernel, (1, 1, 1), (x, h.view(32), other, self.weight, y, 5)))
+        return y
+
+
+@pytest.fixture
+def call_replays(monkeypatch: pytest.MonkeyPatch) -> object:
+    """``make(op)``: a CallReplays for ``op`` whose bookkeeping runs as on a GPU (device 0, stream 100), on CPU tensors."""
+    from fp8select.kernels import call_replay
+    from fp8select.kernels.stream_scratch import StreamScratch
+
+    monkeypatch.setattr(triton_launch, "device_and_stream", lambda: (lambda: 0, lambda index: 100 + index))
+    monkeypatch.setattr(call_replay, "SCRATCH", StreamScratch(capturing=lambda: False, pooled=lambda device, stream: False))
+
+    def make(op: _Op) -> object:
+        calls = call_replay.CallReplays(torch.device("cpu"), (op.weight,))
+        calls._replays = triton_launch.Replays(torch.device("cuda"))
+        return calls
+
+    return make
+
+
+def test_a_call_is_recorded_at_its_second_run_and_then_replayed(call_replays: object) -> None:
+    """First run plain, second recorded (its allocations given places in the workspace, its input, output and
+    the op's weight passed as addresses), third replayed: one launch with the new call's addresses."""
+    op = _Op()
+    calls = call_replays(op)  # type: ignore[operator]
+    x = torch.zeros(4, 8)
+    runs: list[object] = []
+
+    def launch(record: list[object] | None) -> torch.Tensor:
+        runs.append(record)
+        return op(x, record)
+
+    assert calls.run("k", (x,), (4, 8), torch.float32) is None
+    calls.call("k", (x,), launch)
+    assert runs == [None] and "k" not in calls._replays
+    calls.call("k", (x,), launch)
+    assert runs[1] and calls._replays["k"] is not None and calls._replays["k"].nbytes == 256
+    x2 = torch.zeros(4, 8)
+    y = calls.run("k", (x2,), (4, 8), torch.float32)
+    assert y is not None and y.shape == (4, 8) and len(runs) == 2
+    (grid, values, stream), = op.kernel.calls
+    work = values[1]
+    assert (grid, stream) == ((1, 1, 1), 100)
+    assert values == [x2.data_ptr(), work, work, op.weight.data_ptr(), y.data_ptr(), 5, "constexpr"]
+
+
+@pytest.mark.parametrize("extra", ["computes", "stray", "output view"])
+def test_a_call_that_computes_in_torch_or_reads_memory_it_does_not_own_is_not_replayed(call_replays: object,
+                                                                                        extra: str) -> None:
+    """A torch op that computes (a replay would skip it), a tensor neither the call's, the op's nor allocated
+    by the call, or a view of the output taken as scratch: kept as not replayable, every run plain after."""
+    op = _Op(extra)
+    calls = call_replays(op)  # type: ignore[operator]
+    x = torch.zeros(4, 8)
+    for _ in range(3):
+        calls.call("k", (x,), lambda record: op(x, record))
+    assert "k" in calls._replays and calls._replays["k"] is None
+    assert calls.run("k", (x,), (4, 8), torch.float32) is None and op.kernel.calls == []

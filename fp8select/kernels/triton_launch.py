@@ -35,7 +35,7 @@ from typing import Any
 import triton
 from packaging.version import Version
 
-__all__ = ["REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "Replays", "device_and_stream", "int_class",
+__all__ = ["REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "Replays", "device_and_stream", "int_class", "launch",
            "tensor_class"]
 
 Recorded = tuple[Any, Any, tuple[Any, ...]]
@@ -130,14 +130,13 @@ class BoundKernel:
     ``options`` Triton's launch options (``num_warps``, ``num_stages``, ``launch_pdl``).
     """
 
-    __slots__ = ("_current", "_direct", "_fn", "_kwargs", "_launches", "_names", "_stream")
+    __slots__ = ("_current", "_direct", "_fn", "_kwargs", "_launches", "_stream")
 
     def __init__(self, fn: Any, constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> None:
         self._fn = fn
         self._kwargs = {**constexprs, **options}
         self._launches: dict[Hashable, _Direct] = {}
         self._direct = _direct_supported(fn)
-        self._names = tuple(fn.arg_names) if self._direct else ()
         if self._direct:
             self._current, self._stream = device_and_stream()
 
@@ -169,12 +168,27 @@ class BoundKernel:
         return compiled, None if kept is None else kept.compiled
 
     def _tail(self, positional: int) -> tuple[Any, ...]:
-        """The values of the parameters after the positional ones, as the dispatcher passes them."""
-        params = self._fn.params
-        values = []
-        for name, param in zip(self._names[positional:], params[positional:], strict=True):
-            values.append(self._kwargs[name] if name in self._kwargs else param.default)
-        return tuple(values)
+        return _param_tail(self._fn, positional, self._kwargs)
+
+
+def _param_tail(fn: Any, positional: int, kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The values of ``fn``'s parameters after the ``positional`` first ones (its constexprs), as the
+    dispatcher passes them: ``kwargs``' where given, else each parameter's default."""
+    names, params = fn.arg_names[positional:], fn.params[positional:]
+    return tuple(kwargs[name] if name in kwargs else param.default for name, param in zip(names, params, strict=True))
+
+
+def launch(fn: Any, grid: tuple[int, ...], args: tuple[Any, ...], kwargs: Mapping[str, Any],
+           record: list[Recorded] | None = None) -> None:
+    """``fn[grid](*args, **kwargs)``: ``args`` every parameter that is not a constexpr, in order, ``kwargs`` the
+    constexprs and Triton's launch options. With ``record``, append what was launched for a :class:`Replay`
+    (the compiled kernel kept; None where there is none: an interpreted kernel, an older Triton)."""
+    compiled = fn[grid](*args, **kwargs)
+    if record is not None:
+        kept = None
+        if compiled is not None and _direct_supported(fn):
+            kept = _Direct(compiled, _param_tail(fn, len(args), kwargs))
+        record.append((kept, (*grid, 1, 1)[:3], args))
 
 
 REPLAYS_MAX = 1024
@@ -301,6 +315,10 @@ class Replays:
     def __getitem__(self, key: Hashable) -> Replay | None:
         """What was kept under ``key``: its replay, or None for a call that cannot be replayed."""
         return self._by_key[key]
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether a call under ``key`` was kept (its replay, or None: it cannot be replayed)."""
+        return key in self._by_key
 
     def __len__(self) -> int:
         return len(self._by_key)
