@@ -298,3 +298,53 @@ def test_the_fused_gate_up_on_the_transposed_tile_within_1e2_and_as_the_plain_on
     plain = MoeTritonConfig(BLOCK_M=16, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=stages, QUANT_IN_KERNEL=0,
                             FUSED_ACT=0, SWAP_AB=1)
     _as_its_twin(problem, MoeTritonConfig(**{**plain.to_dict(), "FUSED_ACT": 1}), plain, m, skew=True, twin_tol=5e-3)
+
+
+REPLAY_CONFIGS = {  # the decode structures (PDL at M <= 16), the normal tile, the activation quantized in the kernel
+    "swap-plain": {"BLOCK_M": 16, "BLOCK_N": 128, "SWAP_AB": 1, "FUSED_ACT": 0},
+    "swap-fused": {"BLOCK_M": 16, "BLOCK_N": 128, "SWAP_AB": 1, "FUSED_ACT": 1},
+    "tile-plain": {"BLOCK_M": 64, "BLOCK_N": 128, "FUSED_ACT": 0},
+    "quant-in-kernel": {"BLOCK_M": 16, "BLOCK_N": 64, "QUANT_IN_KERNEL": 1},
+}
+
+
+@pytest.mark.parametrize("config", list(REPLAY_CONFIGS.values()), ids=list(REPLAY_CONFIGS))
+def test_a_triton_experts_call_replays_its_launches_bit_for_bit(problem, config) -> None:  # type: ignore[no-untyped-def]
+    """From the third call under one M, k, dtypes and configuration the op replays the second call's recorded
+    launches: each call's bits as its launches run afresh, for other tokens, routings (ids -1, skew, int64
+    ids) and a NaN row than the recorded call's; and a replay is kept for every key it was called under."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.moe_triton import TritonExperts
+
+    cfg = MoeTritonConfig(**{"GROUP_M": 8, "num_warps": 4, "num_stages": 3, "QUANT_IN_KERNEL": 0, **config})
+    experts = TritonExperts(*_cuda(problem))
+    for m in (1, 16, 64):
+        for ids_dtype in (torch.int32, torch.int64):
+            for seed in range(4):
+                x, w, ids = (t.cuda() for t in _inputs(m, seed=seed, skew=seed % 2 == 1))
+                ids = ids.to(ids_dtype)
+                if seed == 2:
+                    ids[0, -1] = -1
+                    x[m - 1, 3] = float("nan")
+                want = experts._launch(x, w, ids, cfg, None)
+                got = experts(x, w, ids, cfg)
+                assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), \
+                    (m, ids_dtype, seed)
+            key = (m, K, torch.bfloat16, torch.float32, ids_dtype, cfg)
+            assert experts._calls._replays[key] is not None, key
+
+
+def test_a_triton_experts_call_on_gluon_launches_is_not_replayed(problem) -> None:  # type: ignore[no-untyped-def]
+    """The wgmma kernels launch through Gluon's launcher: their calls are kept as not replayable, and run afresh."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.moe_triton import TritonExperts
+    from fp8select.kernels.triton_device import wgmma_runs
+
+    if not wgmma_runs(torch.device("cuda")):
+        pytest.skip("the wgmma kernel does not run on this GPU")
+    cfg = MoeTritonConfig(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, num_warps=4, num_stages=4, QUANT_IN_KERNEL=0, WGMMA=1)
+    experts = TritonExperts(*_cuda(problem))
+    x, w, ids = (t.cuda() for t in _inputs(64, seed=1))
+    first = [experts(x, w, ids, cfg) for _ in range(3)]
+    assert experts._calls._replays[(64, K, torch.bfloat16, torch.float32, torch.int32, cfg)] is None
+    assert all(torch.equal(y, first[0]) for y in first)

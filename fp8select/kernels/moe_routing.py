@@ -23,6 +23,7 @@ work, are the routing's time; at prefill they matter less and a single program w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,7 +91,7 @@ def kernel_fits(slots: int, experts: int, dtype: torch.dtype) -> bool:
 
 
 def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | None = None,
-          kernel: bool | None = None, pdl: bool = False) -> Routing:
+          kernel: bool | None = None, pdl: bool = False, record: list[Any] | None = None) -> Routing:
     """Sort the slots of ``topk_ids`` ``[M, k]`` by expert into blocks of ``block_m`` rows.
 
     ``max_m``: the masked layout's rows per expert, for :func:`masked_rows` (the kernel computes it in
@@ -99,6 +100,7 @@ def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | No
     the interpreter included; ValueError where it does not fit, ImportError without triton); False
     runs the torch ops. No slots (M = 0) need no kernel: the torch ops route them. ``pdl``: the kernel
     launched with programmatic dependent launch (:mod:`.triton_pdl`; where the caller found it runs).
+    ``record``: the kernel's launch appended to it (:func:`~.triton_launch.launch`); the torch ops record nothing.
     """
     m, k = topk_ids.shape
     slots = m * k
@@ -116,7 +118,7 @@ def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | No
             raise
         return _route_torch(topk_ids, experts, block_m, blocks)
     slot_ids, block_expert, counts, slot_rank, slot_row, masked_row = route_kernel(topk_ids, experts, block_m, blocks,
-                                                                                   max_m, pdl)
+                                                                                   max_m, pdl, record)
     return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, slot_row, max_m, masked_row)
 
 

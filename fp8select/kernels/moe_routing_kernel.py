@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_launch import Recorded, launch
 from .triton_pdl import pdl_enter, pdl_launch
 
 __all__ = ["route_kernel"]
@@ -72,15 +73,16 @@ def _route_kernel(
         tl.store(masked_row_ptr + slot, tl.where(routed & (rank < max_m), masked, nowhere), mask=slot < slots)
 
 
-def route_kernel(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int,
-                 max_m: int | None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                             torch.Tensor | None]:
+def route_kernel(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int, max_m: int | None,
+                 pdl: bool = False, record: list[Recorded] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(slot_ids, block_expert, counts, slot_rank, slot_row, masked_row or None)`` of ``topk_ids``
     ``[M, k]`` (int32 or int64, any strides, ``M * k >= 1``) over ``experts`` experts in ``blocks``
     blocks of ``block_m`` rows, as :func:`fp8select.kernels.moe_routing.route` defines them, in one
     launch. ``slot_row`` is what ``row_of_slot`` computes, ``masked_row`` what ``masked_rows``
     computes at ``max_m`` (when given). Sizes are checked by the caller (``kernel_fits``). ``pdl``: launched
-    with programmatic dependent launch (:mod:`.triton_pdl`; the caller knows it runs here).
+    with programmatic dependent launch (:mod:`.triton_pdl`; the caller knows it runs here). ``record``: the
+    launch appended to it (:func:`~.triton_launch.launch`).
 
     One compiled kernel serves each power of two of slots (one for 1..128) and of ``E + 1`` (one for
     E < 64): the two ends of an M bucket reach every one a bucket launches, so a warm-up compiles
@@ -98,10 +100,10 @@ def route_kernel(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int
     slot_row = torch.empty(slots, dtype=torch.int64, device=device)
     masked_row = None if max_m is None else torch.empty(slots, dtype=torch.int64, device=device)
     scratch = torch.empty(2 * e_block, dtype=torch.int32, device=device)
-    _route_kernel[(1,)](
+    launch(_route_kernel, (1,), (
         topk_ids, slot_ids, block_expert, counts, slot_rank, slot_row, slot_row if masked_row is None else masked_row,
         scratch, slots, k, topk_ids.stride(0), topk_ids.stride(1), experts, block_m, blocks,
-        0 if max_m is None else max_m,
+        0 if max_m is None else max_m), dict(
         S_BLOCK=s_block, E_BLOCK=e_block, FILL=_FILL, MASKED=masked_row is not None,
-        num_warps=max(4, min(16, s_block // 256)), **pdl_launch(pdl))
+        num_warps=max(4, min(16, s_block // 256)), **pdl_launch(pdl)), record)
     return slot_ids, block_expert, counts, slot_rank, slot_row, masked_row

@@ -18,10 +18,12 @@ from __future__ import annotations
 import torch
 import triton
 
+from .call_replay import CallReplays
 from .moe_config import MoeTritonConfig, without_wgmma
 from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
 from .triton_device import wgmma_runs
+from .triton_launch import Recorded, launch
 from .triton_pdl import PDL_MAX_M, pdl_launch, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
@@ -77,39 +79,60 @@ class TritonExperts:
         self._wgmma_fused = self._wgmma and self.inter % 128 == 0  # the fused gate-up's tiles: whole groups
         self._pdl = pdl and pdl_possible(kernels._grouped_gemm_kernel, self.device)
         self._prefetch_k = prefetch_k
+        self._calls = CallReplays(self.device, (self.w13, self.w13_scale, self.w2, self.w2_scale))
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  config: MoeTritonConfig) -> torch.Tensor:
+        """``y`` ``[M, H]``. On CUDA, for contiguous 16-byte-aligned inputs, a call's launches are recorded at
+        its second call under its M, k, dtypes and ``config`` and replayed by later ones
+        (:class:`~.call_replay.CallReplays`; the wgmma kernels' calls, launched by Gluon, are not)."""
+        calls = self._calls
+        if not calls.takes(x, topk_weights, topk_ids):
+            return self._launch(x, topk_weights, topk_ids, config, None)
+        m, k = topk_ids.shape
+        key = (m, k, x.dtype, topk_weights.dtype, topk_ids.dtype, config)
+        inputs = (x, topk_weights, topk_ids)
+        y = calls.run(key, inputs, (m, self.hidden), x.dtype)
+        if y is not None:
+            return y
+        return calls.call(key, inputs, lambda record: self._launch(x, topk_weights, topk_ids, config, record))
+
+    def _launch(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, config: MoeTritonConfig,
+                record: list[Recorded] | None) -> torch.Tensor:
+        """:meth:`__call__`'s launches, each appended to ``record`` when given."""
         k = topk_ids.shape[1]
         if config.WGMMA and not self._wgmma:
             config = without_wgmma(config)
         pdl = self._pdl and launches_with_pdl(config, x.shape[0])
         prefetch = self._prefetch_k if pdl else None
-        routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl)
+        routing = route(topk_ids, self.experts, config.BLOCK_M, pdl=pdl, record=record)
         if config.WGMMA and self._wgmma and routing.rows:
+            if record is not None:
+                record.append((None, None, ()))  # Gluon's own launches: not replayable
             return self._wgmma_call(x, topk_weights, topk_ids, routing, config)
-        q, q_scale = self.gate_up(x, routing, k, config, prefetch)
+        q, q_scale = self.gate_up(x, routing, k, config, prefetch, record)
         out = torch.empty((routing.slots, self.hidden), dtype=x.dtype, device=self.device)
         _grouped_gemm(self._kernels, q, q_scale, self.w2, self.w2_scale, routing, out, config, a_rows=A_SORTED,
-                      pdl_prefetch=prefetch)
-        return weighted_sum(out, None, topk_ids, topk_weights, self.experts, x.dtype, pdl=pdl)
+                      pdl_prefetch=prefetch, record=record)
+        return weighted_sum(out, None, topk_ids, topk_weights, self.experts, x.dtype, pdl=pdl, record=record)
 
     def gate_up(self, x: torch.Tensor, routing: Routing, top_k: int, config: MoeTritonConfig,
-                pdl_prefetch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                pdl_prefetch: int | None = None,
+                record: list[Recorded] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``silu(gate) * up`` ``[rows, I]`` at the sorted rows, in fp8 with its row-major fp32 scales.
         The sorted layout's padding rows are left unset; nothing reads them. ``pdl_prefetch``: not None,
         the launches after the activation's quantizer use programmatic dependent launch, the GEMM
-        prefetching that many K steps (:class:`TritonExperts`)."""
+        prefetching that many K steps (:class:`TritonExperts`). ``record``: each launch appended to it."""
         inter = self.inter
         blocks = routing.rows // config.BLOCK_M
         if not config.FUSED_ACT or config.WGMMA:  # the wgmma tiles where their kernels do not run: plain
             h = torch.empty((routing.rows, 2 * inter), dtype=torch.float32, device=self.device)
             if blocks:
-                a, a_scale = self._quantize(x)
+                a, a_scale = self._quantize(x, record)
                 _grouped_gemm(self._kernels, a, a_scale, self.w13, self.w13_scale, routing, h, config,
-                              a_rows=A_TOKEN, out_sorted=True, top_k=top_k, pdl_prefetch=pdl_prefetch)
+                              a_rows=A_TOKEN, out_sorted=True, top_k=top_k, pdl_prefetch=pdl_prefetch, record=record)
             return silu_mul_quant(h, self.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots,
-                                  pdl=pdl_prefetch is not None)
+                                  pdl=pdl_prefetch is not None, record=record)
         q = torch.empty((routing.rows, inter), dtype=self.w2.dtype, device=self.device)
         q_scale = torch.empty((routing.rows, _ceil_div(inter, 128)), dtype=torch.float32, device=self.device)
         if blocks == 0:
@@ -117,15 +140,15 @@ class TritonExperts:
         if config.QUANT_IN_KERNEL:
             a, a_scale = x, q_scale  # (the scale pointer is not read)
         else:
-            a, a_scale = self._quantize(x)
-        self._kernels._gate_up_kernel[(blocks * _ceil_div(inter, 128),)](
+            a, a_scale = self._quantize(x, record)
+        launch(self._kernels._gate_up_kernel, (blocks * _ceil_div(inter, 128),), (
             a, a_scale, self.w13, self.w13_scale, routing.slot_ids, routing.block_expert, q, q_scale,
             routing.slots, blocks, self.hidden, inter,
             a.stride(0), a_scale.stride(0), self.w13.stride(0), self.w13.stride(1), self.w13_scale.stride(0),
-            self.w13_scale.stride(1), q.stride(0), q_scale.stride(0), DEFAULT_EPS,
+            self.w13_scale.stride(1), q.stride(0), q_scale.stride(0), DEFAULT_EPS), dict(
             TOP_K=top_k, QUANT_IN_KERNEL=bool(config.QUANT_IN_KERNEL), BLOCK_M=config.BLOCK_M, GROUP_M=config.GROUP_M,
             SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages, **self._constexprs,
-            **_pdl_launch(pdl_prefetch))
+            **_pdl_launch(pdl_prefetch)), record)
         return q, q_scale
 
     def _wgmma_call(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, routing: Routing,
@@ -157,11 +180,11 @@ class TritonExperts:
         launch_grouped(q, q_scale, self.w2, self.w2_scale, routing.block_expert, out, persistent=persistent, **tiles)
         return weighted_sum(out, row_of_slot(routing), topk_ids, topk_weights, self.experts, x.dtype)
 
-    def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _quantize(self, x: torch.Tensor, record: list[Recorded] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The activation in w13's fp8 type with row-major scales ``[M, ceil(H/128)]``."""
         if self._quantizer is None:
             self._quantizer = TritonQuantizer(self.hidden, dtype=self.w13.dtype, layout=ROW_MAJOR, device=self.device)
-        return self._quantizer(x)
+        return self._quantizer(x, record=record)
 
 
 def _pdl_launch(prefetch: int | None) -> dict[str, object]:
@@ -179,23 +202,25 @@ def launches_with_pdl(config: MoeTritonConfig, m: int) -> bool:
 
 def _grouped_gemm(kernels: object, a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                   routing: Routing, out: torch.Tensor, config: MoeTritonConfig, *, a_rows: int,
-                  out_sorted: bool = False, top_k: int = 1, pdl_prefetch: int | None = None) -> None:
+                  out_sorted: bool = False, top_k: int = 1, pdl_prefetch: int | None = None,
+                  record: list[Recorded] | None = None) -> None:
     """``_grouped_gemm_kernel`` on fp8 ``a`` with scales ``a_scale``, ``config``'s tiles: A rows per
     ``a_rows`` (:data:`A_SORTED`, :data:`A_SLOT`, :data:`A_TOKEN`), out rows the slots or, with
     ``out_sorted``, the sorted rows. ``pdl_prefetch``: not None, launched with programmatic dependent
-    launch behind a launch of :class:`TritonExperts`, asking L2 for that many K steps first (see there)."""
+    launch behind a launch of :class:`TritonExperts`, asking L2 for that many K steps first (see there).
+    ``record``: the launch appended to it."""
     blocks = routing.rows // config.BLOCK_M
     n, kdim = w.shape[1], w.shape[2]
     if blocks == 0:
         return
-    kernels._grouped_gemm_kernel[(blocks * _ceil_div(n, config.BLOCK_N),)](  # type: ignore[attr-defined]
+    launch(kernels._grouped_gemm_kernel, (blocks * _ceil_div(n, config.BLOCK_N),), (  # type: ignore[attr-defined]
         a, a_scale, w, w_scale, routing.slot_ids, routing.block_expert, out,
         routing.slots, blocks, n, kdim,
         a.stride(0), a_scale.stride(0), a_scale.stride(1), w.stride(0), w.stride(1), w_scale.stride(0),
-        w_scale.stride(1), out.stride(0),
+        w_scale.stride(1), out.stride(0)), dict(
         A_ROWS=a_rows, OUT_SORTED=out_sorted, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, GROUP_M=config.GROUP_M,
         TOP_K=top_k, SWAP_AB=bool(config.SWAP_AB), num_warps=config.num_warps, num_stages=config.num_stages,
-        **_pdl_launch(pdl_prefetch))
+        **_pdl_launch(pdl_prefetch)), record)
 
 
 def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -211,10 +236,11 @@ def grouped_gemm_rows(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w
 
 
 def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                 experts: int, dtype: torch.dtype, *, pdl: bool = False) -> torch.Tensor:
+                 experts: int, dtype: torch.dtype, *, pdl: bool = False,
+                 record: list[Recorded] | None = None) -> torch.Tensor:
     """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32,
     as ``dtype``; ``row`` is the slot itself, or ``row_map[slot]`` when given. ``pdl``: launched with
-    programmatic dependent launch (where the caller found it runs)."""
+    programmatic dependent launch (where the caller found it runs). ``record``: the launch appended to it."""
     from . import moe_triton_kernels as kernels
 
     m, k = topk_ids.shape
@@ -223,10 +249,10 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     if m == 0:
         return y
     block_h = min(_SUM_BLOCK_H, triton.next_power_of_2(hidden))
-    kernels._weighted_sum_kernel[(m, _ceil_div(hidden, block_h))](
+    launch(kernels._weighted_sum_kernel, (m, _ceil_div(hidden, block_h)), (
         out, out if row_map is None else row_map, topk_ids.contiguous(), topk_weights.contiguous(), y, hidden, experts,
-        out.stride(0), y.stride(0), TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
-        **pdl_launch(pdl))
+        out.stride(0), y.stride(0)), dict(TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
+                                          **pdl_launch(pdl)), record)
     return y
 
 
@@ -292,7 +318,7 @@ tile once per slot, so a 16-token tile holding one token would issue its masked 
 def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
                    group_rows: int = 0, most: int | None = None, *, slot_ids: torch.Tensor | None = None,
                    slots: int = 0, scale: torch.Tensor | None = None,
-                   pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   pdl: bool = False, record: list[Recorded] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of a ``[R, 2I]`` GEMM output, quantized per 1x128 group:
     ``(q [R, I] in dtype, fp32 scales)``, the scales row-major ``[R, ceil(I/128)]``, or written into ``scale``
     (``[R, G]`` or ``[R / group_rows, group_rows, G]``, any strides: :func:`scale_rows`), the layout a vendor's
@@ -304,7 +330,7 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
     sizes stay a function of the call's shapes: a CUDA graph captures them). With ``slot_ids`` (a
     sorted layout's, :class:`.moe_routing.Routing`) the rows whose entry is ``slots`` or more are
     padding: skipped, left unset. ``pdl``: launched with programmatic dependent launch (where the caller
-    found it runs)."""
+    found it runs). ``record``: the launch appended to it."""
     from . import moe_triton_kernels as kernels
 
     rows, inter = h.shape[0], h.shape[1] // 2
@@ -322,11 +348,11 @@ def silu_mul_quant(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | N
         group_blocks = _ceil_div(group_rows if most is None else max(min(most, group_rows), 1), SILU_BLOCK_R)
         programs = rows // group_rows * group_blocks
     per_block, stride_sb, stride_sm, stride_sg = scale_rows(scale)
-    kernels._silu_mul_quant_kernel[(programs, groups)](
+    launch(kernels._silu_mul_quant_kernel, (programs, groups), (
         h, q, scale, scale if counts is None else counts, scale if slot_ids is None else slot_ids, rows, inter,
         h.stride(0), q.stride(0), stride_sb, stride_sm, stride_sg, per_block, max(group_rows, 1), group_blocks, slots,
-        DEFAULT_EPS,
+        DEFAULT_EPS), dict(
         BLOCK_R=SILU_BLOCK_R, HAS_COUNTS=counts is not None, HAS_SLOTS=slot_ids is not None,
         HW_RNE=hw_rne(kernels._silu_mul_quant_kernel, h.device, dtype), **fp8_constexprs(dtype), num_warps=8,
-        **pdl_launch(pdl))
+        **pdl_launch(pdl)), record)
     return q, scale
