@@ -23,11 +23,11 @@ from .moe_config import MoeTritonConfig, without_wgmma
 from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
 from .triton_device import wgmma_runs
-from .triton_launch import Recorded, launch
+from .triton_launch import BoundKernel, Recorded, int_class, launch
 from .triton_pdl import PDL_MAX_M, pdl_launch, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
-__all__ = ["TritonExperts", "grouped_gemm_rows", "ids_flags", "launches_with_pdl", "quantize_slots", "scale_rows",
+__all__ = ["IdsFlags", "TritonExperts", "grouped_gemm_rows", "launches_with_pdl", "quantize_slots", "scale_rows",
            "silu_mul_quant", "weighted_sum"]
 
 _SUM_BLOCK_H = 1024
@@ -256,22 +256,38 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     return y
 
 
-def ids_flags(ids: torch.Tensor, experts: int) -> torch.Tensor:
-    """``[P, 2]`` int32 on the ids' device, one launch: per block of rows of ``ids`` ``[M, k]`` (any strides),
-    whether an id is outside ``[0, experts)`` and not -1, and whether a row repeats an id other than -1 (the
-    eager call's check: :class:`fp8select.moe._IdsCheck`; ``moe_reference.ids_flags_torch`` in torch ops)."""
-    from . import moe_triton_kernels as kernels
+class IdsFlags:
+    """``ids_flags(ids, experts) -> [P, 2]`` int32 on the ids' device, one launch: per block of rows of ``ids``
+    ``[M, k]`` (any strides), whether an id is outside ``[0, experts)`` and not -1, and whether a row repeats an
+    id other than -1 (a layer's eager check: :class:`fp8select.moe._IdsCheck`; ``moe_reference.ids_flags_torch``
+    in torch ops). One per layer: its kernel bound per k (:class:`~.triton_launch.BoundKernel`), so that a
+    check launches without Triton's dispatcher from its second call on."""
 
-    m, k = ids.shape
-    programs = max(_ceil_div(m, _IDS_BLOCK_M), 1)
-    out = torch.empty((programs, 2), dtype=torch.int32, device=ids.device)
-    kernels._ids_check_kernel[(programs,)](ids, out, m, experts, ids.stride(0), ids.stride(1), TOP_K=k,
-                                           K_POW2=triton.next_power_of_2(k), BLOCK_M=_IDS_BLOCK_M, num_warps=4)
-    return out
+    __slots__ = ("_kernels",)
+
+    def __init__(self) -> None:
+        self._kernels: dict[int, BoundKernel] = {}
+
+    def __call__(self, ids: torch.Tensor, experts: int) -> torch.Tensor:
+        m, k = ids.shape
+        kernel = self._kernels.get(k)
+        if kernel is None:
+            from . import moe_triton_kernels as kernels
+
+            kernel = self._kernels[k] = BoundKernel(
+                kernels._ids_check_kernel, {"TOP_K": k, "K_POW2": triton.next_power_of_2(k), "BLOCK_M": _IDS_BLOCK_M},
+                {"num_warps": 4})
+        programs = max(_ceil_div(m, _IDS_BLOCK_M), 1)
+        out = torch.empty((programs, 2), dtype=torch.int32, device=ids.device)
+        stride_m, stride_k = ids.stride()
+        kernel((programs, 1, 1), (ids, out, m, experts, stride_m, stride_k),
+               (ids.dtype, ids.data_ptr() % 16 == 0, int_class(m), int_class(experts), int_class(stride_m),
+                int_class(stride_k)))  # as tensor_class(ids); out is a fresh allocation
+        return out
 
 
 _IDS_BLOCK_M = 128
-"""Rows of the ids per program of :func:`ids_flags`."""
+"""Rows of the ids per program of :class:`IdsFlags`."""
 
 
 SILU_BLOCK_R = 16
