@@ -7,6 +7,10 @@ Usage (repository root): ``python -m benchmarks.moe_host --out DIR``; writes ``D
   layer): the layer as prepared (its ids' check reads a flag back, so a call also waits for the GPU),
   the layer with ``check_ids=False``, and the bucket's bound launch called directly (what the layer runs,
   without it around); and the op's GPU time under a CUDA graph.
+* ``triton_replay``: the Triton route pinned at M 1 / 16 / 64 (whatever the plan runs), host microseconds per
+  call (rounds of :data:`REPLAY_CALLS` calls) replayed (:class:`fp8select.kernels.call_replay.CallReplays`)
+  and with its launches made afresh through Triton's dispatcher (as before the op replayed them), and its
+  GPU time under a CUDA graph.
 * ``stack``: eager end to end, :data:`STACK_LAYERS` MoE layers of one shape in a row (their own weights,
   one routing), milliseconds per pass: the same three paths, and the layers under a CUDA graph (their GPU
   time, the floor). Each checked layer waits for the work queued before it, so the GPU idles while the host
@@ -37,6 +41,10 @@ STACK_SHAPE = "deepseek-v3-e32"
 STACK_LAYERS = 4
 STACK_M = (16, 128, 512)
 STACK_ROUNDS = 21
+REPLAY_M = (1, 16, 64)
+REPLAY_CALLS = 20
+"""Calls per round of ``triton_replay``: their launches (six a call) stay well within what CUDA queues, so that
+the host is not held back by a GPU that takes longer per call (a round of 300 calls at DeepSeek-V3's M 16 was)."""
 
 
 def _paths(selection: Any, weights: Any, top_k: int) -> tuple[Any, Any]:
@@ -75,6 +83,38 @@ def host(selection: Any, name: str) -> dict[str, Any]:
     del checked, unchecked
     torch.cuda.empty_cache()
     return row
+
+
+def triton_replay(selection: Any, name: str) -> list[dict[str, Any]]:
+    """The Triton route pinned (its default configuration per M), whatever the plan runs: host microseconds per
+    call replayed (the op's own path from its third call at an M) and with its launches made afresh through
+    Triton's dispatcher (as before the op replayed them), and its GPU time under a CUDA graph."""
+    import torch
+
+    from fp8select.backends.moe import MoeProblem, TritonMoe
+    from fp8select.kernels.moe_triton import TritonExperts
+
+    e, h, i, k = SHAPES[name]
+    experts = TritonExperts(*_weights(e, h, i, seed=3))
+    rows = []
+    for m in REPLAY_M:
+        w, ids = _routing(m, k, e, "uniform", seed=5)
+        x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
+        config = TritonMoe().default_config(MoeProblem(e, h, i, k), "sorted", m)
+        calls = {"replayed": functools.partial(experts, x, w, ids, config),
+                 "launched afresh": functools.partial(experts._launch, x, w, ids, config, None)}
+        fastest: dict[str, float] = {}
+        per_round = functools.partial(_round_us, calls=REPLAY_CALLS)
+        row: dict[str, Any] = {"shape": name, "m": m, "host_us": _interleaved(calls, per_round, rounds=STACK_ROUNDS,
+                                                                              mins=fastest),
+                               "fastest_round_us": fastest,
+                               "graphed_gpu_us": round(_graph_ms(calls["replayed"]) * 1e3, 2)}
+        row["replayed_vs_afresh"] = round(row["host_us"]["replayed"] / row["host_us"]["launched afresh"], 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del experts
+    torch.cuda.empty_cache()
+    return rows
 
 
 def _run(calls: list[Callable[..., Any]], *args: Any) -> list[Any]:
@@ -125,10 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     head = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "packages": dict(selection.capabilities.packages), "command": "python -m benchmarks.moe_host --out DIR"}
     hosts = [host(selection, name) for name in HOST_SHAPES]
+    replays = [row for name in HOST_SHAPES for row in triton_replay(selection, name)]
     stacks = stack(selection)
     head["seconds"] = round(time.monotonic() - start, 1)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "moe_host.json").write_text(json_lines(head, {"host": hosts, "stack": stacks}), encoding="utf-8")
+    sections = {"host": hosts, "triton_replay": replays, "stack": stacks}
+    (Path(args.out) / "moe_host.json").write_text(json_lines(head, sections), encoding="utf-8")
 
 
 if __name__ == "__main__":
