@@ -294,9 +294,9 @@ def _ids_flags_for(device: torch.device, caps: Capabilities) -> _IdsFlags:
     """What computes the ids' check flags on ``device``: the one-launch Triton kernel on a GPU with Triton (the
     torch ops took eight or so launches, more host time than the rest of a decode call), else torch ops."""
     if device.type == "cuda" and "triton" in caps.packages:
-        from fp8select.kernels.moe_triton import IdsFlags
+        from fp8select.kernels.moe_triton import ids_flags
 
-        return IdsFlags()
+        return ids_flags
     from fp8select.kernels.moe_reference import ids_flags_torch
 
     return ids_flags_torch

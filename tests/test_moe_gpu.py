@@ -348,3 +348,36 @@ def test_a_triton_experts_call_on_gluon_launches_is_not_replayed(problem) -> Non
     first = [experts(x, w, ids, cfg) for _ in range(3)]
     assert experts._calls._replays[(64, K, torch.bfloat16, torch.float32, torch.int32, cfg)] is None
     assert all(torch.equal(y, first[0]) for y in first)
+
+
+def test_every_bound_launch_keeps_the_kernel_triton_runs(selection, problem, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every Triton launch of the MoE routes goes through ``triton_launch.launch``, bound per kernel and
+    constexprs and keyed by ``args_class``; here each bound launch also goes through Triton's dispatcher, which
+    must run the very kernel its key kept: every route, M 1 / 7 / 64 / 300, int32 and int64 ids, an activation
+    16-byte aligned and not, and the layer's ids' check."""
+    from fp8select.kernels import triton_launch
+
+    checked = []
+    call = triton_launch.BoundKernel.__call__
+
+    def checking(self, grid, args, key=(), record=None):  # type: ignore[no-untyped-def]
+        call(self, grid, args, key, record)
+        ran, kept = self.compiled_for(grid, args, key)
+        if kept is not None:
+            checked.append(self._fn)
+            assert ran is kept, f"{self._fn} key {key} kept another kernel than Triton runs for these arguments"
+
+    monkeypatch.setattr(triton_launch.BoundKernel, "__call__", checking)
+    layer = selection.prepare_moe(*_cuda(problem), top_k=K)
+    for m in (1, 7, 64, 300):
+        routes = list(_every_route(selection, problem, m))
+        for ids_dtype in (torch.int32, torch.int64):
+            x, w, ids = _inputs(m, seed=m)
+            flat = torch.empty(m * H + 8, dtype=torch.bfloat16, device="cuda")
+            for offset in (0, 1):  # 16-byte aligned, then 2 bytes past
+                xs = flat[offset:offset + m * H].view(m, H)
+                xs.copy_(x)
+                for _, _, run in routes:
+                    run(xs, w.cuda(), ids.to(ids_dtype).cuda())
+                layer(xs, w.cuda(), ids.to(ids_dtype).cuda())
+    assert len(set(checked)) >= 5, checked

@@ -295,7 +295,7 @@ def test_quantize_slots_tile_heights_write_what_the_torch_twin_does() -> None:
         assert bool((outs[0][0] != 0x11).any()), tokens
 
 
-@pytest.mark.parametrize("ids_flags", [moe_triton.IdsFlags(), ids_flags_torch], ids=["triton", "torch"])
+@pytest.mark.parametrize("ids_flags", [moe_triton.ids_flags, ids_flags_torch], ids=["triton", "torch"])
 def test_ids_flags_find_ids_outside_the_experts_and_repeats_within_a_row(ids_flags) -> None:  # type: ignore[no-untyped-def]
     """The eager check's flags (any block's): an id outside ``[0, E)`` other than -1, and a row repeating an id
     other than -1, wherever they are (a later block of rows, the last column, strided ids); -1 repeated is not."""

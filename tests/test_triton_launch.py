@@ -218,3 +218,35 @@ def test_a_call_that_computes_in_torch_or_reads_memory_it_does_not_own_is_not_re
         calls.call("k", (x,), lambda record: op(x, record))
     assert "k" in calls._replays and calls._replays["k"] is None
     assert calls.run("k", (x,), (4, 8), torch.float32) is None and op.kernel.calls == []
+
+
+def test_args_class_is_what_triton_specializes_each_argument_on() -> None:
+    flat = torch.zeros(64, dtype=torch.bfloat16)
+    key = triton_launch.args_class((flat, flat[1:], 1, 32, 33, 2**31, -(2**31) - 1, 0.5, True, None))
+    assert key == ((torch.bfloat16, True), (torch.bfloat16, False), 1, 2, 0, 6, 4, "fp32", "i1", None)
+    assert triton_launch.args_class((flat, object())) is None  # a descriptor: no generic key
+
+
+def test_launch_binds_each_kernel_and_constexprs_once_and_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One bound kernel per kernel and constexprs; arguments of no generic key, or past the bound, go through
+    ``kernel[grid]``; a recorded launch of a kernel with no compiled handle (here: interpreted) is not replayable."""
+    launched: list[tuple[object, ...]] = []
+
+    class InterpretedFunction:
+        def __getitem__(self, grid: object) -> object:
+            return lambda *args, **kwargs: launched.append((grid, args, tuple(sorted(kwargs))))
+
+    monkeypatch.setattr(triton_launch, "_BOUND", {})
+    fn, x = InterpretedFunction(), torch.zeros(4)
+    record: list[object] = []
+    triton_launch.launch(fn, (2,), (x, 4), {"BLOCK": 16, "num_warps": 4}, record)
+    triton_launch.launch(fn, (3, 2), (x, 5), {"BLOCK": 16, "num_warps": 4})
+    triton_launch.launch(fn, (2,), (x, 4), {"BLOCK": 32, "num_warps": 4})
+    assert len(triton_launch._BOUND) == 2
+    assert [g for g, _, _ in launched] == [(2, 1, 1), (3, 2, 1), (2, 1, 1)]
+    assert record == [(None, (2, 1, 1), (x, 4))]
+    triton_launch.launch(fn, (1,), (x, object()), {"BLOCK": 64}, record)  # no generic key: Triton's own launch
+    monkeypatch.setattr(triton_launch, "LAUNCHES_MAX", 3)
+    triton_launch.launch(fn, (1,), (x, 4), {"BLOCK": 128})  # past the bound
+    assert len(triton_launch._BOUND) == 3 and [g for g, _, _ in launched[3:]] == [(1,), (1,)]
+    assert record[-1] == (None, None, ())

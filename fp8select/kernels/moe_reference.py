@@ -131,7 +131,7 @@ def weighted_sum_torch(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids
 
 
 def ids_flags_torch(ids: torch.Tensor, experts: int) -> torch.Tensor:
-    """:class:`fp8select.kernels.moe_triton.IdsFlags` in torch ops, ``[1, 2]`` int32: whether an id of ``ids``
+    """:func:`fp8select.kernels.moe_triton.ids_flags` in torch ops, ``[1, 2]`` int32: whether an id of ``ids``
     ``[M, k]`` is outside ``[0, experts)`` and not -1, and whether a row repeats an id other than -1."""
     bad = ((ids < -1) | (ids >= experts)).any()
     if ids.shape[1] > 1:

@@ -23,11 +23,11 @@ from .moe_config import MoeTritonConfig, without_wgmma
 from .moe_routing import Routing, route, row_of_slot, token_of_row
 from .quant import DEFAULT_EPS, ROW_MAJOR
 from .triton_device import wgmma_runs
-from .triton_launch import BoundKernel, Recorded, int_class, launch
+from .triton_launch import Recorded, launch
 from .triton_pdl import PDL_MAX_M, pdl_launch, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 
-__all__ = ["IdsFlags", "TritonExperts", "grouped_gemm_rows", "launches_with_pdl", "quantize_slots", "scale_rows",
+__all__ = ["TritonExperts", "grouped_gemm_rows", "ids_flags", "launches_with_pdl", "quantize_slots", "scale_rows",
            "silu_mul_quant", "weighted_sum"]
 
 _SUM_BLOCK_H = 1024
@@ -256,38 +256,22 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     return y
 
 
-class IdsFlags:
-    """``ids_flags(ids, experts) -> [P, 2]`` int32 on the ids' device, one launch: per block of rows of ``ids``
-    ``[M, k]`` (any strides), whether an id is outside ``[0, experts)`` and not -1, and whether a row repeats an
-    id other than -1 (a layer's eager check: :class:`fp8select.moe._IdsCheck`; ``moe_reference.ids_flags_torch``
-    in torch ops). One per layer: its kernel bound per k (:class:`~.triton_launch.BoundKernel`), so that a
-    check launches without Triton's dispatcher from its second call on."""
+def ids_flags(ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """``[P, 2]`` int32 on the ids' device, one launch: per block of rows of ``ids`` ``[M, k]`` (any strides),
+    whether an id is outside ``[0, experts)`` and not -1, and whether a row repeats an id other than -1 (the
+    eager call's check: :class:`fp8select.moe._IdsCheck`; ``moe_reference.ids_flags_torch`` in torch ops)."""
+    from . import moe_triton_kernels as kernels
 
-    __slots__ = ("_kernels",)
-
-    def __init__(self) -> None:
-        self._kernels: dict[int, BoundKernel] = {}
-
-    def __call__(self, ids: torch.Tensor, experts: int) -> torch.Tensor:
-        m, k = ids.shape
-        kernel = self._kernels.get(k)
-        if kernel is None:
-            from . import moe_triton_kernels as kernels
-
-            kernel = self._kernels[k] = BoundKernel(
-                kernels._ids_check_kernel, {"TOP_K": k, "K_POW2": triton.next_power_of_2(k), "BLOCK_M": _IDS_BLOCK_M},
-                {"num_warps": 4})
-        programs = max(_ceil_div(m, _IDS_BLOCK_M), 1)
-        out = torch.empty((programs, 2), dtype=torch.int32, device=ids.device)
-        stride_m, stride_k = ids.stride()
-        kernel((programs, 1, 1), (ids, out, m, experts, stride_m, stride_k),
-               (ids.dtype, ids.data_ptr() % 16 == 0, int_class(m), int_class(experts), int_class(stride_m),
-                int_class(stride_k)))  # as tensor_class(ids); out is a fresh allocation
-        return out
+    m, k = ids.shape
+    programs = max(_ceil_div(m, _IDS_BLOCK_M), 1)
+    out = torch.empty((programs, 2), dtype=torch.int32, device=ids.device)
+    launch(kernels._ids_check_kernel, (programs,), (ids, out, m, experts, ids.stride(0), ids.stride(1)),
+           dict(TOP_K=k, K_POW2=triton.next_power_of_2(k), BLOCK_M=_IDS_BLOCK_M, num_warps=4))
+    return out
 
 
 _IDS_BLOCK_M = 128
-"""Rows of the ids per program of :class:`IdsFlags`."""
+"""Rows of the ids per program of :func:`ids_flags`."""
 
 
 SILU_BLOCK_R = 16
@@ -319,11 +303,11 @@ def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Ten
         return
     per_block, stride_sb, stride_sm, stride_sg = scale_rows(scale)
     block_t = min(_TOKENS_BLOCK, triton.next_power_of_2(tokens))
-    kernels._quant_slots_kernel[(_ceil_div(tokens, block_t), _ceil_div(hidden, 128))](
+    launch(kernels._quant_slots_kernel, (_ceil_div(tokens, block_t), _ceil_div(hidden, 128)), (
         x, rows, rows if slot_ids is None else slot_ids, q, scale, tokens, hidden, q.shape[0], x.stride(0),
-        q.stride(0), stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS, TOP_K=top_k, BLOCK_T=block_t,
-        HAS_SLOTS=slot_ids is not None,
-        HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4)
+        q.stride(0), stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS), dict(
+        TOP_K=top_k, BLOCK_T=block_t, HAS_SLOTS=slot_ids is not None,
+        HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4))
 
 
 _TOKENS_BLOCK = 16

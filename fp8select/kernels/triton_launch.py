@@ -35,8 +35,8 @@ from typing import Any
 import triton
 from packaging.version import Version
 
-__all__ = ["REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "Replays", "device_and_stream", "int_class", "launch",
-           "tensor_class"]
+__all__ = ["LAUNCHES_MAX", "REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "Replays", "args_class",
+           "device_and_stream", "int_class", "launch", "tensor_class"]
 
 Recorded = tuple[Any, Any, tuple[Any, ...]]
 """One launch of a recorded call: ``(kernel, grid, args)``. ``kernel`` is the compiled kernel kept,
@@ -168,27 +168,60 @@ class BoundKernel:
         return compiled, None if kept is None else kept.compiled
 
     def _tail(self, positional: int) -> tuple[Any, ...]:
-        return _param_tail(self._fn, positional, self._kwargs)
+        """The values of the parameters after the positional ones, as the dispatcher passes them."""
+        fn, kwargs = self._fn, self._kwargs
+        names, params = fn.arg_names[positional:], fn.params[positional:]
+        return tuple(kwargs[name] if name in kwargs else param.default for name, param in zip(names, params, strict=True))
 
 
-def _param_tail(fn: Any, positional: int, kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The values of ``fn``'s parameters after the ``positional`` first ones (its constexprs), as the
-    dispatcher passes them: ``kwargs``' where given, else each parameter's default."""
-    names, params = fn.arg_names[positional:], fn.params[positional:]
-    return tuple(kwargs[name] if name in kwargs else param.default for name, param in zip(names, params, strict=True))
+def args_class(args: Sequence[Any]) -> tuple[Hashable, ...] | None:
+    """How Triton specializes each of ``args`` (its non-constexpr arguments), as one key: a tensor's dtype and
+    16-byte alignment, an int's :func:`int_class` (or 64-bit for one below the 32-bit range), a float's, bool's
+    or None's type; None where an argument is of another kind (a tensor descriptor: its caller keys it)."""
+    out: list[Hashable] = []
+    for arg in args:
+        kind = type(arg)
+        if kind is int:
+            out.append(int_class(arg) | (arg < -0x80000000) << 2)
+        elif kind is float:
+            out.append("fp32")
+        elif kind is bool:
+            out.append("i1")
+        elif arg is None:
+            out.append(None)
+        elif hasattr(arg, "data_ptr"):
+            out.append((arg.dtype, arg.data_ptr() % 16 == 0))
+        else:
+            return None
+    return tuple(out)
+
+
+LAUNCHES_MAX = 4096
+"""How many kernels (each with its constexprs and launch options) :func:`launch` keeps bound in a process;
+launches of others go through Triton's dispatcher."""
+
+_BOUND: dict[Hashable, BoundKernel] = {}
+""":func:`launch`'s bound kernels, by kernel, constexprs and launch options: process-wide, as Triton keeps
+its compiled kernels."""
 
 
 def launch(fn: Any, grid: tuple[int, ...], args: tuple[Any, ...], kwargs: Mapping[str, Any],
            record: list[Recorded] | None = None) -> None:
     """``fn[grid](*args, **kwargs)``: ``args`` every parameter that is not a constexpr, in order, ``kwargs`` the
-    constexprs and Triton's launch options. With ``record``, append what was launched for a :class:`Replay`
-    (the compiled kernel kept; None where there is none: an interpreted kernel, an older Triton)."""
-    compiled = fn[grid](*args, **kwargs)
+    constexprs and Triton's launch options (hashable values). Through a :class:`BoundKernel` kept per kernel
+    and ``kwargs`` and keyed by :func:`args_class`, so a launch goes through Triton's dispatcher only the first
+    time its key is seen. With ``record``, append what was launched for a :class:`Replay`."""
+    key = (fn, *kwargs.items())
+    bound = _BOUND.get(key)
+    if bound is None and len(_BOUND) < LAUNCHES_MAX:
+        bound = _BOUND[key] = BoundKernel(fn, kwargs, {})
+    if bound is not None and (spec := args_class(args)) is not None:
+        x, y, z = (*grid, 1, 1)[:3]
+        bound((x, y, z), args, spec, record)
+        return
+    fn[grid](*args, **kwargs)
     if record is not None:
-        kept = None
-        if compiled is not None and _direct_supported(fn):
-            kept = _Direct(compiled, _param_tail(fn, len(args), kwargs))
-        record.append((kept, (*grid, 1, 1)[:3], args))
+        record.append((None, None, ()))  # not replayable
 
 
 REPLAYS_MAX = 1024
