@@ -7,9 +7,10 @@ Usage (repository root): ``python -m benchmarks.moe_host --out DIR``; writes ``D
   layer): the layer as prepared (its ids' check reads a flag back, so a call also waits for the GPU),
   the layer with ``check_ids=False``, and the bucket's bound launch called directly (what the layer runs,
   without it around); and the op's GPU time under a CUDA graph.
-* ``triton_replay``: the Triton route pinned at M 1 / 16 / 64 (whatever the plan runs), host microseconds per
-  call (rounds of :data:`REPLAY_CALLS` calls) replayed (:class:`fp8select.kernels.call_replay.CallReplays`)
-  and with its launches made afresh through Triton's dispatcher (as before the op replayed them), and its
+* ``pinned``: every accepted route pinned at M 1 / 16 / 64 (whatever the plan runs), host microseconds per
+  call (rounds of :data:`PINNED_CALLS` calls) as the library runs it (the Triton route replayed,
+  :class:`fp8select.kernels.call_replay.CallReplays`; every Triton launch bound, ``triton_launch.launch``)
+  and with every Triton launch made through Triton's dispatcher (the Triton route's made afresh), and its
   GPU time under a CUDA graph.
 * ``stack``: eager end to end, :data:`STACK_LAYERS` MoE layers of one shape in a row (their own weights,
   one routing), milliseconds per pass: the same three paths, and the layers under a CUDA graph (their GPU
@@ -41,9 +42,9 @@ STACK_SHAPE = "deepseek-v3-e32"
 STACK_LAYERS = 4
 STACK_M = (16, 128, 512)
 STACK_ROUNDS = 21
-REPLAY_M = (1, 16, 64)
-REPLAY_CALLS = 20
-"""Calls per round of ``triton_replay``: their launches (six a call) stay well within what CUDA queues, so that
+PINNED_M = (1, 16, 64)
+PINNED_CALLS = 20
+"""Calls per round of ``pinned``: their launches (six to eight a call) stay well within what CUDA queues, so that
 the host is not held back by a GPU that takes longer per call (a round of 300 calls at DeepSeek-V3's M 16 was)."""
 
 
@@ -85,34 +86,54 @@ def host(selection: Any, name: str) -> dict[str, Any]:
     return row
 
 
-def triton_replay(selection: Any, name: str) -> list[dict[str, Any]]:
-    """The Triton route pinned (its default configuration per M), whatever the plan runs: host microseconds per
-    call replayed (the op's own path from its third call at an M) and with its launches made afresh through
-    Triton's dispatcher (as before the op replayed them), and its GPU time under a CUDA graph."""
+def _dispatcher_round(fn: Callable[[], object]) -> float:
+    """:func:`_round_us` of ``fn`` with every Triton launch of fp8select's made through Triton's dispatcher (as
+    before ``triton_launch.launch`` bound them): its bound kernels set aside for the round."""
+    from fp8select.kernels import triton_launch
+
+    kept, most = triton_launch._BOUND, triton_launch.LAUNCHES_MAX
+    triton_launch._BOUND, triton_launch.LAUNCHES_MAX = {}, 0
+    try:
+        return _round_us(fn, calls=PINNED_CALLS)
+    finally:
+        triton_launch._BOUND, triton_launch.LAUNCHES_MAX = kept, most
+
+
+def pinned(selection: Any, name: str) -> list[dict[str, Any]]:
+    """Every accepted route pinned at :data:`PINNED_M` (its default configuration per M), whatever the plan
+    runs: host microseconds per call as the library runs it (the Triton route replayed from its third call
+    at an M, every Triton launch bound) and with every Triton launch made through Triton's dispatcher (the
+    Triton route's launches made afresh), and its GPU time under a CUDA graph."""
     import torch
 
-    from fp8select.backends.moe import MoeProblem, TritonMoe
-    from fp8select.kernels.moe_triton import TritonExperts
+    from benchmarks.moe import _columns, _launch
+    from fp8select.backends.moe import MoeProblem
 
     e, h, i, k = SHAPES[name]
-    experts = TritonExperts(*_weights(e, h, i, seed=3))
+    problem = MoeProblem(e, h, i, k)
+    columns = _columns(selection, problem, _weights(e, h, i, seed=3), selection.capabilities, with_reference=False)
     rows = []
-    for m in REPLAY_M:
+    for m in PINNED_M:
         w, ids = _routing(m, k, e, "uniform", seed=5)
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
-        config = TritonMoe().default_config(MoeProblem(e, h, i, k), "sorted", m)
-        calls = {"replayed": functools.partial(experts, x, w, ids, config),
-                 "launched afresh": functools.partial(experts._launch, x, w, ids, config, None)}
-        fastest: dict[str, float] = {}
-        per_round = functools.partial(_round_us, calls=REPLAY_CALLS)
-        row: dict[str, Any] = {"shape": name, "m": m, "host_us": _interleaved(calls, per_round, rounds=STACK_ROUNDS,
-                                                                              mins=fastest),
-                               "fastest_round_us": fastest,
-                               "graphed_gpu_us": round(_graph_ms(calls["replayed"]) * 1e3, 2)}
-        row["replayed_vs_afresh"] = round(row["host_us"]["replayed"] / row["host_us"]["launched afresh"], 3)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    del experts
+        for route, column in columns.items():
+            launch = _launch(column, problem, m, selection.capabilities)
+            afresh = launch
+            if route == "triton/sorted":  # its launches made afresh: the replay's first call's path
+                backend, prepared, layout = column
+                config = backend.default_config(problem, layout, m)
+                afresh = functools.partial(prepared._launch, config=config, record=None)
+            calls = {"library": functools.partial(_round_us, functools.partial(launch, x, w, ids), calls=PINNED_CALLS),
+                     "through the dispatcher": functools.partial(_dispatcher_round, functools.partial(afresh, x, w, ids))}
+            fastest: dict[str, float] = {}
+            row: dict[str, Any] = {"shape": name, "m": m, "route": route,
+                                   "host_us": _interleaved(calls, lambda run: run(), rounds=STACK_ROUNDS, mins=fastest),
+                                   "fastest_round_us": fastest,
+                                   "graphed_gpu_us": round(_graph_ms(functools.partial(launch, x, w, ids)) * 1e3, 2)}
+            row["library_vs_dispatcher"] = round(row["host_us"]["library"] / row["host_us"]["through the dispatcher"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    del columns
     torch.cuda.empty_cache()
     return rows
 
@@ -165,11 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     head = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "packages": dict(selection.capabilities.packages), "command": "python -m benchmarks.moe_host --out DIR"}
     hosts = [host(selection, name) for name in HOST_SHAPES]
-    replays = [row for name in HOST_SHAPES for row in triton_replay(selection, name)]
+    pins = [row for name in HOST_SHAPES for row in pinned(selection, name)]
     stacks = stack(selection)
     head["seconds"] = round(time.monotonic() - start, 1)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    sections = {"host": hosts, "triton_replay": replays, "stack": stacks}
+    sections = {"host": hosts, "pinned": pins, "stack": stacks}
     (Path(args.out) / "moe_host.json").write_text(json_lines(head, sections), encoding="utf-8")
 
 
