@@ -18,6 +18,10 @@ own cache does.
 The direct launch is used where it was checked: Triton 3.4 or later, a compiled (not
 interpreted) kernel. Elsewhere every launch goes through ``kernel[grid]``, as before.
 
+:func:`launch` does the same for a launch site that holds no bound kernel of its own (the MoE op's
+kernels): it keeps one :class:`BoundKernel` per kernel and constexprs in the process and keys it
+by :func:`args_class`, what Triton specializes on in each argument.
+
 A caller that makes the same launches call after call (a layer at one M) can go one step further:
 record one call's launches (``record=`` a list) and make a :class:`Replay` of them. A replay keeps
 each launch's arguments with every tensor turned into its address: the static ones (the weight,
