@@ -166,11 +166,11 @@ class _Op:
 @pytest.fixture
 def call_replays(monkeypatch: pytest.MonkeyPatch) -> object:
     """``make(op)``: a CallReplays for ``op`` whose bookkeeping runs as on a GPU (device 0, stream 100), on CPU tensors."""
-    from fp8select.kernels import call_replay
-    from fp8select.kernels.stream_scratch import StreamScratch
+    from fp8select.kernels import call_replay, stream_scratch
 
     monkeypatch.setattr(triton_launch, "device_and_stream", lambda: (lambda: 0, lambda index: 100 + index))
-    monkeypatch.setattr(call_replay, "SCRATCH", StreamScratch(capturing=lambda: False, pooled=lambda device, stream: False))
+    monkeypatch.setattr(stream_scratch, "SCRATCH",
+                        stream_scratch.StreamScratch(capturing=lambda: False, pooled=lambda device, stream: False))
 
     def make(op: _Op) -> object:
         calls = call_replay.CallReplays(torch.device("cpu"), (op.weight,))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .stream_scratch import SCRATCH
+from .stream_scratch import run_with_workspace
 from .triton_launch import REPLAYS_MAX, Recorded, Replays
 
 __all__ = ["CallReplays"]
@@ -52,19 +52,9 @@ class CallReplays:
         replay = replays.get(key)
         if replay is None:
             return None
-        device, nbytes = self._device, replay.nbytes
-        out = torch.empty(out_shape, dtype=out_dtype, device=device)
-        stream = replays.stream(replay.device)
-        addresses = [t.data_ptr() for t in inputs]
-        addresses.append(out.data_ptr())
-        if not nbytes:
-            replay.run((*addresses, 0), stream)
-        elif (work := SCRATCH.take(nbytes, device, stream)) is not None:
-            replay.run((*addresses, work.data_ptr()), stream)
-            SCRATCH.give(work, device, stream)
-        else:
-            work = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            replay.run((*addresses, work.data_ptr()), stream)
+        out = torch.empty(out_shape, dtype=out_dtype, device=self._device)
+        run_with_workspace(replay.run, (*(t.data_ptr() for t in inputs), out.data_ptr()), replay.nbytes, self._device,
+                           replays.stream(replay.device))
         return out
 
     def call(self, key: Hashable, inputs: Sequence[torch.Tensor],

@@ -2,7 +2,8 @@
 
 A replayed Triton layer call (:class:`~fp8select.kernels.triton_bound.BoundLinear`) writes its
 quantized activation, its scales and any split-K partials to a workspace that no one reads after
-the call's last kernel. Allocating it costs a few microseconds of host time per call (torch's
+the call's last kernel (a replayed MoE call, :class:`~fp8select.kernels.call_replay.CallReplays`, its
+routing and intermediate rows); both run their replays through :func:`run_with_workspace`. Allocating it costs a few microseconds of host time per call (torch's
 caching allocator, from Python), as much as a kernel launch. Kernels on one stream run in the
 order they were launched, so every such call on a stream can use the same buffer: the next call's
 first kernel runs after the previous call's last one.
@@ -25,11 +26,11 @@ would be made, so a call that finds its stream's buffer pays nothing for it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["SCRATCH", "SCRATCH_MAX_BYTES", "StreamScratch", "cudagraph_tree_stream"]
+__all__ = ["SCRATCH", "SCRATCH_MAX_BYTES", "StreamScratch", "cudagraph_tree_stream", "run_with_workspace"]
 
 SCRATCH_MAX_BYTES = 16 << 20
 """The largest workspace a stream's buffer serves (16 MiB: the quantized activation and split-K partials
@@ -93,3 +94,17 @@ def cudagraph_tree_stream(device: torch.device, stream: int) -> bool:
 
 SCRATCH = StreamScratch()
 """The process's store: every bound layer on a stream shares its buffer."""
+
+
+def run_with_workspace(run: Callable[[Sequence[int], int], None], addresses: tuple[int, ...], nbytes: int,
+                       device: torch.device, stream: int) -> None:
+    """``run((*addresses, workspace), stream)`` (a replay's launches) with the address of a workspace of ``nbytes``
+    bytes: the stream's buffer where :data:`SCRATCH` serves one, else one allocated for the call; 0 for none."""
+    if not nbytes:
+        run((*addresses, 0), stream)
+    elif (work := SCRATCH.take(nbytes, device, stream)) is not None:
+        run((*addresses, work.data_ptr()), stream)
+        SCRATCH.give(work, device, stream)
+    else:
+        work = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        run((*addresses, work.data_ptr()), stream)

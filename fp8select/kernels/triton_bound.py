@@ -13,7 +13,7 @@ import torch
 import triton
 
 from .quant import DEFAULT_EPS, M_MAJOR, ROW_MAJOR, fp8_format
-from .stream_scratch import SCRATCH
+from .stream_scratch import run_with_workspace
 from .triton_config import SCALE_GROUP_K, TritonConfig
 from .triton_device import TensorDescriptor, _fixup_counters, _persistent_programs, _tma_ok, wgmma_runs
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
@@ -271,17 +271,9 @@ class BoundLinear:
         if replayable:
             replay = replays.get((m, x.dtype))
             if replay is not None:
-                device, nbytes = self._device, replay.nbytes
-                out = torch.empty(m, self._n, dtype=self._out_dtype, device=device)  # (sizes as arguments: parsed faster)
-                stream = replays.stream(replay.device)
-                if not nbytes:
-                    replay.run((x.data_ptr(), out.data_ptr(), 0), stream)
-                elif (work := SCRATCH.take(nbytes, device, stream)) is not None:
-                    replay.run((x.data_ptr(), out.data_ptr(), work.data_ptr()), stream)
-                    SCRATCH.give(work, device, stream)
-                else:
-                    work = torch.empty(nbytes, dtype=torch.uint8, device=device)
-                    replay.run((x.data_ptr(), out.data_ptr(), work.data_ptr()), stream)
+                out = torch.empty(m, self._n, dtype=self._out_dtype, device=self._device)  # (sizes as arguments: parsed faster)
+                run_with_workspace(replay.run, (x.data_ptr(), out.data_ptr()), replay.nbytes, self._device,
+                                   replays.stream(replay.device))
                 return out
         gemm, quant = self._fixed or self._bind(heuristic_config(self._n, self._k, m, "gemm"))
         out = torch.empty((m, self._n), dtype=self._out_dtype, device=self._device)
