@@ -117,19 +117,18 @@ def pinned(selection: Any, name: str) -> list[dict[str, Any]]:
         w, ids = _routing(m, k, e, "uniform", seed=5)
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
         for route, column in columns.items():
-            launch = _launch(column, problem, m, selection.capabilities)
-            afresh = launch
+            call = functools.partial(_launch(column, problem, m, selection.capabilities), x, w, ids)
+            afresh = call
             if route == "triton/sorted":  # its launches made afresh: the replay's first call's path
                 backend, prepared, layout = column
-                config = backend.default_config(problem, layout, m)
-                afresh = functools.partial(prepared._launch, config=config, record=None)
-            calls = {"library": functools.partial(_round_us, functools.partial(launch, x, w, ids), calls=PINNED_CALLS),
-                     "through the dispatcher": functools.partial(_dispatcher_round, functools.partial(afresh, x, w, ids))}
+                afresh = functools.partial(prepared._launch, x, w, ids, backend.default_config(problem, layout, m), None)
+            calls = {"library": functools.partial(_round_us, call, calls=PINNED_CALLS),
+                     "through the dispatcher": functools.partial(_dispatcher_round, afresh)}
             fastest: dict[str, float] = {}
             row: dict[str, Any] = {"shape": name, "m": m, "route": route,
                                    "host_us": _interleaved(calls, lambda run: run(), rounds=STACK_ROUNDS, mins=fastest),
                                    "fastest_round_us": fastest,
-                                   "graphed_gpu_us": round(_graph_ms(functools.partial(launch, x, w, ids)) * 1e3, 2)}
+                                   "graphed_gpu_us": round(_graph_ms(call) * 1e3, 2)}
             row["library_vs_dispatcher"] = round(row["host_us"]["library"] / row["host_us"]["through the dispatcher"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
