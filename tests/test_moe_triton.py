@@ -185,6 +185,18 @@ def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:
         assert torch.allclose(got, weighted_sum_torch(out, mapping, ids, weights, 3, torch.float32), atol=1e-6)
 
 
+def test_weighted_sum_skips_a_slot_mapped_past_the_last_row() -> None:
+    """A masked layout's dropped slot (a repeated id beyond ``max_m`` rows) maps one past the end: it adds nothing,
+    where reading a clamped row added whatever another slot or unset memory held."""
+    out = torch.randn(4, 64)
+    ids = torch.tensor([[1, 1], [0, 2]], dtype=torch.int32)
+    weights = torch.rand(2, 2)
+    row_map = torch.tensor([0, 4, 2, 3], dtype=torch.int64)  # token 0's second slot dropped
+    want = torch.stack([weights[0, 0] * out[0], weights[1, 0] * out[2] + weights[1, 1] * out[3]])
+    for fn in (moe_triton.weighted_sum, weighted_sum_torch):
+        assert torch.allclose(fn(out, row_map, ids, weights, 3, torch.float32), want, atol=1e-6), fn
+
+
 def test_silu_mul_quant_of_a_masked_layout_computes_each_groups_used_rows() -> None:
     """With counts (a masked [G, group_rows] layout), each group's used rows are the same bits as without;
     the rows past a count are skipped (unset), and a group size the programs cannot tile is refused."""

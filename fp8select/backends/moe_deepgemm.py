@@ -116,7 +116,7 @@ class DeepGemmMoe(MoeBackend):
             m, k = topk_ids.shape
             max_m = -(-m // MASKED_BLOCK_M) * MASKED_BLOCK_M
             routing = route(topk_ids, e, 1, max_m=max_m)  # on a GPU, the masked rows in the same launch
-            rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere
+            rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere, or dropped
             # Rows past an expert's count are never read back (a GEMM's rows are independent): left unset,
             # not filled (E * max_m * H bytes a call: 235 MB at 256 local experts of DeepSeek-V3).
             a = (torch.empty((e, max_m, hidden), dtype=fp8, device=device), _masked_scale(e, max_m, hidden, device))
@@ -129,8 +129,7 @@ class DeepGemmMoe(MoeBackend):
                                     scale=_masked_scale(e, max_m, two_i // 2, device))
             d2 = torch.empty((e, max_m, hidden), dtype=torch.bfloat16, device=device)
             experts.masked.fn((q.view(e, max_m, -1), q_s), b2, d2, counts, expected)
-            return weighted_sum(d2.view(e * max_m, hidden), rows.clamp(max=e * max_m - 1), topk_ids, topk_weights, e,
-                                x.dtype)
+            return weighted_sum(d2.view(e * max_m, hidden), rows, topk_ids, topk_weights, e, x.dtype)
 
         return contiguous if layout == "contiguous" else masked
 

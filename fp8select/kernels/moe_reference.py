@@ -122,11 +122,12 @@ def quantize_slots_torch(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: tor
 
 def weighted_sum_torch(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torch.Tensor,
                        topk_weights: torch.Tensor, experts: int, dtype: torch.dtype) -> torch.Tensor:
-    """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32."""
+    """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32; a slot
+    mapped past ``out``'s last row is skipped."""
     m, k = topk_ids.shape
     rows = torch.arange(m * k, device=out.device) if row_map is None else row_map
     gathered = out.index_select(0, rows.clamp(0, max(out.shape[0] - 1, 0))).reshape(m, k, -1).to(torch.float32)
-    valid = ((topk_ids >= 0) & (topk_ids < experts)).unsqueeze(-1)
+    valid = ((topk_ids >= 0) & (topk_ids < experts) & (rows < out.shape[0]).view(m, k)).unsqueeze(-1)
     return (torch.where(valid, gathered, 0.0) * topk_weights.to(torch.float32).unsqueeze(-1)).sum(1).to(dtype)
 
 

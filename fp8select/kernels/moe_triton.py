@@ -239,7 +239,8 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
                  experts: int, dtype: torch.dtype, *, pdl: bool = False,
                  record: list[Recorded] | None = None) -> torch.Tensor:
     """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32,
-    as ``dtype``; ``row`` is the slot itself, or ``row_map[slot]`` when given. ``pdl``: launched with
+    as ``dtype``; ``row`` is the slot itself, or ``row_map[slot]`` when given (a slot mapped past ``out``'s
+    last row is skipped: a masked layout's dropped slot). ``pdl``: launched with
     programmatic dependent launch (where the caller found it runs). ``record``: the launch appended to it."""
     from . import moe_triton_kernels as kernels
 
@@ -251,7 +252,7 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     block_h = min(_SUM_BLOCK_H, triton.next_power_of_2(hidden))
     launch(kernels._weighted_sum_kernel, (m, _ceil_div(hidden, block_h)), (
         out, out if row_map is None else row_map, topk_ids.contiguous(), topk_weights.contiguous(), y, hidden, experts,
-        out.stride(0), y.stride(0)), dict(TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
+        out.shape[0], out.stride(0), y.stride(0)), dict(TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
                                           **pdl_launch(pdl)), record)
     return y
 

@@ -255,13 +255,14 @@ def _grouped_gemm_kernel(
              mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _weighted_sum_kernel(
-    out_ptr, row_map_ptr, ids_ptr, w_ptr, y_ptr, H, E, stride_om, stride_ym,
+    out_ptr, row_map_ptr, ids_ptr, w_ptr, y_ptr, H, E, R, stride_om, stride_ym,
     TOP_K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """``y[t, cols] = sum_j w[t, j] * out[row(t, j), cols]`` over the slots whose id is in ``[0, E)``;
-    ``row(t, j)`` is the slot itself or, with ``HAS_MAP``, ``row_map[slot]``. The token's ``k`` rows are
+    ``row(t, j)`` is the slot itself or, with ``HAS_MAP``, ``row_map[slot]``, and a slot whose mapped row is
+    ``R`` (``out``'s rows) or more is skipped (a masked layout's dropped slot). The token's ``k`` rows are
     one load (their ids, weights and rows loaded together, not one after another: at decode the chain
     of dependent loads was the kernel's time)."""
     pdl_enter(PDL)
@@ -275,6 +276,7 @@ def _weighted_sum_kernel(
     row = slot.to(tl.int64)  # (rows x H passes 2^31 elements from about 300k rows)
     if HAS_MAP:
         row = tl.load(row_map_ptr + slot, mask=used, other=0).to(tl.int64)  # int32 or int64 maps
+        used = used & (row < R)
     weight = tl.load(w_ptr + slot, mask=used, other=0.0).to(tl.float32)
     rows = tl.load(out_ptr + row[:, None] * stride_om + cols[None, :], mask=used[:, None] & col_ok[None, :], other=0.0)
     acc = tl.sum(weight[:, None] * rows.to(tl.float32), axis=0)
