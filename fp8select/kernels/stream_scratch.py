@@ -3,8 +3,9 @@
 A replayed Triton layer call (:class:`~fp8select.kernels.triton_bound.BoundLinear`) writes its
 quantized activation, its scales and any split-K partials to a workspace that no one reads after
 the call's last kernel (a replayed MoE call, :class:`~fp8select.kernels.call_replay.CallReplays`, its
-routing and intermediate rows); both run their replays through :func:`run_with_workspace`. Allocating it costs a few microseconds of host time per call (torch's
-caching allocator, from Python), as much as a kernel launch. Kernels on one stream run in the
+routing and intermediate rows); both run their replays through :func:`run_with_workspace`. Allocating
+it costs a few microseconds of host time per call (torch's caching allocator, from Python), as much as
+a kernel launch. Kernels on one stream run in the
 order they were launched, so every such call on a stream can use the same buffer: the next call's
 first kernel runs after the previous call's last one.
 
