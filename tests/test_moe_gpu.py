@@ -14,7 +14,7 @@ from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 
 import fp8select
 from fp8select.backends.moe import MoeProblem, MoeWeights
-from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
+from fp8select.kernels.moe_routing import masked_counts, masked_rows, route, row_experts, row_of_slot
 from fp8select.moe_select import moe_chain, moe_verdicts
 from fp8select.nn import BlockFp8MoE
 
@@ -156,20 +156,22 @@ def test_routing_kernel_writes_the_torch_paths_bits_and_replays(m: int, k: int, 
         return torch.randint(-2, e + 2, (m, k), generator=torch.Generator().manual_seed(seed), dtype=torch.int32).cuda()
 
     ids = ids_of(m)
-    routing = route(ids, e, block_m, max_m=m)
-    assert routing.slot_row is not None  # the kernel ran
+    routing = route(ids, e, block_m, max_m=m, row_expert=True)
+    assert routing.slot_row is not None and routing.row_expert is not None  # the kernel ran
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = route(ids, e, block_m, max_m=m)
+        captured = route(ids, e, block_m, max_m=m, row_expert=True)
     for seed in (m, m + 1):
         ids.copy_(ids_of(seed))
         graph.replay()
         want = route(ids, e, block_m, kernel=False)
-        for got in (route(ids, e, block_m, max_m=m), captured):
+        for got in (route(ids, e, block_m, max_m=m, row_expert=True), captured):
             for name in ("slot_ids", "block_expert", "counts", "slot_rank"):
                 assert torch.equal(getattr(got, name), getattr(want, name)), (name, seed)
             assert torch.equal(row_of_slot(got), row_of_slot(want))
             assert torch.equal(masked_rows(got, e, m), masked_rows(want, e, m))
+            assert torch.equal(masked_counts(got, m), masked_counts(want, m))
+            assert torch.equal(row_experts(got), row_experts(want))
 
 
 def _as_its_twin(problem, config, twin, m: int, skew: bool = False, twin_tol: float = 1e-3):  # type: ignore[no-untyped-def]

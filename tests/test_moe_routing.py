@@ -25,7 +25,16 @@ pytest.importorskip("triton")
 
 import fp8select
 from fp8select.kernels import moe_routing_kernel
-from fp8select.kernels.moe_routing import KERNEL_MAX_EXPERTS, KERNEL_MAX_SLOTS, Routing, masked_rows, route, row_of_slot
+from fp8select.kernels.moe_routing import (
+    KERNEL_MAX_EXPERTS,
+    KERNEL_MAX_SLOTS,
+    Routing,
+    masked_counts,
+    masked_rows,
+    route,
+    row_experts,
+    row_of_slot,
+)
 
 if type(moe_routing_kernel._route_kernel).__name__ != "InterpretedFunction":
     importlib.reload(moe_routing_kernel)
@@ -60,6 +69,9 @@ def _assert_same(kernel: Routing, torch_path: Routing, experts: int, max_m: int)
     assert torch.equal(row_of_slot(kernel), row_of_slot(torch_path))
     assert torch.equal(masked_rows(kernel, experts, max_m), masked_rows(torch_path, experts, max_m))
     assert torch.equal(masked_rows(kernel, experts, max_m + 1), masked_rows(torch_path, experts, max_m + 1))
+    assert torch.equal(masked_counts(kernel, max_m), masked_counts(torch_path, max_m))
+    assert torch.equal(masked_counts(kernel, max_m + 1), masked_counts(torch_path, max_m + 1))
+    assert torch.equal(row_experts(kernel), row_experts(torch_path))
 
 
 SHAPES = ((0, 8), (1, 1), (1, 8), (2, 2), (3, 8), (7, 1), (7, 2), (7, 8), (64, 1), (64, 2), (64, 8), (300, 1))
@@ -71,16 +83,17 @@ def test_kernel_writes_the_torch_paths_bits(index: int, m: int, k: int) -> None:
         block_m, kind = BLOCK_M[(j + index) % 4], KINDS[(j + index // 4) % 4]
         ids = _ids(m, k, experts, kind, seed=100 * index + j)
         max_m = max(1, m // 2)  # some experts' slots beyond max_m
-        kernel = route(ids, experts, block_m, max_m=max_m, kernel=True)
+        kernel = route(ids, experts, block_m, max_m=max_m, row_expert=True, kernel=True)
         assert (kernel.slot_row is None) == (m == 0) and (kernel.masked_row is None) == (m == 0)
+        assert (kernel.masked_count is None) == (m == 0) and (kernel.row_expert is None) == (m == 0)
         _assert_same(kernel, route(ids, experts, block_m, kernel=False), experts, max_m)
 
 
 def test_the_kernel_at_1024_slots_and_every_slot_routed_nowhere() -> None:
     ids = _ids(300, 2, 256, "random", seed=7)
-    _assert_same(route(ids, 256, 64, max_m=4, kernel=True), route(ids, 256, 64, kernel=False), 256, 4)
+    _assert_same(route(ids, 256, 64, max_m=4, row_expert=True, kernel=True), route(ids, 256, 64, kernel=False), 256, 4)
     nowhere = torch.tensor([[-1, 8], [9, -1]], dtype=torch.int32)
-    _assert_same(route(nowhere, 8, 16, max_m=2, kernel=True), route(nowhere, 8, 16, kernel=False), 8, 2)
+    _assert_same(route(nowhere, 8, 16, max_m=2, row_expert=True, kernel=True), route(nowhere, 8, 16, kernel=False), 8, 2)
 
 
 def test_sizes_never_depend_on_the_ids_values() -> None:

@@ -36,7 +36,7 @@ from fp8select.backends.moe import (
     helpers,
 )
 from fp8select.capabilities import Capabilities
-from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
+from fp8select.kernels.moe_routing import masked_counts, masked_rows, route, row_experts, row_of_slot
 from fp8select.kernels.quant import ScaleLayout, empty_scale
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
 
@@ -96,14 +96,14 @@ class DeepGemmMoe(MoeBackend):
 
         def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             k = topk_ids.shape[1]
-            routing = route(topk_ids, e, experts.alignment)
+            routing = route(topk_ids, e, experts.alignment, row_expert=True)  # on a GPU, the rows' experts too
             slot_row = row_of_slot(routing)
             # Each slot's token quantized straight into its row; the padding rows are left unset (a GEMM's rows
             # are independent, and no padding row is read back).
             a = (torch.empty((routing.rows, hidden), dtype=fp8, device=device),
                  empty_scale(routing.rows, _groups(hidden), TMA, device))
             quantize_slots(x, slot_row, k, *a, slot_ids=routing.slot_ids)
-            layout_rows = routing.block_expert.repeat_interleave(experts.alignment)
+            layout_rows = row_experts(routing)
             d1 = torch.empty((routing.rows, two_i), dtype=torch.bfloat16, device=device)
             experts.contiguous.fn(a, b13, d1, layout_rows)
             q_s = empty_scale(routing.rows, _groups(two_i // 2), TMA, device)
@@ -115,13 +115,13 @@ class DeepGemmMoe(MoeBackend):
         def masked(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
             m, k = topk_ids.shape
             max_m = -(-m // MASKED_BLOCK_M) * MASKED_BLOCK_M
-            routing = route(topk_ids, e, 1, max_m=max_m)  # on a GPU, the masked rows in the same launch
+            routing = route(topk_ids, e, 1, max_m=max_m)  # on a GPU, the masked rows and counts in the same launch
             rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere, or dropped
             # Rows past an expert's count are never read back (a GEMM's rows are independent): left unset,
             # not filled (E * max_m * H bytes a call: 235 MB at 256 local experts of DeepSeek-V3).
             a = (torch.empty((e, max_m, hidden), dtype=fp8, device=device), _masked_scale(e, max_m, hidden, device))
             quantize_slots(x, rows, k, a[0].view(e * max_m, hidden), a[1])
-            counts = routing.counts.clamp(max=max_m).to(torch.int32)
+            counts = masked_counts(routing, max_m)
             expected = max(1, -(-m * k // e))
             d1 = torch.empty((e, max_m, two_i), dtype=torch.bfloat16, device=device)
             experts.masked.fn(a, b13, d1, counts, expected)
@@ -141,5 +141,6 @@ def _groups(k: int) -> int:
 def _masked_scale(experts: int, max_m: int, k: int, device: torch.device) -> torch.Tensor:
     """fp32 ``[E, max_m, ceil(K/128)]`` scales, MN-major per expert (strides ``(G * max_m, 1, max_m)``); ``max_m`` is
     a multiple of 4, so each expert's columns are TMA-aligned."""
-    return torch.empty((experts, _groups(k), max_m), dtype=torch.float32, device=device).transpose(1, 2)
+    groups = _groups(k)
+    return torch.empty_strided((experts, max_m, groups), (groups * max_m, 1, max_m), dtype=torch.float32, device=device)
 

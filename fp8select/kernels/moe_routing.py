@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["KERNEL_MAX_EXPERTS", "KERNEL_MAX_SLOTS", "Routing", "block_capacity", "kernel_fits", "masked_rows", "route",
-           "row_of_slot", "skewed_routing", "token_of_row", "uniform_routing"]
+__all__ = ["KERNEL_MAX_EXPERTS", "KERNEL_MAX_SLOTS", "Routing", "block_capacity", "kernel_fits", "masked_counts",
+           "masked_rows", "route", "row_experts", "row_of_slot", "skewed_routing", "token_of_row", "uniform_routing"]
 
 KERNEL_MAX_SLOTS = 4096
 """Most slots (``M * k``) the routing kernel takes: its one program sorts them all in registers
@@ -65,8 +65,10 @@ class Routing:
         block_m: rows per block.
         slots: ``M * k``.
         slot_row: :func:`row_of_slot`, when the route computed it (the kernel does, in the same launch).
-        max_m: the ``max_m`` of ``masked_row``, when given.
+        max_m: the ``max_m`` of ``masked_row`` and ``masked_count``, when given.
         masked_row: :func:`masked_rows` at ``max_m``, when the route computed it.
+        masked_count: :func:`masked_counts` at ``max_m``, when the route computed it.
+        row_expert: :func:`row_experts`, when the route computed it.
     """
 
     slot_ids: torch.Tensor
@@ -78,6 +80,8 @@ class Routing:
     slot_row: torch.Tensor | None = None
     max_m: int | None = None
     masked_row: torch.Tensor | None = None
+    masked_count: torch.Tensor | None = None
+    row_expert: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -90,17 +94,18 @@ def kernel_fits(slots: int, experts: int, dtype: torch.dtype) -> bool:
     return slots <= KERNEL_MAX_SLOTS and 0 < experts <= KERNEL_MAX_EXPERTS and dtype in _KERNEL_IDS
 
 
-def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | None = None,
+def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | None = None, row_expert: bool = False,
           kernel: bool | None = None, pdl: bool = False, record: list[Any] | None = None) -> Routing:
     """Sort the slots of ``topk_ids`` ``[M, k]`` by expert into blocks of ``block_m`` rows.
 
-    ``max_m``: the masked layout's rows per expert, for :func:`masked_rows` (the kernel computes it in
-    the same launch). ``kernel``: None runs the Triton kernel for CUDA ids that :func:`kernel_fits`
-    when triton imports, the torch ops otherwise; True runs the kernel (on any device triton runs on,
-    the interpreter included; ValueError where it does not fit, ImportError without triton); False
-    runs the torch ops. No slots (M = 0) need no kernel: the torch ops route them. ``pdl``: the kernel
-    launched with programmatic dependent launch (:mod:`.triton_pdl`; where the caller found it runs).
-    ``record``: the kernel's launch appended to it (:func:`~.triton_launch.launch`); the torch ops record nothing.
+    ``max_m``: the masked layout's rows per expert, for :func:`masked_rows` and :func:`masked_counts`;
+    ``row_expert``: :func:`row_experts` wanted (the kernel computes them in the same launch). ``kernel``:
+    None runs the Triton kernel for CUDA ids that :func:`kernel_fits` when triton imports, the torch ops
+    otherwise; True runs the kernel (on any device triton runs on, the interpreter included; ValueError
+    where it does not fit, ImportError without triton); False runs the torch ops. No slots (M = 0) need
+    no kernel: the torch ops route them. ``pdl``: the kernel launched with programmatic dependent launch
+    (:mod:`.triton_pdl`; where the caller found it runs). ``record``: the kernel's launch appended to it
+    (:func:`~.triton_launch.launch`); the torch ops record nothing.
     """
     m, k = topk_ids.shape
     slots = m * k
@@ -117,9 +122,10 @@ def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | No
         if kernel:
             raise
         return _route_torch(topk_ids, experts, block_m, blocks)
-    slot_ids, block_expert, counts, slot_rank, slot_row, masked_row = route_kernel(topk_ids, experts, block_m, blocks,
-                                                                                   max_m, pdl, record)
-    return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, slot_row, max_m, masked_row)
+    slot_ids, block_expert, counts, slot_rank, slot_row, masked_row, masked_count, row_experts = route_kernel(
+        topk_ids, experts, block_m, blocks, max_m, row_expert, pdl, record)
+    return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, slot_row, max_m, masked_row, masked_count,
+                   row_experts)
 
 
 def _route_torch(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int) -> Routing:
@@ -180,11 +186,25 @@ def masked_rows(routing: Routing, experts: int, max_m: int) -> torch.Tensor:
     return torch.where(ok, expert * max_m + ids, experts * max_m)
 
 
+def masked_counts(routing: Routing, max_m: int) -> torch.Tensor:
+    """int32 ``[E]``: the rows each expert uses in a masked ``[E, max_m]`` layout (its slots, at most ``max_m``)."""
+    if routing.masked_count is not None and routing.max_m == max_m:
+        return routing.masked_count
+    return routing.counts.clamp(max=max_m)
+
+
+def row_experts(routing: Routing) -> torch.Tensor:
+    """int32 ``[rows]``: the expert of each padded row (its block's), -1 in a block no expert uses: DeepGEMM's
+    contiguous ``grouped_layout``."""
+    if routing.row_expert is not None:
+        return routing.row_expert
+    return routing.block_expert.repeat_interleave(routing.block_m)
+
+
 def _slot_expert(routing: Routing) -> torch.Tensor:
     """int64 ``[slots]``: each slot's expert (0 where routed nowhere), from the padded rows."""
     expert = torch.zeros(routing.slots + 1, dtype=torch.int64, device=routing.slot_ids.device)
-    row_expert = routing.block_expert.to(torch.int64).repeat_interleave(routing.block_m)
-    expert.scatter_(0, routing.slot_ids.to(torch.int64), row_expert.clamp(min=0))
+    expert.scatter_(0, routing.slot_ids.to(torch.int64), row_experts(routing).to(torch.int64).clamp(min=0))
     return expert[: routing.slots]
 
 
