@@ -10,6 +10,7 @@ interpreter.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
     if torch.cuda.is_available():
         pytest.skip(GPU_ALONE)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest) -> None:
+    """Every test starts from a global torch generator state of its own (seeded from its id): a test that draws
+    unseeded data draws the same data whatever ran before it. One whose tolerance such data could cross passed or
+    failed with what earlier tests had drawn (a DeepGEMM fake test's error moved from 1.5e-3 to 5.2e-3)."""
+    import torch
+
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)
