@@ -107,6 +107,24 @@ def test_every_backend_and_layout_counts_ids_outside_the_experts_nowhere(selecti
         assert torch.equal(run(x, w, stray), run(x, w, minus)), (name, layout)
 
 
+def test_every_route_on_a_repeated_id_counts_each_slot_or_drops_it(selection, problem) -> None:  # type: ignore[no-untyped-def]
+    """An unchecked call (a CUDA graph, ``check_ids=False``) naming expert 0 in every slot, 800 slots of 100
+    tokens: each slot counts, except on DeepGEMM's masked layout, which keeps an expert's first M slots (all a
+    top-k routing gives it) and drops the rest; no route adds rows it did not compute."""
+    m = 100
+    x, w, _ = _inputs(m, seed=11)
+    ids = torch.zeros(m, K, dtype=torch.int32)
+    dropped = torch.where(torch.arange(m * K).view(m, K) < m, ids, -1)
+    routes = set()
+    for name, layout, run in _every_route(selection, problem, m):
+        y = run(x.cuda(), w.cuda(), ids.cuda()).cpu()
+        gemm_out = torch.bfloat16 if name in BF16_GEMMS else None
+        want = expected_moe(x, *problem.weights(), w, dropped if layout == "masked" else ids, gemm_out=gemm_out)
+        assert rel_err(y, want) < TOL, (name, layout)
+        routes.add((name, layout))
+    assert ("deepgemm", "masked") in routes or "deepgemm" not in {name for name, _ in routes}
+
+
 def test_bad_ids_are_typed_errors_on_eager_calls(selection, problem) -> None:  # type: ignore[no-untyped-def]
     """Raised after the call's launches were queued (the check is read after them); the next call is unharmed."""
     moe = selection.prepare_moe(*_cuda(problem), top_k=K)

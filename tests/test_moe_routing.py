@@ -96,6 +96,16 @@ def test_the_kernel_at_1024_slots_and_every_slot_routed_nowhere() -> None:
     _assert_same(route(nowhere, 8, 16, max_m=2, row_expert=True, kernel=True), route(nowhere, 8, 16, kernel=False), 8, 2)
 
 
+def test_a_masked_layout_keeps_at_most_m_slots_of_one_expert() -> None:
+    """Repeated ids can give one expert more slots than there are tokens; a masked layout keeps its first
+    ``min(max_m, M)`` (what a top-k routing can give it), however many rows ``max_m`` holds."""
+    ids = torch.tensor([[3, 3, 3], [3, 3, 1], [0, 3, 3]], dtype=torch.int32)  # expert 3: 7 slots of 3 tokens
+    kernel = route(ids, 4, 1, max_m=8, kernel=True)
+    assert masked_counts(kernel, 8).tolist() == [1, 1, 0, 3]
+    assert masked_rows(kernel, 4, 8).tolist() == [24, 25, 26, 32, 32, 8, 0, 32, 32]
+    _assert_same(kernel, route(ids, 4, 1, kernel=False), 4, 8)
+
+
 def test_sizes_never_depend_on_the_ids_values() -> None:
     m, k, experts, block_m = 5, 4, 16, 16
     kinds = [_ids(m, k, experts, kind, seed=3) for kind in KINDS] + [torch.full((m, k), -1, dtype=torch.int32)]

@@ -7,7 +7,9 @@ A MoE call routes each token to ``k`` experts (``topk_ids`` ``[M, k]``); each (t
   each expert's run padded to a multiple of ``block_m`` rows, so that every block of ``block_m`` rows
   belongs to one expert (``block_expert``, -1 for a block no expert uses);
 * **masked** (DeepGEMM's masked layout, DeepEP's low-latency dispatch): ``[E, max_m]`` rows, expert
-  ``e``'s slots in its first ``counts[e]`` rows.
+  ``e``'s slots in its first ``counts[e]`` rows; at most ``min(max_m, M)`` of them (tokens naming distinct
+  experts, as top-k routing does, never give one expert more than M; the slots of a repeated id beyond
+  that are dropped).
 
 An id of -1 (an expert on another rank) or any other id outside ``[0, E)`` routes its slot nowhere.
 Every size here depends only on M, k, E and ``block_m``, never on the ids' values, and nothing is
@@ -64,6 +66,7 @@ class Routing:
         slot_rank: int64 ``[slots]``: each slot's position among its expert's slots (-1 when routed nowhere).
         block_m: rows per block.
         slots: ``M * k``.
+        tokens: ``M``.
         slot_row: :func:`row_of_slot`, when the route computed it (the kernel does, in the same launch).
         max_m: the ``max_m`` of ``masked_row`` and ``masked_count``, when given.
         masked_row: :func:`masked_rows` at ``max_m``, when the route computed it.
@@ -77,6 +80,7 @@ class Routing:
     slot_rank: torch.Tensor
     block_m: int
     slots: int
+    tokens: int
     slot_row: torch.Tensor | None = None
     max_m: int | None = None
     masked_row: torch.Tensor | None = None
@@ -124,8 +128,8 @@ def route(topk_ids: torch.Tensor, experts: int, block_m: int, *, max_m: int | No
         return _route_torch(topk_ids, experts, block_m, blocks)
     slot_ids, block_expert, counts, slot_rank, slot_row, masked_row, masked_count, row_experts = route_kernel(
         topk_ids, experts, block_m, blocks, max_m, row_expert, pdl, record)
-    return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, slot_row, max_m, masked_row, masked_count,
-                   row_experts)
+    return Routing(slot_ids, block_expert, counts, slot_rank, block_m, slots, m, slot_row, max_m, masked_row,
+                   masked_count, row_experts)
 
 
 def _route_torch(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int) -> Routing:
@@ -155,7 +159,7 @@ def _route_torch(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int
     block_expert = torch.where(block_expert < experts, block_expert, -1).to(torch.int32)
     slot_rank = torch.empty(slots, dtype=torch.int64, device=device)
     slot_rank.scatter_(0, order, torch.where(sorted_key < experts, rank, -1))
-    return Routing(slot_ids[:capacity], block_expert, counts[:experts].to(torch.int32), slot_rank, block_m, slots)
+    return Routing(slot_ids[:capacity], block_expert, counts[:experts].to(torch.int32), slot_rank, block_m, slots, m)
 
 
 def row_of_slot(routing: Routing) -> torch.Tensor:
@@ -177,20 +181,21 @@ def token_of_row(routing: Routing, top_k: int, tokens: int) -> torch.Tensor:
 
 def masked_rows(routing: Routing, experts: int, max_m: int) -> torch.Tensor:
     """int64 ``[slots]``: each slot's row ``e * max_m + rank`` in a masked ``[E, max_m]`` layout, or
-    ``E * max_m`` (one past the end) for a slot routed nowhere or beyond ``max_m``."""
+    ``E * max_m`` (one past the end) for a slot routed nowhere or beyond its expert's first ``min(max_m, M)``."""
     if routing.masked_row is not None and routing.max_m == max_m and routing.counts.shape[0] == experts:
         return routing.masked_row
     ids = routing.slot_rank  # rank within its expert
     expert = _slot_expert(routing)
-    ok = (ids >= 0) & (ids < max_m)
+    ok = (ids >= 0) & (ids < min(max_m, routing.tokens))
     return torch.where(ok, expert * max_m + ids, experts * max_m)
 
 
 def masked_counts(routing: Routing, max_m: int) -> torch.Tensor:
-    """int32 ``[E]``: the rows each expert uses in a masked ``[E, max_m]`` layout (its slots, at most ``max_m``)."""
+    """int32 ``[E]``: the rows each expert uses in a masked ``[E, max_m]`` layout (its slots, at most
+    ``min(max_m, M)``)."""
     if routing.masked_count is not None and routing.max_m == max_m:
         return routing.masked_count
-    return routing.counts.clamp(max=max_m)
+    return routing.counts.clamp(max=min(max_m, routing.tokens))
 
 
 def row_experts(routing: Routing) -> torch.Tensor:

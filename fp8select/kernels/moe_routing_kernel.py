@@ -54,8 +54,9 @@ def _route_kernel(
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = tl.cumsum(padded, 0)
     tl.store(counts_ptr + e, counts, mask=e < experts)
+    keep = tl.minimum(max_m, slots // top_k)  # a masked layout's slots per expert, at most
     if MASKED:
-        tl.store(masked_count_ptr + e, tl.minimum(counts, max_m), mask=e < experts)
+        tl.store(masked_count_ptr + e, tl.minimum(counts, keep), mask=e < experts)
     tl.store(scratch_ptr + e, tl.cumsum(counts, 0) - counts)
     tl.store(scratch_ptr + E_BLOCK + e, pad_end - padded)
     used = tl.sum(padded, 0) // block_m
@@ -78,7 +79,7 @@ def _route_kernel(
     if MASKED:
         masked = sorted_expert.to(tl.int64) * max_m + rank
         nowhere = experts.to(tl.int64) * max_m
-        tl.store(masked_row_ptr + slot, tl.where(routed & (rank < max_m), masked, nowhere), mask=slot < slots)
+        tl.store(masked_row_ptr + slot, tl.where(routed & (rank < keep), masked, nowhere), mask=slot < slots)
     if ROW_EXPERT:
         tl.debug_barrier()  # every block's expert written
         for start in range(0, blocks * block_m, FILL):
