@@ -170,34 +170,6 @@ def test_nan_in_the_padding_rows_never_reaches_an_output(problem, monkeypatch, f
     assert h.float().isnan().any()  # the padding rows were NaN indeed
 
 
-def test_deepgemm_masked_with_these_kernels_computes_every_row_it_keeps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """DeepGEMM's masked route as it runs on a GPU (these kernels around the GEMMs, here against the fake)
-    on a repeated id: expert 0 in all 200 slots of 100 tokens. The silu*up launch covers M rows of each
-    expert, so the layout keeps an expert's first M slots, and every row the second GEMM reads was written
-    (buffers these kernels allocate start NaN); when the layout kept 128, slots 112-127 read unset rows."""
-    from fakes import install
-
-    from fp8select.backends import moe, moe_deepgemm
-    from fp8select.backends.moe import MoeWeights
-
-    install(monkeypatch, "deep_gemm")
-    monkeypatch.setattr(moe_deepgemm, "helpers", lambda device: moe.Helpers(
-        moe_triton.quantize_slots, moe_triton.silu_mul_quant, moe_triton.weighted_sum))
-    monkeypatch.setattr(moe_triton, "torch", _NanEmpty())
-    caps = dataclasses.replace(MATRIX["h200-deepgemm"][0], package_symbols={
-        "deep_gemm": ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
-    problem = random_moe(4, 256, 128, seed=0)
-    backend = moe_deepgemm.DeepGemmMoe()
-    run = backend.bind(backend.prepare(MoeWeights(*problem.weights(), (128, 128)), caps), "masked", None, caps)
-    m = 100
-    w, _ = random_routing(m, 2, 4, seed=9)
-    ids = torch.zeros(m, 2, dtype=torch.int32)
-    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    y = run(x, w, ids)
-    kept = torch.where(torch.arange(2 * m).view(m, 2) < m, ids, -1)
-    assert rel_err(y, expected_moe(x, *problem.weights(), w, kept, gemm_out=torch.bfloat16)) < 1e-2
-
-
 def test_silu_mul_quant_and_weighted_sum_agree_with_torch() -> None:
     h = (torch.randn(5, 2 * 192) * 3).to(torch.bfloat16)
     q, s = moe_triton.silu_mul_quant(h, torch.float8_e4m3fn)
