@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 DENSE = ("triton_quant", "triton_gemm_kernels", "triton_device", "triton_bound", "triton_gemm")
 """The dense Triton modules, in import order."""
@@ -24,3 +25,29 @@ def rebuild(*after: str, force: bool = False) -> list[ModuleType]:
     if force or type(modules["triton_gemm_kernels"]._w8a8_block_kernel).__name__ != "InterpretedFunction":
         modules = {name: importlib.reload(module) for name, module in modules.items()}
     return [modules[name] for name in after]
+
+
+def moe_kernels() -> ModuleType:
+    """:mod:`fp8select.kernels.moe_triton`, its kernels interpreted (rebuilt with the dense modules when an
+    earlier module of this process imported them compiled)."""
+    kernels = importlib.import_module("fp8select.kernels.moe_triton_kernels")
+    if type(kernels._gate_up_kernel).__name__ != "InterpretedFunction":
+        rebuild("moe_triton_kernels", "moe_triton", force=True)
+    return importlib.import_module("fp8select.kernels.moe_triton")
+
+
+class NanEmpty:
+    """``torch`` for a kernel module (``monkeypatch.setattr(module, "torch", NanEmpty())``) with every float buffer
+    it allocates filled with NaN: a row read that nothing wrote shows in the result."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        t = torch.empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t

@@ -55,18 +55,14 @@ def test_a_moe_triton_record_gives_a_token_the_same_bits_whatever_its_batch() ->
 
     from batch_rows import assert_moe_rows_batch_invariant
     from fp64_moe_reference import random_moe
+    from interpreted import moe_kernels
 
     from fp8select import resolve
     from fp8select.buckets import M_BUCKET_MAX
-    from fp8select.kernels import moe_triton, moe_triton_kernels
     from fp8select.measured.invariance import POSITIONS, Record
     from fp8select.moe_select import moe_chain
 
-    if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
-        from interpreted import rebuild
-
-        rebuild("moe_triton_kernels", "moe_triton", force=True)
-    assert moe_triton is not None
+    moe_kernels()
     config = {"BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "QUANT_IN_KERNEL": 1}
     sel = resolve(CPU_TRITON, plugins=False, tuning=False)
     triton = next(b for b in moe_chain(sel) if b.name == "triton")

@@ -22,18 +22,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from interpreted import rebuild
+from fp64_moe_reference import _dequant_blocks, _quant_dequant, expected_moe, random_moe, random_routing, rel_err
+from interpreted import moe_kernels
 
 from benchmarks import moe_peer
-from fp8select.kernels import moe_triton_kernels
-
-if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
-    rebuild("moe_triton_kernels", "moe_triton", force=True)
-
-from fp64_moe_reference import _dequant_blocks, _quant_dequant, expected_moe, random_moe, random_routing, rel_err
-
-from fp8select.kernels import moe_triton
 from fp8select.kernels.moe_config import MoeTritonConfig
+
+moe_triton = moe_kernels()
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER = ROOT / moe_peer.DEFAULT_PEER

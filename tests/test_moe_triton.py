@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in thi
 
 import pytest
 import torch
-from interpreted import rebuild
+from interpreted import NanEmpty, moe_kernels
 
 pytest.importorskip("triton")
 
@@ -25,7 +25,6 @@ from matrix import MATRIX
 
 from fp8select import InvalidDtypeError, InvalidInputError, resolve
 from fp8select.grouped import grouped_gemm_contiguous, grouped_gemm_masked
-from fp8select.kernels import moe_triton, moe_triton_kernels
 from fp8select.kernels.moe_config import MoeTritonConfig, default_config
 from fp8select.kernels.moe_reference import (
     ids_flags_torch,
@@ -36,8 +35,7 @@ from fp8select.kernels.moe_reference import (
 from fp8select.kernels.moe_routing import masked_rows, route, row_of_slot
 from fp8select.kernels.quant import quantize_per_token_group
 
-if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
-    rebuild("moe_triton_kernels", "moe_triton", force=True)
+moe_triton = moe_kernels()
 
 TOL = 1e-2
 CPU_TRITON = dataclasses.replace(MATRIX["cpu-only"][0], packages={"triton": "3.9.0"}, env={"TRITON_INTERPRET": "1"})
@@ -141,18 +139,6 @@ def test_the_plain_gate_up_with_every_token_on_one_expert_and_every_id_minus_one
     assert torch.equal(experts(x, w, torch.full_like(ids, -1), config), torch.zeros_like(x))
 
 
-class _NanEmpty:
-    """``torch`` for :mod:`.moe_triton` with every float buffer it allocates filled with NaN."""
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*args, **kwargs) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        t = torch.empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-
 @pytest.mark.parametrize("fused", [1, 0])
 def test_nan_in_the_padding_rows_never_reaches_an_output(problem, monkeypatch, fused: int) -> None:  # type: ignore[no-untyped-def]
     """Every buffer the op allocates starts as NaN: the rows it leaves unset (the sorted layout's padding,
@@ -163,7 +149,7 @@ def test_nan_in_the_padding_rows_never_reaches_an_output(problem, monkeypatch, f
     ids[2, 1] = -1
     x = torch.randn(6, 256, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
     want = experts(x, w, ids, config)
-    monkeypatch.setattr(moe_triton, "torch", _NanEmpty())
+    monkeypatch.setattr(moe_triton, "torch", NanEmpty())
     got = experts(x, w, ids, config)
     assert torch.isfinite(got).all() and torch.equal(got, want)
     h, _ = experts.gate_up(x, route(ids, 4, 16), 2, config)

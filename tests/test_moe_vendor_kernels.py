@@ -21,7 +21,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton in thi
 
 import pytest
 import torch
-from interpreted import rebuild
+from interpreted import NanEmpty, moe_kernels
 
 pytest.importorskip("triton")
 
@@ -39,10 +39,8 @@ from matrix import MATRIX
 
 from fp8select.backends import moe, moe_cutlass, moe_deepgemm
 from fp8select.backends.moe import MoeWeights
-from fp8select.kernels import moe_triton, moe_triton_kernels
 
-if type(moe_triton_kernels._gate_up_kernel).__name__ != "InterpretedFunction":
-    rebuild("moe_triton_kernels", "moe_triton", force=True)
+moe_triton = moe_kernels()
 
 E, H, INTER = 4, 256, 128
 TOL = 1e-2
@@ -57,18 +55,6 @@ _CAPS = {
 }
 _BACKENDS = {"deepgemm": (moe_deepgemm, moe_deepgemm.DeepGemmMoe, "deep_gemm"),
              "cutlass": (moe_cutlass, moe_cutlass.CutlassMoe, "sgl_kernel")}
-
-
-class _NanEmpty:
-    """``torch`` for :mod:`fp8select.kernels.moe_triton` with every float buffer it allocates filled with NaN."""
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*args, **kwargs) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        t = torch.empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +72,7 @@ def _routes(monkeypatch, problem, name: str, layout: str):  # type: ignore[no-un
     twins = backend.bind(prepared, layout, None, caps)
     monkeypatch.setattr(module, "helpers", lambda device: moe.Helpers(
         moe_triton.quantize_slots, moe_triton.silu_mul_quant, moe_triton.weighted_sum))
-    monkeypatch.setattr(moe_triton, "torch", _NanEmpty())
+    monkeypatch.setattr(moe_triton, "torch", NanEmpty())
     return backend.bind(prepared, layout, None, caps), twins
 
 
