@@ -77,7 +77,7 @@ def _routes(monkeypatch, problem, name: str, layout: str):  # type: ignore[no-un
 
 
 @pytest.mark.parametrize(("name", "layout"), ROUTES)
-@pytest.mark.parametrize(("m", "k"), [(1, 2), (7, 2), (40, 3)])
+@pytest.mark.parametrize(("m", "k"), [(1, 2), (7, 2), (40, 3), (150, 2)])
 def test_as_the_torch_twins_with_minus_one_and_stray_ids(monkeypatch, problem, name: str, layout: str, m: int,
                                                          k: int) -> None:  # type: ignore[no-untyped-def]
     """Within 1e-2 of the same route with the torch twins (checked against fp64 by the adapters' tests; here a
