@@ -12,7 +12,8 @@ triton_launch = pytest.importorskip("fp8select.kernels.triton_launch")
 
 @pytest.mark.parametrize(("value", "one", "sixteen", "wide"), [
     (1, True, False, False), (0, False, True, False), (16, False, True, False), (48, False, True, False),
-    (17, False, False, False), (2**31, False, True, True), (2**31 + 1, False, False, True)])
+    (17, False, False, False), (2**31, False, True, True), (2**31 + 1, False, False, True),
+    (-(2**31), False, True, False), (-(2**31) - 1, False, False, True)])
 def test_int_class_tells_apart_what_triton_specializes(value: int, one: bool, sixteen: bool, wide: bool) -> None:
     klass = triton_launch.int_class(value)
     assert (bool(klass & 1), bool(klass & 2), bool(klass & 4)) == (one, sixteen, wide)

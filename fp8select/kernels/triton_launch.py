@@ -53,8 +53,9 @@ included) and reads its launch hooks from ``triton.knobs``: the form the direct 
 
 
 def int_class(value: int) -> int:
-    """How Triton specializes a (specialized) int argument: 1, a multiple of 16, 64-bit, or none of these."""
-    return (value == 1) | (value % 16 == 0) << 1 | (value > 0x7FFFFFFF) << 2
+    """How Triton specializes a (specialized) int argument: 1, a multiple of 16, 64-bit (outside the 32-bit
+    range, either side), or none of these."""
+    return (value == 1) | (value % 16 == 0) << 1 | ((value > 0x7FFFFFFF) | (value < -0x80000000)) << 2
 
 
 def tensor_class(t: Any) -> Hashable:
@@ -180,13 +181,14 @@ class BoundKernel:
 
 def args_class(args: Sequence[Any]) -> tuple[Hashable, ...] | None:
     """How Triton specializes each of ``args`` (its non-constexpr arguments), as one key: a tensor's dtype and
-    16-byte alignment, an int's :func:`int_class` (or 64-bit for one below the 32-bit range), a float's, bool's
-    or None's type; None where an argument is of another kind (a tensor descriptor: its caller keys it)."""
+    16-byte alignment (:func:`tensor_class`, written out here: a call fewer per tensor), an int's :func:`int_class`,
+    a float's, bool's or None's type; None where an argument is of another kind (a tensor descriptor: its caller
+    keys it)."""
     out: list[Hashable] = []
     for arg in args:
         kind = type(arg)
         if kind is int:
-            out.append(int_class(arg) | (arg < -0x80000000) << 2)
+            out.append(int_class(arg))
         elif kind is float:
             out.append("fp32")
         elif kind is bool:
