@@ -252,8 +252,8 @@ def weighted_sum(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torc
     block_h = min(_SUM_BLOCK_H, triton.next_power_of_2(hidden))
     launch(kernels._weighted_sum_kernel, (m, _ceil_div(hidden, block_h)), (
         out, out if row_map is None else row_map, topk_ids.contiguous(), topk_weights.contiguous(), y, hidden, experts,
-        out.shape[0], out.stride(0), y.stride(0)), dict(TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4,
-                                          **pdl_launch(pdl)), record)
+        out.shape[0], out.stride(0), y.stride(0)), dict(
+        TOP_K=k, HAS_MAP=row_map is not None, BLOCK_H=block_h, num_warps=4, **pdl_launch(pdl)), record)
     return y
 
 
