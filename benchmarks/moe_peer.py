@@ -4,7 +4,7 @@ Usage (repository root): ``python -m benchmarks.moe_peer --out DIR [--peer .peer
 [--shapes deepseek-v3-e32,qwen3-30b-a3b] [--m 1,16,64,512,4096] [--budget-s S]``; writes ``DIR/moe_peer.json``.
 
 **The peer is not part of fp8select** and is never committed: ``--peer`` names a folder (ignored by git,
-``.peer/`` by default; docs/moe.md says how to fill it) holding ``fused_moe_kernel.py`` (vLLM's
+``.peer/`` by default; docs/moe-measurements.md says how to fill it) holding ``fused_moe_kernel.py`` (vLLM's
 ``@triton.jit`` ``fused_moe_kernel`` and the helper it calls, with vLLM's license header, standalone: it
 imports only triton), ``configs/`` (vLLM's tuned JSONs, named as vLLM names them,
 ``E={E},N={I},device_name={device},dtype=fp8_w8a8,block_shape=[128,128].json``) and ``SOURCE.txt`` (the

@@ -229,7 +229,7 @@ def tuning_configs(m: int, top_k: int, experts: int) -> list[MoeTritonConfig]:
     """What ``tune --moe`` times at ``m`` tokens, most likely first, each distinct, at most 10 (load-time
     measurement takes the first two): the rule's configuration (:func:`default_config`), then the
     candidates that came within a few percent of the fastest somewhere near its range of tokens per
-    expert, then the other structures (timings: docs/moe.md).
+    expert, then the other structures (timings: docs/moe-measurements.md).
 
     * below 8: the fused gate-up on the rule's transposed 16-row tile (4 and 3 stages), the rule's tile
       with one stage fewer, with half the columns (plain and fused), the transposed 32-row tile (the
