@@ -28,7 +28,7 @@ changes much between releases, and any data beats none), and says so.
   another backend, and every standing is another. The distance's constants were chosen among 48 (eps
   0.25-1, power 1-4, N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved
   every geomean), on the table's folds, and checked on other runs' shapes the table lacks
-  (docs/performance.md, "Shapes in no table"). A shape with rows of its own at some buckets (measured
+  (docs/performance-measurements.md, "The model for shapes in no table"). A shape with rows of its own at some buckets (measured
   at load time within a budget, or a backend its measurement left out) is
   modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
   at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
@@ -38,7 +38,8 @@ changes much between releases, and any data beats none), and says so.
   backend's standing jumps irregularly between neighbouring shapes (Triton against cuBLAS at M 256:
   1.56x at 5120x5120, 0.94x at 12288x4096), and one such neighbour moves a mean across a near tie but
   not a median. ``benchmarks/model_check.py`` scores it from measurements alone, each shape of the table
-  left out in turn; its figures, and what else was tried: docs/performance.md, "Shapes in no table".
+  left out in turn; its figures: docs/performance.md, "Shapes in no table"; what else was tried:
+  docs/performance-measurements.md.
   A modelled estimate names the measured shapes its backend's standing came from, with their shares
   of the weight (``sources``; the three largest in ``detail``, which ``explain --layer`` shows, with
   the standing and the nearest shape where it was measured). Where that matters, measure: ``fp8select tune``,
@@ -314,7 +315,7 @@ def _lucky_dip(rows: _BackendRows, shape: tuple[int, int], bucket: int, row: Row
     streams the weight once at decode, so its time there is flat in M; a row below both neighbours is a
     lucky timing (or the fast side of a time that changes between captures), and taken at its word it
     wins near ties that later runs order the other way. Re-scored on the H200's kept runs (2,772 shipped
-    points timed again, each run's backends together; docs/performance.md), counting such a row as the
+    points timed again, each run's backends together; docs/performance-measurements.md), counting such a row as the
     median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one point
     from 1.000 to 1.012; beyond M 16 a row below its neighbours is more often a real change of tile
     (DeepGEMM's and FlashInfer's at M 64) and the same rule raised the worst to 1.06x. Further below
