@@ -28,8 +28,8 @@ changes much between releases, and any data beats none), and says so.
   another backend, and every standing is another. The distance's constants were chosen among 48 (eps
   0.25-1, power 1-4, N counted 0.5-3 times), the tile's weight among 0.05-0.3 (any of them improved
   every geomean), on the table's folds, and checked on other runs' shapes the table lacks
-  (docs/performance-measurements.md, "The model for shapes in no table"). A shape with rows of its own at some buckets (measured
-  at load time within a budget, or a backend its measurement left out) is
+  (docs/performance-measurements.md, "The model for shapes in no table"). A shape with rows of its own
+  at some buckets (measured at load time within a budget, or a backend its measurement left out) is
   modelled from the other shapes only, then scaled to its own speed: times ``best_measured / best_modelled``
   at its measured buckets (the fastest row there over the least modelled estimate), interpolated in
   log M between the nearest two, the nearest one's beyond them. The model's absolute level can be 2-3x
@@ -315,8 +315,8 @@ def _lucky_dip(rows: _BackendRows, shape: tuple[int, int], bucket: int, row: Row
     streams the weight once at decode, so its time there is flat in M; a row below both neighbours is a
     lucky timing (or the fast side of a time that changes between captures), and taken at its word it
     wins near ties that later runs order the other way. Re-scored on the H200's kept runs (2,772 shipped
-    points timed again, each run's backends together; docs/performance-measurements.md), counting such a row as the
-    median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one point
+    points timed again, each run's backends together; docs/performance-measurements.md), counting such a
+    row as the median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one point
     from 1.000 to 1.012; beyond M 16 a row below its neighbours is more often a real change of tile
     (DeepGEMM's and FlashInfer's at M 64) and the same rule raised the worst to 1.06x. Further below
     than :data:`LUCKY` is a real change too. Triton's rows are each its search's pick at that bucket,
