@@ -316,8 +316,8 @@ def _lucky_dip(rows: _BackendRows, shape: tuple[int, int], bucket: int, row: Row
     lucky timing (or the fast side of a time that changes between captures), and taken at its word it
     wins near ties that later runs order the other way. Re-scored on the H200's kept runs (2,772 shipped
     points timed again, each run's backends together; docs/performance-measurements.md), counting such a
-    row as the median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one point
-    from 1.000 to 1.012; beyond M 16 a row below its neighbours is more often a real change of tile
+    row as the median took the worst point of 75 shapes from 1.070x to 1.043x the fastest backend and one
+    point from 1.000 to 1.012; beyond M 16 a row below its neighbours is more often a real change of tile
     (DeepGEMM's and FlashInfer's at M 64) and the same rule raised the worst to 1.06x. Further below
     than :data:`LUCKY` is a real change too. Triton's rows are each its search's pick at that bucket,
     another kernel per bucket: left as measured."""
