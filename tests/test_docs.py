@@ -1,6 +1,7 @@
 """The documentation holds together (no GPU): every relative link of README.md and docs/*.md reaches a file
 (and a heading, for a link with an anchor), the README's example runs, its figures are the ones
-docs/performance.md gives and benchmarks/results/ holds, and the alias table names every alias."""
+docs/performance.md gives and benchmarks/results/ holds, every JSON file a page quotes is kept, and the
+alias table names every alias."""
 
 from __future__ import annotations
 
@@ -119,11 +120,16 @@ def test_performance_md_and_the_readme_quote_the_kept_model_check() -> None:
             f"vendors), but up to {with_['worst']:.2f}x off at single points ({without['worst']:.2f}x without)") in readme
 
 
-@pytest.mark.parametrize("page", ["performance.md", "performance-measurements.md"])
-def test_every_file_the_performance_pages_quote_is_kept(page: str) -> None:
-    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
-    quoted = set(re.findall(r"`([a-z_*]+\.json)`", text))
-    assert quoted and all(list(RESULTS.glob(name)) for name in quoted), quoted
+NOT_RESULTS = {"config.json", "verified.json"}
+"""Files the pages name that are not kept results: a model's Hugging Face configuration, the cache's record."""
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_json_a_page_quotes_is_kept(page: Path) -> None:
+    """A quoted ``name.json`` is a kept result; a quoted path is a file of the repository."""
+    quoted = set(re.findall(r"`([\w*./-]+\.json)`", page.read_text(encoding="utf-8"))) - NOT_RESULTS
+    missing = [name for name in quoted if not list((ROOT if "/" in name else RESULTS).glob(name))]
+    assert not missing, missing
 
 
 def test_the_alias_table_names_every_alias() -> None:
