@@ -31,6 +31,7 @@ NEEDS_CUDA = {
     "moe": ["--out", "OUT/moe"],
     "moe_gate_up": ["--out", "OUT/gate_up"],
     "moe_host": ["--out", "OUT/moe_host"],
+    "moe_host_split": ["--out", "OUT/moe_host_split"],
     "moe_peer": ["--out", "OUT/peer"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
@@ -241,3 +242,29 @@ def test_performance_md_quotes_the_replanned_shipped_shapes_pooled_per_set() -> 
         assert f"{figures['now'][0]:.4f}, {figures['now'][1]:.3f}; {over}" in performance, (label, figures)
     check = pooled["vendors, decode check of the near-tie rules (table)"]["now"]
     assert f"{check[0]:.4f}, {check[1]:.3f} |" in performance
+
+
+def test_moe_host_split_counts_each_wrapped_step_and_puts_every_attribute_back() -> None:
+    import json as json_module
+
+    import fp8select.backends.moe_cutlass as cutlass
+    import fp8select.backends.moe_deepgemm as deepgemm
+    from benchmarks import moe_host_split as tool
+    from fp8select.kernels import triton_launch
+
+    before = (json_module.dumps, deepgemm.require, cutlass.require, triton_launch.BoundKernel.__call__)
+    steps = tool.Steps()
+    with tool.wrapped(steps, {"json": ("dumps", "not_there")}):
+        assert json_module.dumps is not before[0] and deepgemm.require is not before[1]
+        assert json_module.dumps([1]) == "[1]" and not steps.calls  # counted only while on
+        steps.on = True
+        json_module.dumps([1])
+        json_module.dumps([2])
+        steps.on = False
+    assert (json_module.dumps, deepgemm.require, cutlass.require, triton_launch.BoundKernel.__call__) == before
+    assert steps.calls == {"json.dumps": 2} and steps.seconds["json.dumps"] > 0
+    steps.clear()
+    steps.add("a", 0.002)
+    steps.add("a", 0.002)
+    steps.add("b", 0.008)
+    assert steps.per_call(4) == {"split_us": {"b": 2000.0, "a": 1000.0}, "calls": {"b": 0.25, "a": 0.5}}
