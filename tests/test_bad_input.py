@@ -226,7 +226,7 @@ CASES: tuple[Case, ...] = (
          ("overrides:", "expected a mapping of KEY to VALUE strings", "found {'device_kind': 5}")),
     # --- prepare(): the weight, its scale and the block size ---------------------------------------
     Case("weight-not-fp8", "prepare", lambda: _sel().prepare(torch.randn(N, K, dtype=torch.bfloat16), _s()),
-         InvalidDtypeError, ("weight:", "expected dtype float8_e4m3fn", "found bfloat16")),
+         InvalidDtypeError, ("weight:", "expected dtype float8_e4m3fn/float8_e4m3fnuz", "found bfloat16")),
     Case("weight-e5m2", "prepare", lambda: _sel().prepare(_w().to(torch.float8_e5m2), _s()), InvalidDtypeError,
          ("weight:", "expected dtype float8_e4m3fn", "found float8_e5m2")),
     Case("weight-not-tensor", "prepare", lambda: _sel().prepare(_w().tolist(), _s()), InvalidDtypeError,  # type: ignore[arg-type]
@@ -235,10 +235,16 @@ CASES: tuple[Case, ...] = (
          ("weight:", "expected a 2-D [N, K] tensor", "found shape (2, 128, 384)")),
     Case("weight-empty", "prepare", lambda: _sel().prepare(_w()[:0], _s((0, 3))), InvalidInputError,
          ("weight:", "expected N > 0 and K > 0", "found shape (0, 384)")),
+    Case("weight-empty-k", "prepare", lambda: _sel().prepare(_w()[:, :0], _s((2, 0))), InvalidInputError,
+         ("weight:", "expected N > 0 and K > 0", "found shape (256, 0)")),
+    Case("weight-sparse", "prepare", lambda: _sel().prepare(torch.randn(N, K, dtype=torch.bfloat16).to_sparse(), _s()),
+         InvalidInputError, ("weight:", "expected a dense (strided) tensor", "found layout torch.sparse_coo")),
     Case("weight-scale-sparse", "prepare", lambda: _sel().prepare(_w(), _s().to_sparse()), InvalidInputError,
          ("weight_scale:", "expected a dense (strided) tensor", "found layout torch.sparse_coo")),
     Case("prepare-max-weight-copies", "prepare", lambda: _sel().prepare(_w(), _s(), max_weight_copies=-1), InvalidInputError,
          ("max_weight_copies:", "expected a non-negative integer or None", "found -1")),
+    Case("prepare-max-weight-copies-bool", "prepare", lambda: _sel().prepare(_w(), _s(), max_weight_copies=True),
+         InvalidInputError, ("max_weight_copies:", "expected a non-negative integer or None", "found True")),
     Case("resolve-tuning-malformed", "resolve",
          lambda: _sel(tuning={"schema": 2, "device_name": "x", "groups": [{"backend": "triton", "versions": {},
                                                                          "shapes": {"256,384": {"8": {"us": "fast"}}}}]}),
@@ -266,6 +272,8 @@ CASES: tuple[Case, ...] = (
          ("weight_scale:", "expected device cpu", "found meta")),
     Case("scale-none", "prepare", lambda: _sel().prepare(_w(), None), InvalidDtypeError,  # type: ignore[arg-type]
          ("weight_scale:", "expected a torch.Tensor", "found NoneType")),
+    Case("scale-not-tensor", "prepare", lambda: _sel().prepare(_w(), _s().tolist()), InvalidDtypeError,  # type: ignore[arg-type]
+         ("weight_scale:", "expected a torch.Tensor", "found list")),
     Case("block-one-int", "prepare", lambda: _sel().prepare(_w(), _s(), 128), InvalidDtypeError,  # type: ignore[arg-type]
          ("block_size:", "expected two positive integers", "found 128")),
     Case("block-three-ints", "prepare", lambda: _sel().prepare(_w(), _s(), [1, 128, 128]), InvalidDtypeError,
@@ -308,9 +316,19 @@ CASES: tuple[Case, ...] = (
     Case("input-fp8-no-scale", "call", lambda: _layer(torch.bfloat16)(_fp8_input()[0]), InvalidInputError,
          ("input_scale:", "needs its per-token group scales", "found None")),
     Case("input-fp8-no-out-dtype", "call", lambda: _layer()(_fp8_input()[0], input_scale=_fp8_input()[1]), InvalidDtypeError,
-         ("out_dtype:", "a pre-quantized fp8 input needs an output dtype")),
+         ("out_dtype:", "a pre-quantized fp8 input needs an output dtype",
+          "pass out_dtype=torch.bfloat16 (or float16/float32) to prepare() or linear()")),
     Case("input-scale-shape", "call", lambda: _layer(torch.bfloat16)(_fp8_input()[0], input_scale=torch.ones(4, 2)),
          InvalidInputError, ("input_scale:", "expected float32 of shape [4, 3]", "found float32 [4, 2]")),
+    Case("input-scale-not-tensor", "call",
+         lambda: _layer(torch.bfloat16)(_fp8_input()[0], input_scale=_fp8_input()[1].tolist()), InvalidDtypeError,
+         ("input_scale:", "expected a torch.Tensor", "found list")),
+    Case("input-scale-sparse", "call",
+         lambda: _layer(torch.bfloat16)(_fp8_input()[0], input_scale=_fp8_input()[1].to_sparse()), InvalidInputError,
+         ("input_scale:", "expected a dense (strided) tensor", "found layout torch.sparse_coo")),
+    Case("input-scale-other-device", "call",
+         lambda: _layer(torch.bfloat16)(_fp8_input()[0], input_scale=_fp8_input()[1].to("meta")), InvalidInputError,
+         ("input_scale:", "expected device cpu", "found meta")),
     Case("input-scale-for-bf16", "call", lambda: _layer()(_x(), input_scale=torch.ones(4, 3)), InvalidInputError,
          ("input_scale:", "only meaningful with an fp8 input", "found input dtype bfloat16")),
     Case("bias-shape", "call", lambda: _layer()(_x(), bias=torch.zeros(N + 1)), InvalidInputError,
@@ -319,6 +337,8 @@ CASES: tuple[Case, ...] = (
          ("bias:", "expected shape [N=256]", "found [1, 256]")),
     Case("bias-other-device", "call", lambda: _layer()(_x(), bias=torch.zeros(N, device="meta")), InvalidInputError,
          ("bias:", "expected device cpu", "found meta")),
+    Case("bias-sparse", "call", lambda: _layer()(_x(), bias=torch.zeros(N).to_sparse()), InvalidInputError,
+         ("bias:", "expected a dense (strided) tensor", "found layout torch.sparse_coo")),
     Case("bias-int", "call", lambda: _layer()(_x(), bias=torch.zeros(N, dtype=torch.int64)), InvalidDtypeError,
          ("bias:", "expected a bf16/fp16/fp32 tensor", "found int64")),
     Case("bias-not-tensor", "call", lambda: _layer()(_x(), bias=[0.0] * N), InvalidDtypeError,
@@ -481,6 +501,12 @@ def _lead_dims(*lead: int) -> Callable[[], None]:
     return run
 
 
+def _no_copies() -> None:
+    w, s = random_problem(N, K, seed=12)
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    _check(_sel().prepare(w, s, max_weight_copies=0)(x), x, w, s)
+
+
 def _transposed() -> None:
     w, s = random_problem(N, K, seed=8)
     x = torch.randn(K, 5, dtype=torch.bfloat16).t()
@@ -575,6 +601,7 @@ VALID: dict[str, Callable[[], None]] = {
     "valid-empty-batch": _empty_batch,
     "valid-empty-batch-3d-bias": _empty_batch_3d_bias,
     "valid-empty-batch-prequantized": _empty_batch_prequantized,
+    "valid-1d-input": _lead_dims(),
     "valid-3d-input": _lead_dims(2, 3),
     "valid-4d-input": _lead_dims(2, 2, 3),
     "valid-transposed-input": _transposed,
@@ -591,12 +618,32 @@ VALID: dict[str, Callable[[], None]] = {
     "valid-order-duplicates": _order_duplicates,
     "valid-env-read-on-each-call": _env_read_on_each_call,
     "valid-snapshot-hashable": _snapshot_hashable,
+    "valid-max-weight-copies-zero": _no_copies,
 }
 
 
 @pytest.mark.parametrize("case", sorted(VALID))
 def test_unusual_but_valid_input_works(case: str) -> None:
     VALID[case]()
+
+
+@pytest.mark.parametrize("step", [1, 2, 6])
+def test_the_checked_input_has_unit_k_stride(step: int) -> None:
+    """What a backend gets from a strided activation (K stride 1, 2 or 6) is ``[M, K]`` with K stride 1."""
+    from fp8select.inputs import check_input
+
+    x = torch.randn(6, K * 6, dtype=torch.bfloat16)[:, ::step][:, :K] if step < 6 else torch.randn(K, 6).t()
+    assert x.shape == (6, K) and x.stride(-1) == step
+    x2, scale, lead = check_input(x, None, k=K, group=128, device=torch.device("cpu"), out_dtype=None)
+    assert x2.stride(-1) == 1 and torch.equal(x2, x) and scale is None and lead == (6,)
+
+
+def test_a_one_token_input_is_checked_as_one_row() -> None:
+    from fp8select.inputs import check_input
+
+    x = torch.randn(K, dtype=torch.bfloat16)
+    x2, _, lead = check_input(x, None, k=K, group=128, device=torch.device("cpu"), out_dtype=None)
+    assert x2.shape == (1, K) and lead == () and torch.equal(x2[0], x)
 
 
 # --- plugins that misbehave beyond raising: reported and ignored, never exiting, hanging or failing later ---
