@@ -32,19 +32,20 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> tuple[Selection, list[Any]]:
     return resolve(CPU, plugins=False), prepared
 
 
-def test_the_same_weight_is_prepared_once(counted: tuple[Selection, list[Any]]) -> None:
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+def test_the_same_weight_is_prepared_once(counted: tuple[Selection, list[Any]], out_dtype: torch.dtype | None) -> None:
     sel, prepared = counted
     w, s = random_problem(N, K, seed=1)
     x = torch.randn(5, K, dtype=torch.bfloat16)
-    first = sel.linear(x, w, [128, 128], s)
+    first = sel.linear(x, w, [128, 128], s, out_dtype=out_dtype)
     for _ in range(3):
-        assert torch.equal(sel.linear(x, w, [128, 128], s), first)
+        assert torch.equal(sel.linear(x, w, [128, 128], s, out_dtype=out_dtype), first)
     assert len(prepared) == 1 and len(sel._memo.layers) == 1
     assert rel_err(first, expected(x, w, s, (128, 128))) < 1e-2
 
 
 @pytest.mark.parametrize("change", ["weight in place", "scale in place", "weight re-pointed", "another weight",
-                                    "block size", "output dtype"])
+                                    "another scale", "block size", "output dtype"])
 def test_a_changed_weight_or_call_is_prepared_again(counted: tuple[Selection, list[Any]], change: str) -> None:
     sel, prepared = counted
     w, s = random_problem(N, K, seed=2)
@@ -60,6 +61,8 @@ def test_a_changed_weight_or_call_is_prepared_again(counted: tuple[Selection, li
         w.data = random_problem(N, K, seed=4)[0]
     elif change == "another weight":
         w = w.clone()
+    elif change == "another scale":
+        s = s * 2
     elif change == "block size":
         w, s = w, random_problem(N, K, (1, 128), seed=5)[1]
         block = (1, 128)
@@ -69,6 +72,16 @@ def test_a_changed_weight_or_call_is_prepared_again(counted: tuple[Selection, li
     assert len(prepared) == 2
     assert out.dtype == (out_dtype or torch.bfloat16)
     assert rel_err(out, expected(x, w, s, block)) < 1e-2  # the new weight's product, not the stale one's
+
+
+def test_the_same_tensors_under_another_block_size_are_checked_again(counted: tuple[Selection, list[Any]]) -> None:
+    sel, prepared = counted
+    w, s = random_problem(N, K, seed=8)
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    sel.linear(x, w, (128, 128), s)
+    with pytest.raises(InvalidInputError, match="weight_scale: expected shape"):  # [2, 2] for 128 x 256 blocks
+        sel.linear(x, w, (128, 256), s)
+    assert len(prepared) == 1
 
 
 def test_the_layer_is_freed_with_the_weight(counted: tuple[Selection, list[Any]]) -> None:
@@ -87,8 +100,10 @@ def test_bad_arguments_keep_their_typed_errors() -> None:
     sel = resolve(CPU, plugins=False)
     w, s = random_problem(N, K, seed=7)
     x = torch.randn(2, K, dtype=torch.bfloat16)
-    with pytest.raises(InvalidDtypeError, match="weight"):
+    with pytest.raises(InvalidDtypeError, match=r"weight: expected a torch\.Tensor, found list"):
         sel.linear(x, w.tolist(), [128, 128], s)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDtypeError, match=r"weight_scale: expected a torch\.Tensor, found list"):
+        sel.linear(x, w, [128, 128], s.tolist())  # type: ignore[arg-type]
     with pytest.raises(InvalidDtypeError, match="block_size"):
         sel.linear(x, w, "128x128", s)  # type: ignore[arg-type]
     sel.linear(x, w, [128, 128], s)
