@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._cuda import require_cuda
+from benchmarks._cuda import require_cuda, run_head
 from benchmarks._stats import geomean
 from benchmarks.distill_limits import json_lines
 from benchmarks.moe import _columns, _launch, _routing, _weights
@@ -130,8 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=300.0, help="stop timing after this many seconds")
     args = parser.parse_args(argv)
     require_cuda("moe_gate_up")
-    import torch
-    import triton
 
     import fp8select
 
@@ -145,10 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         if note:
             notes.append(note)
             break
-    head = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "packages": dict(selection.capabilities.packages),
-            "command": f"python -m benchmarks.moe_gate_up --out DIR --budget-s {args.budget_s:g}", "notes": notes,
-            "summary": summary(rows), "seconds": round(time.monotonic() - start, 1)}
+    head = run_head(selection, f"python -m benchmarks.moe_gate_up --out DIR --budget-s {args.budget_s:g}")
+    head |= {"notes": notes, "summary": summary(rows), "seconds": round(time.monotonic() - start, 1)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "moe_gate_up.json").write_text(json_lines(head, {"points": rows}), encoding="utf-8")
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks._cuda import require_cuda
+from benchmarks._cuda import require_cuda, run_head
 from benchmarks.distill_limits import json_lines
 from benchmarks.host_overhead import _round_us
 from benchmarks.moe import SHAPES, _columns, _launch, _routing, _weights
@@ -194,17 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="directory for moe_host_split.json")
     args = parser.parse_args(argv)
     require_cuda("moe_host_split")
-    import torch
-    import triton
 
     import fp8select
 
     start = time.monotonic()
     steps = Steps()
     selection = fp8select.resolve(plugins=False)
-    head = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "packages": dict(selection.capabilities.packages),
-            "command": "python -m benchmarks.moe_host_split --out DIR", "wrapper_us": wrapper_us(steps)}
+    head = run_head(selection, "python -m benchmarks.moe_host_split --out DIR") | {"wrapper_us": wrapper_us(steps)}
     rows = [row for name in SPLIT_SHAPES for row in split(selection, name, steps)]
     head["seconds"] = round(time.monotonic() - start, 1)
     Path(args.out).mkdir(parents=True, exist_ok=True)
