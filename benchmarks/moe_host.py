@@ -29,9 +29,9 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from benchmarks._cuda import require_cuda
+from benchmarks._cuda import require_cuda, run_head
 from benchmarks.distill_limits import json_lines
 from benchmarks.host_overhead import _graph_ms, _interleaved, _pass_ms, _round_us
 from benchmarks.moe import SHAPES, _routing, _weights
@@ -73,7 +73,7 @@ def host(selection: Any, name: str) -> dict[str, Any]:
     w, ids = _routing(HOST_M, k, e, "uniform", seed=5)
     x = torch.randn(HOST_M, h, device="cuda").to(torch.bfloat16)
     launch = _bound(unchecked, x, k)
-    calls = {"layer": functools.partial(checked, x, w, ids),
+    calls: dict[str, Callable[[], object]] = {"layer": functools.partial(checked, x, w, ids),
              "layer, check_ids=False": functools.partial(unchecked, x, w, ids),
              "bound launch alone": functools.partial(launch, x, w, ids)}
     fastest: dict[str, float] = {}
@@ -99,6 +99,11 @@ def _dispatcher_round(fn: Callable[[], object]) -> float:
         triton_launch._BOUND, triton_launch.LAUNCHES_MAX = kept, most
 
 
+def _its_figure(round_of: Callable[[], object]) -> float:
+    """What a round that times itself returns (its microseconds per call)."""
+    return cast(float, round_of())
+
+
 def pinned(selection: Any, name: str) -> list[dict[str, Any]]:
     """Every accepted route pinned at :data:`PINNED_M` (its default configuration per M), whatever the plan
     runs: host microseconds per call as the library runs it (the Triton route replayed from its third call
@@ -122,11 +127,12 @@ def pinned(selection: Any, name: str) -> list[dict[str, Any]]:
             if route == "triton/sorted":  # its launches made afresh: the replay's first call's path
                 backend, prepared, layout = column
                 afresh = functools.partial(prepared._launch, x, w, ids, backend.default_config(problem, layout, m), None)
-            calls = {"library": functools.partial(_round_us, call, calls=PINNED_CALLS),
-                     "through the dispatcher": functools.partial(_dispatcher_round, afresh)}
+            calls: dict[str, Callable[[], object]] = {
+                "library": functools.partial(_round_us, call, calls=PINNED_CALLS),
+                "through the dispatcher": functools.partial(_dispatcher_round, afresh)}
             fastest: dict[str, float] = {}
             row: dict[str, Any] = {"shape": name, "m": m, "route": route,
-                                   "host_us": _interleaved(calls, lambda run: run(), rounds=STACK_ROUNDS, mins=fastest),
+                                   "host_us": _interleaved(calls, _its_figure, rounds=STACK_ROUNDS, mins=fastest),
                                    "fastest_round_us": fastest,
                                    "graphed_gpu_us": round(_graph_ms(call) * 1e3, 2)}
             row["library_vs_dispatcher"] = round(row["host_us"]["library"] / row["host_us"]["through the dispatcher"], 3)
@@ -152,7 +158,7 @@ def stack(selection: Any) -> list[dict[str, Any]]:
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
         bound = [_bound(unchecked, x, k) for _, unchecked in layers]
 
-        passes = {"layer_eager_ms": functools.partial(_run, [checked for checked, _ in layers], x, w, ids),
+        passes: dict[str, Callable[[], object]] = {"layer_eager_ms": functools.partial(_run, [checked for checked, _ in layers], x, w, ids),
                   "unchecked_eager_ms": functools.partial(_run, [unchecked for _, unchecked in layers], x, w, ids),
                   "bound_launches_eager_ms": functools.partial(_run, bound, x, w, ids)}
         fastest: dict[str, float] = {}
@@ -175,15 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="directory for moe_host.json")
     args = parser.parse_args(argv)
     require_cuda("moe_host")
-    import torch
-    import triton
 
     import fp8select
 
     start = time.monotonic()
     selection = fp8select.resolve(plugins=False)
-    head = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "packages": dict(selection.capabilities.packages), "command": "python -m benchmarks.moe_host --out DIR"}
+    head = run_head(selection, "python -m benchmarks.moe_host --out DIR")
     hosts = [host(selection, name) for name in HOST_SHAPES]
     pins = [row for name in HOST_SHAPES for row in pinned(selection, name)]
     stacks = stack(selection)
