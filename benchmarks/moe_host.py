@@ -73,9 +73,10 @@ def host(selection: Any, name: str) -> dict[str, Any]:
     w, ids = _routing(HOST_M, k, e, "uniform", seed=5)
     x = torch.randn(HOST_M, h, device="cuda").to(torch.bfloat16)
     launch = _bound(unchecked, x, k)
-    calls: dict[str, Callable[[], object]] = {"layer": functools.partial(checked, x, w, ids),
-             "layer, check_ids=False": functools.partial(unchecked, x, w, ids),
-             "bound launch alone": functools.partial(launch, x, w, ids)}
+    calls: dict[str, Callable[[], object]] = {
+        "layer": functools.partial(checked, x, w, ids),
+        "layer, check_ids=False": functools.partial(unchecked, x, w, ids),
+        "bound launch alone": functools.partial(launch, x, w, ids)}
     fastest: dict[str, float] = {}
     row: dict[str, Any] = {"shape": name, "m": HOST_M, "route": _route(unchecked, HOST_M),
                            "host_us": _interleaved(calls, _round_us, mins=fastest), "fastest_round_us": fastest,
@@ -158,9 +159,10 @@ def stack(selection: Any) -> list[dict[str, Any]]:
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
         bound = [_bound(unchecked, x, k) for _, unchecked in layers]
 
-        passes: dict[str, Callable[[], object]] = {"layer_eager_ms": functools.partial(_run, [checked for checked, _ in layers], x, w, ids),
-                  "unchecked_eager_ms": functools.partial(_run, [unchecked for _, unchecked in layers], x, w, ids),
-                  "bound_launches_eager_ms": functools.partial(_run, bound, x, w, ids)}
+        passes: dict[str, Callable[[], object]] = {
+            "layer_eager_ms": functools.partial(_run, [checked for checked, _ in layers], x, w, ids),
+            "unchecked_eager_ms": functools.partial(_run, [unchecked for _, unchecked in layers], x, w, ids),
+            "bound_launches_eager_ms": functools.partial(_run, bound, x, w, ids)}
         fastest: dict[str, float] = {}
         row: dict[str, Any] = {"shape": STACK_SHAPE, "layers": STACK_LAYERS, "m": m,
                                "route": _route(layers[0][1], m)}
