@@ -13,7 +13,7 @@ import torch
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err, with_strays
 
 import fp8select
-from fp8select.backends.moe import MoeProblem, MoeWeights
+from fp8select.backends.moe import MoeProblem, MoeWeights, Replayed
 from fp8select.kernels.moe_routing import masked_counts, masked_rows, route, row_experts, row_of_slot
 from fp8select.moe_select import moe_chain, moe_verdicts
 from fp8select.nn import BlockFp8MoE
@@ -352,6 +352,50 @@ def test_a_triton_experts_call_replays_its_launches_bit_for_bit(problem, config)
                     (m, ids_dtype, seed)
             key = (m, K, torch.bfloat16, torch.float32, ids_dtype, cfg)
             assert experts._calls._replays[key] is not None, key
+
+
+def test_every_vendor_route_replays_its_calls_bit_for_bit(selection, problem) -> None:  # type: ignore[no-untyped-def]
+    """From the third call under one M, k and dtypes a vendor route replays the second call's launches and calls
+    its vendor's GEMMs again on views of the workspace: each call's bits as a fresh bind's first call gives them,
+    for other tokens, routings (-1 ids, skew, int64 ids) and a NaN row than the recorded call's; a replay with
+    vendor steps is kept for every key; captured into a CUDA graph, a replayed call gives the same bits."""
+    caps = selection.capabilities
+    weights = MoeWeights(*_cuda(problem), (128, 128))
+    routes = 0
+    for backend in moe_chain(selection):
+        if not backend.packages:
+            continue
+        prepared = backend.prepare(weights, caps)
+        for layout in backend.layouts:
+            if not backend.supports(MoeProblem(E, H, INTER, K), caps, layout).ok:
+                continue
+            routes += 1
+            run = backend.bind(prepared, layout, None, caps)
+            assert isinstance(run, Replayed)
+            for m in (1, 16, 64):
+                for ids_dtype in (torch.int32, torch.int64):
+                    for seed in range(4):
+                        x, w, ids = (t.cuda() for t in _inputs(m, seed=seed, skew=seed % 2 == 1))
+                        ids = ids.to(ids_dtype)
+                        if seed == 2:
+                            ids[0, -1] = -1
+                            x[m - 1, 3] = float("nan")
+                        want = backend.bind(prepared, layout, None, caps)(x, w, ids)
+                        got = run(x, w, ids)
+                        assert torch.equal(got.isnan(), want.isnan()), (backend.name, layout, m, ids_dtype, seed)
+                        assert torch.equal(got.nan_to_num(), want.nan_to_num()), (backend.name, layout, m, ids_dtype, seed)
+                    kept = run.calls._replays[(m, K, torch.bfloat16, torch.float32, ids_dtype)]
+                    assert kept is not None and kept.launches is None, (backend.name, layout, m, ids_dtype)
+            x, w, ids = (t.cuda() for t in _inputs(16, seed=5))
+            eager = run(x, w, ids)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = run(x, w, ids)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, eager), (backend.name, layout)
+    if not routes:
+        pytest.skip("no vendor MoE backend runs here")
 
 
 def test_a_triton_experts_call_on_gluon_launches_is_not_replayed(problem) -> None:  # type: ignore[no-untyped-def]

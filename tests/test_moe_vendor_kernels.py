@@ -39,6 +39,7 @@ from matrix import MATRIX
 
 from fp8select.backends import moe, moe_cutlass, moe_deepgemm
 from fp8select.backends.moe import MoeWeights
+from fp8select.kernels import call_replay
 
 moe_triton = moe_kernels()
 
@@ -71,7 +72,7 @@ def _routes(monkeypatch, problem, name: str, layout: str):  # type: ignore[no-un
     prepared = backend.prepare(MoeWeights(*problem.weights(), (128, 128)), caps)
     twins = backend.bind(prepared, layout, None, caps)
     monkeypatch.setattr(module, "helpers", lambda device: moe.Helpers(
-        moe_triton.quantize_slots, moe_triton.silu_mul_quant, moe_triton.weighted_sum))
+        moe_triton.quantize_slots, moe_triton.silu_mul_quant, moe_triton.weighted_sum, call_replay.vendor_call))
     monkeypatch.setattr(moe_triton, "torch", NanEmpty())
     return backend.bind(prepared, layout, None, caps), twins
 

@@ -221,6 +221,68 @@ def test_a_call_that_computes_in_torch_or_reads_memory_it_does_not_own_is_not_re
     assert calls.run("k", (x,), (4, 8), torch.float32) is None and op.kernel.calls == []
 
 
+class _VendorOp:
+    """A stand-in vendor route: a launch quantizing its input into a buffer, a vendor step reading it and writing
+    another (bf16, a transposed view) with torch ops of its own, a launch reading that and the op's weight into
+    the output. ``made``: the second launch reads a buffer the vendor step allocated instead."""
+
+    def __init__(self, made: bool = False) -> None:
+        self.quant, self.reduce, self.weight, self.made = _Kernel(), _Kernel(), torch.zeros(2, 8), made
+        self.steps: list[tuple[torch.Tensor, ...]] = []
+
+    def step(self, q: torch.Tensor, d: torch.Tensor, ids: torch.Tensor) -> None:
+        self.steps.append((q, d, ids))
+        d.copy_(torch.ones_like(d))  # the vendor's own torch ops: a replay makes them again
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, record: list[object] | None) -> torch.Tensor:
+        from fp8select.kernels.call_replay import vendor_call
+
+        q = torch.empty(4, 8, dtype=torch.uint8)
+        d = torch.empty(8, 4, dtype=torch.bfloat16).t()
+        y = torch.empty(4, 8)
+        if record is not None:
+            record.append((self.quant, (1, 1, 1), (x, q)))
+        vendor_call(record, self.step, q, d, ids)
+        read = self.steps[-1][1].clone() if self.made else d
+        if record is not None:
+            record.append((self.reduce, (2, 1, 1), (read, self.weight, y)))
+        return y
+
+
+def test_a_call_with_a_vendor_step_replays_it_on_the_new_calls_tensors(call_replays: object) -> None:
+    """Recorded at the second run like any call, the vendor's torch ops inside its step not watched; replayed
+    from the third: each launch with the new call's addresses, the step called again with the new call's own
+    tensors as they are and its buffers as views of the workspace at their places (dtype, shape, strides kept)."""
+    op = _VendorOp()
+    calls = call_replays(op)  # type: ignore[operator]
+    x, ids = torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.int32)
+    for _ in range(2):
+        calls("k", (x, ids), (4, 8), torch.float32, lambda record: op(x, ids, record))
+    replay = calls._replays["k"]
+    assert replay is not None and replay.launches is None and replay.nbytes == 256 + 256
+    x2, ids2 = torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.int32)
+    y = calls("k", (x2, ids2), (4, 8), torch.float32, lambda record: pytest.fail("replayed, not launched"))
+    (_, (x_at, work, _), _), = op.quant.calls
+    q, d, ids_seen = op.steps[-1]
+    assert len(op.steps) == 3 and x_at == x2.data_ptr() and ids_seen is ids2
+    assert (q.data_ptr(), q.dtype, q.shape, q.stride()) == (work, torch.uint8, (4, 8), (8, 1))
+    assert (d.data_ptr(), d.dtype, d.shape, d.stride()) == (work + 256, torch.bfloat16, (4, 8), (1, 4))
+    assert torch.equal(d, torch.ones(4, 8, dtype=torch.bfloat16))  # the step ran on the workspace's view
+    (_, values, stream), = op.reduce.calls
+    assert values == [work + 256, op.weight.data_ptr(), y.data_ptr(), "constexpr"] and stream == 100
+
+
+def test_a_buffer_a_vendor_step_made_is_not_the_calls_to_replay(call_replays: object) -> None:
+    """A later launch reading memory the vendor step allocated (not the call: the watch does not see the step's
+    ops): kept as not replayable, as any tensor of unknown origin."""
+    op = _VendorOp(made=True)
+    calls = call_replays(op)  # type: ignore[operator]
+    x, ids = torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.int32)
+    for _ in range(3):
+        calls("k", (x, ids), (4, 8), torch.float32, lambda record: op(x, ids, record))
+    assert "k" in calls._replays and calls._replays["k"] is None and len(op.steps) == 3
+
+
 def test_args_class_is_what_triton_specializes_each_argument_on() -> None:
     flat = torch.zeros(64, dtype=torch.bfloat16)
     key = triton_launch.args_class((flat, flat[1:], 1, 32, 33, 2**31, -(2**31) - 1, 0.5, True, None))

@@ -34,8 +34,9 @@ from fp8select.probes import (
 from fp8select.problem import dtype_name
 from fp8select.verdict import Verdict
 
-__all__ = ["FlashInferMoe", "Helpers", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "ReferenceMoe",
-           "TorchGroupedMoe", "TritonMoe", "gather_rows", "helpers", "nan_where_nonfinite"]
+__all__ = ["FlashInferMoe", "Helpers", "MoeBackend", "MoeLaunch", "MoeProblem", "MoeWeights", "RecordedLaunch",
+           "ReferenceMoe", "Replayed", "TorchGroupedMoe", "TritonMoe", "gather_rows", "helpers", "nan_where_nonfinite",
+           "replayed"]
 
 MoeLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One route's call, bound at prepare time: ``launch(x, topk_weights, topk_ids) -> y`` on checked inputs (M >= 1)."""
@@ -103,18 +104,60 @@ class Helpers(NamedTuple):
     """``silu_mul_quant(h, dtype, ...) -> (q, scale)``: the gate-up output's activation, quantized."""
     weighted_sum: Any
     """``weighted_sum(out, row_map, topk_ids, topk_weights, experts, dtype) -> y``."""
+    vendor_call: Any
+    """``vendor_call(record, fn, *tensors)``: ``fn(*tensors)``, the vendor's own call, a step of the record."""
+
+# Each helper takes ``record=`` (a route's call being recorded for replay: :func:`replayed`); the torch ones
+# record nothing (a call on them is never replayed).
 
 
 def helpers(device: torch.device) -> Helpers:
     """What a vendor backend runs around its grouped GEMMs: fp8select's Triton kernels on a GPU, torch elsewhere
     (CPU tests against the fakes)."""
     if device.type == "cuda":
+        from fp8select.kernels.call_replay import vendor_call
         from fp8select.kernels.moe_triton import quantize_slots, silu_mul_quant, weighted_sum
 
-        return Helpers(quantize_slots, silu_mul_quant, weighted_sum)
+        return Helpers(quantize_slots, silu_mul_quant, weighted_sum, vendor_call)
     from fp8select.kernels.moe_reference import quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch
 
-    return Helpers(quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch)
+    return Helpers(quantize_slots_torch, silu_mul_quant_torch, weighted_sum_torch, _plain_call)
+
+
+def _plain_call(record: object, fn: Callable[..., object], *tensors: torch.Tensor) -> None:
+    fn(*tensors)
+
+
+RecordedLaunch = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+"""A vendor route's call with the record its launches and vendor steps go to: ``launch(x, topk_weights,
+topk_ids, record) -> y``."""
+
+
+def replayed(launch: RecordedLaunch, hidden: int, device: torch.device) -> MoeLaunch:
+    """``launch`` as a route's call: on CUDA, its calls under one M, k and dtypes replayed from the third on
+    (:class:`Replayed`); elsewhere every call made afresh."""
+    if device.type != "cuda":
+        return lambda x, topk_weights, topk_ids: launch(x, topk_weights, topk_ids, None)
+    return Replayed(launch, hidden, device)
+
+
+class Replayed:
+    """A vendor route's call whose calls are replayed (:class:`~fp8select.kernels.call_replay.CallReplays`, in
+    :attr:`calls`, keyed by M, k and the dtypes): its Triton launches without their Python, the vendor's own calls
+    made again on the new call's tensors."""
+
+    __slots__ = ("_hidden", "_launch", "calls")
+
+    def __init__(self, launch: RecordedLaunch, hidden: int, device: torch.device) -> None:
+        from fp8select.kernels.call_replay import CallReplays
+
+        self._launch, self._hidden = launch, hidden
+        self.calls = CallReplays(device, ())  # a vendor step holds the weights it reads; no launch reads them
+
+    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        m, k = topk_ids.shape
+        return self.calls((m, k, x.dtype, topk_weights.dtype, topk_ids.dtype), (x, topk_weights, topk_ids),
+                          (m, self._hidden), x.dtype, lambda record: self._launch(x, topk_weights, topk_ids, record))
 
 
 class MoeBackend:

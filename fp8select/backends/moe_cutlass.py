@@ -34,7 +34,9 @@ What runs around the two GEMMs (fp8select's): one launch quantizing each slot's 
 weighted sum. -1 ids: prepare leaves their output permutation entries unwritten, so they are filled with the
 row count before it; the quantizing launch skips those slots (the rows past the routed ones stay unset and
 no expert's GEMM reads them), and the weighted sum skips the slots whose id is outside ``[0, E)`` without
-reading their rows.
+reading their rows. On a GPU a route's calls under one M, k and dtypes are replayed from the third on
+(:class:`~fp8select.backends.moe.Replayed`): fp8select's launches from their recorded arguments, the fill
+with ``prepare_moe_input`` and the two GEMMs called again on views of one workspace.
 
 Gates: sm90 (the kernel has sm100 launchers too, with other scale layouts: not verified), CUDA >= 12.3
 (CUTLASS's sm90 pointer-array kernels need modifiable TMA descriptors), sglang-kernel >= 0.4.4 (the
@@ -57,6 +59,7 @@ from fp8select.backends.moe import (
     MoeProblem,
     MoeWeights,
     helpers,
+    replayed,
 )
 from fp8select.capabilities import Capabilities
 from fp8select.probes import ComputeCapability, DeviceKind, Package, PackageSymbols, Probe, ToolkitVersion
@@ -147,31 +150,41 @@ class CutlassMoe(MoeBackend):
         w = s.weights
         e, two_i, hidden = w.w13.shape
         device = w.w13.device
-        quantize_slots, silu_mul_quant, weighted_sum = helpers(device)
+        quantize_slots, silu_mul_quant, weighted_sum, vendor_call = helpers(device)
         groups = -(-hidden // 128)
         grouped_mm, prepare_input = s.grouped_mm.fn, s.prepare_input.fn
         offsets = s.expert_offsets[:e]
         ps1, ps2 = s.problem_sizes
 
-        def gemm(out: torch.Tensor, a: torch.Tensor, a_s: torch.Tensor, b: tuple[torch.Tensor, torch.Tensor],
-                 strides: tuple[torch.Tensor, torch.Tensor], sizes: torch.Tensor) -> None:
-            grouped_mm(out, *s.pointers, a, b[0], a_s, b[1], strides[0], strides[0], strides[1], *s.layouts, sizes,
-                       offsets, s.workspace)
+        def gemm(b: tuple[torch.Tensor, torch.Tensor], strides: tuple[torch.Tensor, torch.Tensor],
+                 sizes: torch.Tensor) -> Any:
+            """The grouped GEMM on weights ``b`` as a vendor step: ``step(out, a, a_scale)``."""
+            return lambda out, a, a_s: grouped_mm(out, *s.pointers, a, b[0], a_s, b[1], strides[0], strides[0],
+                                                  strides[1], *s.layouts, sizes, offsets, s.workspace)
 
-        def launch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        gemm13, gemm2 = gemm(s.b13, s.strides13, ps1), gemm(s.b2, s.strides2, ps2)
+
+        def prepare(topk_ids: torch.Tensor, rows: torch.Tensor) -> None:
+            """Routing into ``rows`` (int32 ``[2, M * k]``: each grouped row's token, each slot's grouped row); a slot
+            routed nowhere keeps row ``M * k``, which quantize_slots skips (one fill for both, a launch fewer)."""
+            rows.fill_(rows.shape[1])
+            prepare_input(topk_ids.to(torch.int32).contiguous(), s.expert_offsets, ps1, ps2, rows[0], rows[1], e,
+                          two_i // 2, hidden)
+
+        def launch(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, record: Any) -> torch.Tensor:
             m, k = topk_ids.shape
-            ids = topk_ids.to(torch.int32).contiguous()
-            # a slot routed nowhere keeps row m * k: quantize_slots skips it (one fill for both, a launch fewer)
-            rows, row_of_slot = torch.full((2, m * k), m * k, dtype=torch.int32, device=device).unbind(0)
-            prepare_input(ids, s.expert_offsets, ps1, ps2, rows, row_of_slot, e, two_i // 2, hidden)
+            rows = torch.empty((2, m * k), dtype=torch.int32, device=device)
+            vendor_call(record, prepare, topk_ids, rows)
+            row_of_slot = rows[1]
             a = torch.empty((m * k, hidden), dtype=w.w13.dtype, device=device)
             a_s = torch.empty((m * k, groups), dtype=torch.float32, device=device)
-            quantize_slots(x, row_of_slot, k, a, a_s)  # each slot's token quantized into its row: one launch
+            quantize_slots(x, row_of_slot, k, a, a_s, record=record)  # each slot's token into its row: one launch
             d1 = torch.empty((m * k, two_i), dtype=torch.bfloat16, device=device)
-            gemm(d1, a, a_s, s.b13, s.strides13, ps1)
-            q, q_s = silu_mul_quant(d1, w.w2.dtype)
+            vendor_call(record, gemm13, d1, a, a_s)
+            q, q_s = silu_mul_quant(d1, w.w2.dtype, record=record)
             d2 = torch.empty((m * k, hidden), dtype=torch.bfloat16, device=device)
-            gemm(d2, q, q_s, s.b2, s.strides2, ps2)
-            return weighted_sum(d2, row_of_slot, topk_ids, topk_weights, e, x.dtype)  # an int32 map, as it is
+            vendor_call(record, gemm2, d2, q, q_s)
+            # an int32 map, as it is
+            return weighted_sum(d2, row_of_slot, topk_ids, topk_weights, e, x.dtype, record=record)
 
-        return launch
+        return replayed(launch, hidden, device)

@@ -17,6 +17,9 @@ scale layout, ``silu(gate) * up`` of DeepGEMM's bf16 output with its 1x128 quant
 a slot only, its scales written in that layout too), and the weighted sum back to the tokens. ``contiguous``
 suits prefill (every expert padded to 128 rows); ``masked`` decode and CUDA graphs (``[E, M]`` rows,
 each token's experts distinct: top-k routing; a repeated id beyond M rows of one expert is dropped).
+On a GPU a route's calls under one M, k and dtypes are replayed from the third on
+(:class:`~fp8select.backends.moe.Replayed`): fp8select's launches from their recorded arguments, the two
+GEMMs called again on views of one workspace.
 
 sm100 needs UE8M0-packed scales for the grouped kernels too; not written yet, so the gate is sm90.
 """
@@ -34,6 +37,7 @@ from fp8select.backends.moe import (
     MoeLaunch,
     MoeWeights,
     helpers,
+    replayed,
 )
 from fp8select.capabilities import Capabilities
 from fp8select.kernels.moe_routing import masked_counts, masked_rows, route, row_experts, row_of_slot
@@ -91,47 +95,58 @@ class DeepGemmMoe(MoeBackend):
         w = experts.weights
         e, two_i, hidden = w.w13.shape
         device, fp8 = w.w13.device, w.w13.dtype
-        quantize_slots, silu_mul_quant, weighted_sum = helpers(device)
-        b13, b2 = (w.w13, w.w13_scale), (w.w2, w.w2_scale)
+        quantize_slots, silu_mul_quant, weighted_sum, vendor_call = helpers(device)
+        contiguous13, contiguous2 = (_grouped(experts.contiguous.fn, b) for b in ((w.w13, w.w13_scale), (w.w2, w.w2_scale)))
 
-        def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        def contiguous(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, record: Any) -> torch.Tensor:
             k = topk_ids.shape[1]
-            routing = route(topk_ids, e, experts.alignment, row_expert=True)  # on a GPU, the rows' experts too
+            # on a GPU, the rows' experts too
+            routing = route(topk_ids, e, experts.alignment, row_expert=True, record=record)
             slot_row = row_of_slot(routing)
             # Each slot's token quantized straight into its row; the padding rows are left unset (a GEMM's rows
             # are independent, and no padding row is read back).
-            a = (torch.empty((routing.rows, hidden), dtype=fp8, device=device),
-                 empty_scale(routing.rows, _groups(hidden), TMA, device))
-            quantize_slots(x, slot_row, k, *a, slot_ids=routing.slot_ids)
+            a = torch.empty((routing.rows, hidden), dtype=fp8, device=device)
+            a_s = empty_scale(routing.rows, _groups(hidden), TMA, device)
+            quantize_slots(x, slot_row, k, a, a_s, slot_ids=routing.slot_ids, record=record)
             layout_rows = row_experts(routing)
             d1 = torch.empty((routing.rows, two_i), dtype=torch.bfloat16, device=device)
-            experts.contiguous.fn(a, b13, d1, layout_rows)
+            vendor_call(record, contiguous13, a, a_s, d1, layout_rows)
             q_s = empty_scale(routing.rows, _groups(two_i // 2), TMA, device)
-            q, q_s = silu_mul_quant(d1, w.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots, scale=q_s)
+            q, q_s = silu_mul_quant(d1, w.w2.dtype, slot_ids=routing.slot_ids, slots=routing.slots, scale=q_s,
+                                    record=record)
             d2 = torch.empty((routing.rows, hidden), dtype=torch.bfloat16, device=device)
-            experts.contiguous.fn((q, q_s), b2, d2, layout_rows)
-            return weighted_sum(d2, slot_row, topk_ids, topk_weights, e, x.dtype)
+            vendor_call(record, contiguous2, q, q_s, d2, layout_rows)
+            return weighted_sum(d2, slot_row, topk_ids, topk_weights, e, x.dtype, record=record)
 
-        def masked(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        def masked(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, record: Any) -> torch.Tensor:
             m, k = topk_ids.shape
             max_m = -(-m // MASKED_BLOCK_M) * MASKED_BLOCK_M
-            routing = route(topk_ids, e, 1, max_m=max_m)  # on a GPU, the masked rows and counts in the same launch
+            # on a GPU, the masked rows and counts in the same launch
+            routing = route(topk_ids, e, 1, max_m=max_m, record=record)
             rows = masked_rows(routing, e, max_m)  # E * max_m: routed nowhere, or dropped
             # Rows past an expert's count are never read back (a GEMM's rows are independent): left unset,
             # not filled (E * max_m * H bytes a call: 235 MB at 256 local experts of DeepSeek-V3).
-            a = (torch.empty((e, max_m, hidden), dtype=fp8, device=device), _masked_scale(e, max_m, hidden, device))
-            quantize_slots(x, rows, k, a[0].view(e * max_m, hidden), a[1])
+            a = torch.empty((e, max_m, hidden), dtype=fp8, device=device)
+            a_s = _masked_scale(e, max_m, hidden, device)
+            quantize_slots(x, rows, k, a.view(e * max_m, hidden), a_s, record=record)
             counts = masked_counts(routing, max_m)
-            expected = max(1, -(-m * k // e))
+            expected = max(1, -(-m * k // e))  # fixed by M and k: the key a replay is kept under
             d1 = torch.empty((e, max_m, two_i), dtype=torch.bfloat16, device=device)
-            experts.masked.fn(a, b13, d1, counts, expected)
+            vendor_call(record, _grouped(experts.masked.fn, (w.w13, w.w13_scale), expected), a, a_s, d1, counts)
             q, q_s = silu_mul_quant(d1.view(e * max_m, two_i), w.w2.dtype, counts, max_m, m,  # the used rows only
-                                    scale=_masked_scale(e, max_m, two_i // 2, device))
+                                    scale=_masked_scale(e, max_m, two_i // 2, device), record=record)
             d2 = torch.empty((e, max_m, hidden), dtype=torch.bfloat16, device=device)
-            experts.masked.fn((q.view(e, max_m, -1), q_s), b2, d2, counts, expected)
-            return weighted_sum(d2.view(e * max_m, hidden), rows, topk_ids, topk_weights, e, x.dtype)
+            vendor_call(record, _grouped(experts.masked.fn, (w.w2, w.w2_scale), expected), q.view(e, max_m, -1), q_s,
+                        d2, counts)
+            return weighted_sum(d2.view(e * max_m, hidden), rows, topk_ids, topk_weights, e, x.dtype, record=record)
 
-        return contiguous if layout == "contiguous" else masked
+        return replayed(contiguous if layout == "contiguous" else masked, hidden, device)
+
+
+def _grouped(fn: Any, b: tuple[torch.Tensor, torch.Tensor], *tail: int) -> Any:
+    """DeepGEMM's grouped GEMM ``fn`` on the weights ``b`` (and its scales) as a vendor step: ``step(a, a_scale, d,
+    layout)``, ``tail`` (the masked form's ``expected_m``) after them."""
+    return lambda a, a_s, d, layout: fn((a, a_s), b, d, layout, *tail)
 
 
 def _groups(k: int) -> int:

@@ -109,7 +109,7 @@ class NpuMoe(MoeBackend):
         experts = p.weights.w13.shape[0]
         fp8 = p.weights.w13.dtype
         quant, grouped_mm = p.quant.fn, p.grouped_mm.fn
-        _, silu_mul_quant, weighted_sum = helpers(p.weights.w13.device)
+        _, silu_mul_quant, weighted_sum, _ = helpers(p.weights.w13.device)
 
         def gemm(a: torch.Tensor, a_scale: torch.Tensor, b: tuple[torch.Tensor, torch.Tensor],
                  counts: torch.Tensor) -> torch.Tensor:

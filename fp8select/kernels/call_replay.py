@@ -12,33 +12,51 @@ long-lived tensors (``static``: the weights, kept as addresses) or memory the ca
 place in one workspace). Later calls under the key allocate their output, take the workspace from the
 stream's scratch buffer (:mod:`.stream_scratch`) and run the launches
 (:class:`~.triton_launch.Replay`): none of Triton's dispatcher, no allocation but the output's.
+
+A vendor's grouped GEMM between the launches (a MoE route on DeepGEMM or CUTLASS) is a call into another
+library, not a Triton launch: :func:`vendor_call` runs it as a step of the record (the watch ignores the
+torch ops it runs), with the tensors it takes. A replay calls it again on the new call's tensors: its inputs
+and output as they are, the workspace's as views at their places (:class:`CallReplay`); what the step needs
+besides (the weights, a per-key count) it holds itself. Everything a Triton launch of the call needed from
+Python (routing sizes, grids, constexprs, its specialization key) is skipped as before.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .stream_scratch import run_with_workspace
-from .triton_launch import REPLAYS_MAX, Recorded, Replays
+from .stream_scratch import run_with_buffer, run_with_workspace
+from .triton_launch import REPLAYS_MAX, Recorded, Replay, Replays, workspace_places
 
-__all__ = ["CallReplays"]
+__all__ = ["CallReplay", "CallReplays", "VendorCall", "vendor_call"]
 
 
 class CallReplays:
     """The replays of one op's calls on ``device``, whose launches read ``static`` tensors besides a call's
-    own: :meth:`run` a kept one, :meth:`call` to run a call that may be kept (see the module docstring)."""
+    own: call it (``calls(key, inputs, out_shape, out_dtype, launch)``) to run a call, replayed where one is
+    kept; or :meth:`run` a kept one and :meth:`call` a call that may be kept (see the module docstring)."""
 
     __slots__ = ("_device", "_replays", "_seen", "_static")
 
     def __init__(self, device: torch.device, static: Sequence[torch.Tensor]) -> None:
         self._device = device
-        self._replays = Replays(device)
+        self._replays: Replays[CallReplay] = Replays(device)
         self._static = tuple(static)
         self._seen: set[Hashable] = set()
+
+    def __call__(self, key: Hashable, inputs: Sequence[torch.Tensor], out_shape: tuple[int, ...],
+                 out_dtype: torch.dtype, launch: Callable[[list[Recorded] | None], torch.Tensor]) -> torch.Tensor:
+        """The output of a call on ``inputs``, ``launch(record)``'s: the replay kept under ``key`` where there is
+        one and the inputs are ones it :meth:`takes`, else through :meth:`call` (``record`` None: not recorded)."""
+        if not self.takes(*inputs):
+            return launch(None)
+        out = self.run(key, inputs, out_shape, out_dtype)
+        return self.call(key, inputs, launch) if out is None else out
 
     def takes(self, *tensors: torch.Tensor) -> bool:
         """Whether a call on ``tensors`` (its inputs) may be replayed: on CUDA, each contiguous and 16-byte aligned."""
@@ -53,8 +71,12 @@ class CallReplays:
         if replay is None:
             return None
         out = torch.empty(out_shape, dtype=out_dtype, device=self._device)
-        run_with_workspace(replay.run, (*(t.data_ptr() for t in inputs), out.data_ptr()), replay.nbytes, self._device,
-                           replays.stream(replay.device))
+        stream = replays.stream(replay.device)
+        if replay.launches is not None:
+            run_with_workspace(replay.launches.run, (*(t.data_ptr() for t in inputs), out.data_ptr()), replay.nbytes,
+                               self._device, stream)
+        else:
+            run_with_buffer(replay.run_steps, ((*inputs, out), stream), replay.nbytes, self._device, stream)
         return out
 
     def call(self, key: Hashable, inputs: Sequence[torch.Tensor],
@@ -72,11 +94,119 @@ class CallReplays:
         with _Watch() as watch:
             out = launch(record)
         self._seen.discard(key)
-        scratch = watch.scratch(record, (*inputs, out), self._static) if watch.clean else None
-        if scratch is None:
-            record = []  # nothing replays this key
-        replays.keep(key, record, per_call=(*inputs, out), scratch=scratch or (), static=self._static)
+        own = (*inputs, out)
+        scratch = watch.scratch(record, own, self._static) if watch.clean else None
+        replays.put(key, None if scratch is None else
+                    CallReplay.of(record, device=replays.current_device(), per_call=own, scratch=scratch,
+                                  static=self._static))
         return out
+
+
+class VendorCall:
+    """A step of a recorded call that is a call into a vendor's library (:func:`vendor_call`): ``fn(*tensors)``."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., object]) -> None:
+        self.fn = fn
+
+
+class _Steps(threading.local):
+    depth = 0
+    """How many :func:`vendor_call` steps this thread is inside: the watch ignores their torch ops."""
+
+
+_IN_STEP = _Steps()
+
+
+def vendor_call(record: list[Recorded] | None, fn: Callable[..., object], *tensors: torch.Tensor) -> None:
+    """``fn(*tensors)``: a vendor's call (with any torch ops it needs) between a call's launches. With ``record``,
+    appended to it as a step, which a replay runs again with the new call's tensors in place of ``tensors``: ``fn``
+    takes every per-call tensor as an argument, and holds only what is fixed under the call's key besides."""
+    if record is None:
+        fn(*tensors)
+        return
+    record.append((VendorCall(fn), None, tensors))
+    _IN_STEP.depth += 1
+    try:
+        fn(*tensors)
+    finally:
+        _IN_STEP.depth -= 1
+
+
+_CALL, _WORK, _STATIC = 0, 1, 2
+"""Where a vendor step's tensor comes from at a replay: the call's own (by index), the workspace (a view:
+dtype, size, stride, offset in elements), the op's (the tensor)."""
+
+
+class CallReplay:
+    """One kept call (:meth:`of`). Its Triton launches only: :attr:`launches`, run with the call's addresses (the
+    inputs', then the output's) and a workspace's of :attr:`nbytes`. With vendor steps between them:
+    :meth:`run_steps` on the call's tensors (:attr:`launches` None)."""
+
+    __slots__ = ("_dtypes", "_steps", "device", "launches", "nbytes")
+
+    def __init__(self, device: int, nbytes: int, launches: Replay | None,
+                 steps: tuple[Replay | tuple[Callable[..., object], tuple[tuple[Any, ...], ...]], ...] = ()) -> None:
+        self.device, self.nbytes, self.launches, self._steps = device, nbytes, launches, steps
+        self._dtypes = tuple({spec[1] for step in steps if not isinstance(step, Replay)
+                              for spec in step[1] if spec[0] == _WORK})
+
+    @classmethod
+    def of(cls, recorded: Sequence[Recorded], *, device: int, per_call: Sequence[torch.Tensor],
+           scratch: Sequence[torch.Tensor], static: Sequence[torch.Tensor]) -> CallReplay | None:
+        """The replay of ``recorded`` (launches, and vendor steps between them), or None where a launch cannot be
+        replayed (:meth:`.triton_launch.Replay.of`) or a vendor step took a tensor of none of the three kinds."""
+        if not any(isinstance(kernel, VendorCall) for kernel, _, _ in recorded):
+            launches = Replay.of(recorded, device=device, per_call=per_call, scratch=scratch, static=static)
+            return None if launches is None else cls(device, launches.nbytes, launches)
+        offsets, nbytes = workspace_places(scratch)
+        where: dict[int, tuple[Any, ...]] = {id(t): (_CALL, i) for i, t in enumerate(per_call)}
+        where.update((id(t), (_STATIC, t)) for t in static)
+        steps: list[Replay | tuple[Callable[..., object], tuple[tuple[Any, ...], ...]]] = []
+        run: list[Recorded] = []  # the launches since the last vendor step
+
+        def launches_so_far() -> bool:
+            """``run`` as one step (where it holds a launch); False where it cannot be replayed."""
+            if run:
+                launches = Replay.of(run, device=device, per_call=per_call, scratch=scratch, static=static)
+                if launches is None:
+                    return False
+                steps.append(launches)
+                run.clear()
+            return True
+
+        for kernel, grid, args in recorded:
+            if not isinstance(kernel, VendorCall):
+                run.append((kernel, grid, args))
+                continue
+            specs = tuple(where.get(id(t)) or _work_view(t, offsets.get(id(t))) for t in args)
+            if None in specs or not launches_so_far():
+                return None
+            steps.append((kernel.fn, specs))  # type: ignore[arg-type]
+        if not launches_so_far():
+            return None
+        return cls(device, nbytes, None, tuple(steps))
+
+    def run_steps(self, tensors: Sequence[torch.Tensor], stream: int, work: torch.Tensor | None) -> None:
+        """Every step on the call's ``tensors`` (its inputs, then its output) and ``work`` (:attr:`nbytes` or more)."""
+        addresses = (*[t.data_ptr() for t in tensors], 0 if work is None else work.data_ptr())
+        typed = {} if work is None else {dtype: work.view(dtype) for dtype in self._dtypes}
+        for step in self._steps:
+            if isinstance(step, Replay):
+                step.run(addresses, stream)
+                continue
+            fn, specs = step
+            fn(*[tensors[spec[1]] if spec[0] == _CALL else spec[1] if spec[0] == _STATIC else
+                 typed[spec[1]].as_strided(spec[2], spec[3], spec[4]) for spec in specs])
+
+
+def _work_view(t: torch.Tensor, offset: int | None) -> tuple[Any, ...] | None:
+    """Where a vendor step finds ``t``, a tensor at byte ``offset`` of the workspace: a view of it; None where
+    ``t`` has no place there, or one its dtype cannot view."""
+    if offset is None or offset % t.element_size():
+        return None
+    return (_WORK, t.dtype, tuple(t.shape), t.stride(), offset // t.element_size())
 
 
 _ALLOCATING = ("empty.memory_format", "empty_strided.default")
@@ -86,7 +216,8 @@ _VIEWING = ("view.default", "view.dtype", "_unsafe_view.default", "as_strided.de
 
 
 class _Watch(TorchDispatchMode):
-    """The torch ops run while active: the storages they allocated, and whether any did more than allocate or view."""
+    """The torch ops run while active, outside :func:`vendor_call` steps: the storages they allocated, and whether
+    any did more than allocate or view."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,6 +226,8 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if _IN_STEP.depth:
+            return out
         name = func.__name__
         if name in _ALLOCATING:
             self.allocated.add(out.untyped_storage().data_ptr())

@@ -85,11 +85,13 @@ def grouped_gemm_reference(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tens
 
 def silu_mul_quant_torch(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tensor | None = None,
                          group_rows: int = 0, most: int | None = None, *, slot_ids: torch.Tensor | None = None,
-                         slots: int = 0, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         slots: int = 0, scale: torch.Tensor | None = None,
+                         record: object = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``silu(h[:, :I]) * h[:, I:]`` of ``[R, 2I]`` in fp32, quantized per 1x128 group: row-major scales, or
     written into ``scale`` (``[R, G]`` or ``[R / group_rows, group_rows, G]``, any strides) and returned. The
     arguments the Triton version takes to skip unused rows (``counts``, ``group_rows``, ``most``, ``slot_ids``,
-    ``slots``) are accepted and every row computed: unused rows are unspecified either way."""
+    ``slots``) are accepted and every row computed: unused rows are unspecified either way; ``record`` too (torch
+    ops record nothing)."""
     inter = h.shape[1] // 2
     hf = h.to(torch.float32)
     q, s = quantize_per_token_group(torch.nn.functional.silu(hf[:, :inter]) * hf[:, inter:], 128, dtype=dtype)
@@ -100,10 +102,11 @@ def silu_mul_quant_torch(h: torch.Tensor, dtype: torch.dtype, counts: torch.Tens
 
 
 def quantize_slots_torch(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Tensor, scale: torch.Tensor,
-                         slot_ids: torch.Tensor | None = None) -> None:
+                         slot_ids: torch.Tensor | None = None, *, record: object = None) -> None:
     """:func:`fp8select.kernels.moe_triton.quantize_slots` in torch ops: each slot's token of ``x`` quantized per
     1x128 group into row ``rows[slot]`` of ``q`` ``[L, H]`` and of ``scale`` (``[L, G]`` or ``[B, L / B, G]``);
-    slots whose row is ``L`` or more skipped, and with ``slot_ids`` those it does not hold at that row."""
+    slots whose row is ``L`` or more skipped, and with ``slot_ids`` those it does not hold at that row. ``record``:
+    accepted, as the Triton version takes it; torch ops record nothing."""
     x_q, x_s = quantize_per_token_group(x, 128, dtype=q.dtype)
     limit = q.shape[0]
     ok = rows < limit
@@ -121,9 +124,10 @@ def quantize_slots_torch(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: tor
 
 
 def weighted_sum_torch(out: torch.Tensor, row_map: torch.Tensor | None, topk_ids: torch.Tensor,
-                       topk_weights: torch.Tensor, experts: int, dtype: torch.dtype) -> torch.Tensor:
+                       topk_weights: torch.Tensor, experts: int, dtype: torch.dtype, *,
+                       record: object = None) -> torch.Tensor:
     """``y[t] = sum_j topk_weights[t, j] * out[row(t * k + j)]`` over ids in ``[0, experts)``, in fp32; a slot
-    mapped past ``out``'s last row is skipped."""
+    mapped past ``out``'s last row is skipped. ``record``: as :func:`quantize_slots_torch`'s."""
     m, k = topk_ids.shape
     rows = torch.arange(m * k, device=out.device) if row_map is None else row_map
     gathered = out.index_select(0, rows.clamp(0, max(out.shape[0] - 1, 0))).reshape(m, k, -1).to(torch.float32)

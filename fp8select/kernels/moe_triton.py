@@ -86,16 +86,10 @@ class TritonExperts:
         """``y`` ``[M, H]``. On CUDA, for contiguous 16-byte-aligned inputs, a call's launches are recorded at
         its second call under its M, k, dtypes and ``config`` and replayed by later ones
         (:class:`~.call_replay.CallReplays`; the wgmma kernels' calls, launched by Gluon, are not)."""
-        calls = self._calls
-        if not calls.takes(x, topk_weights, topk_ids):
-            return self._launch(x, topk_weights, topk_ids, config, None)
         m, k = topk_ids.shape
-        key = (m, k, x.dtype, topk_weights.dtype, topk_ids.dtype, config)
-        inputs = (x, topk_weights, topk_ids)
-        y = calls.run(key, inputs, (m, self.hidden), x.dtype)
-        if y is not None:
-            return y
-        return calls.call(key, inputs, lambda record: self._launch(x, topk_weights, topk_ids, config, record))
+        return self._calls((m, k, x.dtype, topk_weights.dtype, topk_ids.dtype, config), (x, topk_weights, topk_ids),
+                           (m, self.hidden), x.dtype,
+                           lambda record: self._launch(x, topk_weights, topk_ids, config, record))
 
     def _launch(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, config: MoeTritonConfig,
                 record: list[Recorded] | None) -> torch.Tensor:
@@ -289,14 +283,14 @@ def scale_rows(scale: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Tensor, scale: torch.Tensor,
-                   slot_ids: torch.Tensor | None = None) -> None:
+                   slot_ids: torch.Tensor | None = None, *, record: list[Recorded] | None = None) -> None:
     """Each slot's token (``slot // top_k``) of ``x`` ``[M, H]`` quantized per 1x128 group (as the quantizer does,
     bit for bit) into row ``rows[slot]`` of ``q`` ``[L, H]`` and of ``scale`` (``[L, G]`` or ``[B, L / B, G]``,
     any strides: :func:`scale_rows`), ``rows`` holding ``top_k`` slots per token; a slot whose row is ``L`` or more
     is skipped, and rows no slot names are left unset. With ``slot_ids`` (a sorted layout's: ``rows`` is then
     :func:`.moe_routing.row_of_slot`, whose 0 for a slot routed nowhere is not its row) only the slots it holds at
     their rows are written. One launch, each token quantized once, for the quantizer, the gathers into a
-    vendor's layout and its scales' re-layout."""
+    vendor's layout and its scales' re-layout. ``record``: the launch appended to it."""
     from . import moe_triton_kernels as kernels
 
     tokens, hidden = rows.shape[0] // top_k, x.shape[1]
@@ -308,7 +302,7 @@ def quantize_slots(x: torch.Tensor, rows: torch.Tensor, top_k: int, q: torch.Ten
         x, rows, rows if slot_ids is None else slot_ids, q, scale, tokens, hidden, q.shape[0], x.stride(0),
         q.stride(0), stride_sb, stride_sm, stride_sg, per_block, DEFAULT_EPS), dict(
         TOP_K=top_k, BLOCK_T=block_t, HAS_SLOTS=slot_ids is not None,
-        HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4))
+        HW_RNE=hw_rne(kernels._quant_slots_kernel, x.device, q.dtype), **fp8_constexprs(q.dtype), num_warps=4), record)
 
 
 _TOKENS_BLOCK = 16

@@ -3,7 +3,8 @@
 A replayed Triton layer call (:class:`~fp8select.kernels.triton_bound.BoundLinear`) writes its
 quantized activation, its scales and any split-K partials to a workspace that no one reads after
 the call's last kernel (a replayed MoE call, :class:`~fp8select.kernels.call_replay.CallReplays`, its
-routing and intermediate rows); both run their replays through :func:`run_with_workspace`. Allocating
+routing and intermediate rows); both run their replays through :func:`run_with_workspace` (a MoE call with
+a vendor's GEMMs between its launches through :func:`run_with_buffer`, which hands out the tensor). Allocating
 it costs a few microseconds of host time per call (torch's caching allocator, from Python), as much as
 a kernel launch. Kernels on one stream run in the
 order they were launched, so every such call on a stream can use the same buffer: the next call's
@@ -31,7 +32,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["SCRATCH", "SCRATCH_MAX_BYTES", "StreamScratch", "cudagraph_tree_stream", "run_with_workspace"]
+__all__ = ["SCRATCH", "SCRATCH_MAX_BYTES", "StreamScratch", "cudagraph_tree_stream", "run_with_buffer",
+           "run_with_workspace"]
 
 SCRATCH_MAX_BYTES = 16 << 20
 """The largest workspace a stream's buffer serves (16 MiB: the quantized activation and split-K partials
@@ -109,3 +111,17 @@ def run_with_workspace(run: Callable[[Sequence[int], int], None], addresses: tup
     else:
         work = torch.empty(nbytes, dtype=torch.uint8, device=device)
         run((*addresses, work.data_ptr()), stream)
+
+
+def run_with_buffer(run: Callable[..., None], args: tuple[object, ...], nbytes: int, device: torch.device,
+                    stream: int) -> None:
+    """``run(*args, workspace)`` with a uint8 workspace tensor of at least ``nbytes`` bytes (None for 0), for a
+    replay whose steps need the tensor, not only its address (:class:`~.call_replay.CallReplay`): as
+    :func:`run_with_workspace` finds one."""
+    if not nbytes:
+        run(*args, None)
+    elif (work := SCRATCH.take(nbytes, device, stream)) is not None:
+        run(*args, work)
+        SCRATCH.give(work, device, stream)
+    else:
+        run(*args, torch.empty(nbytes, dtype=torch.uint8, device=device))

@@ -17,7 +17,7 @@ from .stream_scratch import run_with_workspace
 from .triton_config import SCALE_GROUP_K, TritonConfig
 from .triton_device import TensorDescriptor, _fixup_counters, _persistent_programs, _tma_ok, wgmma_runs
 from .triton_gemm_kernels import _splitk_reduce_kernel, _w8a8_block_kernel, _w8a8_persistent_kernel, _w8a8_swap_kernel
-from .triton_launch import BoundKernel, Recorded, Replays, int_class, tensor_class
+from .triton_launch import BoundKernel, Recorded, Replay, Replays, int_class, tensor_class
 from .triton_pdl import PDL_MAX_M, pdl_possible
 from .triton_quant import TritonQuantizer, fp8_constexprs, hw_rne
 from .triton_search import heuristic_config
@@ -247,7 +247,7 @@ class BoundLinear:
         self._b, self._b_scale, self._out_dtype, self._counters, self._device = b, b_scale, out_dtype, counters, b.device
         self._bound: dict[TritonConfig, tuple[BoundGemm, TritonQuantizer | None]] = {}
         self._fixed = self._bind(config) if config is not None else None
-        self._replays = Replays(b.device)
+        self._replays: Replays[Replay] = Replays(b.device)
 
     def _bind(self, cfg: TritonConfig) -> tuple[BoundGemm, TritonQuantizer | None]:
         bound = self._bound.get(cfg)

@@ -34,13 +34,13 @@ pointer queries and one allocation for all the scratch, instead of one per tenso
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import triton
 from packaging.version import Version
 
-__all__ = ["LAUNCHES_MAX", "REPLAYS_MAX", "BoundKernel", "Recorded", "Replay", "Replays", "args_class",
-           "device_and_stream", "int_class", "launch", "tensor_class"]
+__all__ = ["LAUNCHES_MAX", "REPLAYS_MAX", "BoundKernel", "OnDevice", "Recorded", "Replay", "Replays", "args_class",
+           "device_and_stream", "int_class", "launch", "tensor_class", "workspace_places"]
 
 Recorded = tuple[Any, Any, tuple[Any, ...]]
 """One launch of a recorded call: ``(kernel, grid, args)``. ``kernel`` is the compiled kernel kept,
@@ -238,6 +238,22 @@ WORKSPACE_ALIGN = 256
 """Bytes each scratch tensor's place in a replay's workspace is aligned to (as torch's allocator aligns)."""
 
 
+def workspace_places(scratch: Sequence[Any]) -> tuple[dict[int, int], int]:
+    """Each of the ``scratch`` tensors' byte offset in one workspace, by ``id`` (tensors of one storage keep their
+    places within it), and the workspace's bytes: the storages one after another, each :data:`WORKSPACE_ALIGN`-aligned."""
+    offsets: dict[int, int] = {}
+    places: dict[int, int] = {}
+    nbytes = 0
+    for t in scratch:
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+        if start not in places:
+            places[start] = nbytes
+            nbytes += -(-storage.nbytes() // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+        offsets[id(t)] = places[start] + t.data_ptr() - start
+    return offsets, nbytes
+
+
 class Replay:
     """A recorded call's launches, run again with new addresses: ``replay(addresses, stream)``.
 
@@ -268,15 +284,8 @@ class Replay:
         if not recorded:
             return None
         slots = {id(t): (i, 0) for i, t in enumerate(per_call)}
-        nbytes = 0
-        places: dict[int, int] = {}
-        for t in scratch:
-            storage = t.untyped_storage()
-            start = storage.data_ptr()
-            if start not in places:
-                places[start] = nbytes
-                nbytes += -(-storage.nbytes() // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
-            slots[id(t)] = (len(per_call), places[start] + t.data_ptr() - start)
+        offsets, nbytes = workspace_places(scratch)
+        slots.update((key, (len(per_call), offset)) for key, offset in offsets.items())
         fixed = {id(t): t.data_ptr() if isinstance(t, torch.Tensor) else t for t in static}
         steps = []
         for kernel, grid, args in recorded:
@@ -317,16 +326,26 @@ class Replay:
         return out
 
 
-class Replays:
-    """The replays of one bound call (a linear, a quantizer), by the key that fixes its launches (M,
-    dtypes): ``replays.get(key)`` the replay to run on the current device, ``replays.stream(device)``
-    the stream to run it on. Kept on CUDA only, for inputs :meth:`takes`, and at most
-    :data:`REPLAYS_MAX` of them."""
+class OnDevice(Protocol):
+    """What :class:`Replays` keeps: something recorded on one CUDA device (its index)."""
+
+    @property
+    def device(self) -> int: ...
+
+
+R = TypeVar("R", bound=OnDevice)
+
+
+class Replays(Generic[R]):
+    """The replays of one bound call (a linear, a quantizer: :class:`Replay`; a whole op's:
+    :class:`~.call_replay.CallReplay`), by the key that fixes its launches (M, dtypes): ``replays.get(key)``
+    the replay to run on the current device, ``replays.stream(device)`` the stream to run it on. Kept on
+    CUDA only, for inputs :meth:`takes`, and at most :data:`REPLAYS_MAX` of them."""
 
     __slots__ = ("_by_key", "_current", "stream")
 
     def __init__(self, device: Any) -> None:
-        self._by_key: dict[Hashable, Replay | None] = {}
+        self._by_key: dict[Hashable, R | None] = {}
         self._current: Any = None  # the current device's index and stream (CUDA); None: nothing replays
         self.stream: Any = None
         if device.type == "cuda":
@@ -336,7 +355,7 @@ class Replays:
         """Whether a call on ``x`` may replay (or record) its launches: on CUDA, contiguous, 16-byte aligned."""
         return self._current is not None and x.is_contiguous() and not x.data_ptr() % 16
 
-    def get(self, key: Hashable) -> Replay | None:
+    def get(self, key: Hashable) -> R | None:
         """The replay recorded under ``key``, if it runs on the current device."""
         replay = self._by_key.get(key)
         return replay if replay is not None and replay.device == self._current() else None
@@ -345,13 +364,21 @@ class Replays:
         """A list to record a call's launches into, or None once :data:`REPLAYS_MAX` keys are kept."""
         return [] if len(self._by_key) < REPLAYS_MAX else None
 
-    def keep(self, key: Hashable, recorded: Sequence[Recorded], *, per_call: Sequence[Any], scratch: Sequence[Any],
-             static: Sequence[Any]) -> None:
-        """Keep the replay of ``recorded`` under ``key`` (None where it cannot be replayed: :meth:`Replay.of`)."""
-        self._by_key[key] = Replay.of(recorded, device=self._current(), per_call=per_call, scratch=scratch,
-                                      static=static)
+    def current_device(self) -> int:
+        """The current CUDA device's index (only where replays are kept: :meth:`takes`)."""
+        return int(self._current())
 
-    def __getitem__(self, key: Hashable) -> Replay | None:
+    def put(self, key: Hashable, replay: R | None) -> None:
+        """Keep ``replay`` under ``key`` (None: a call under ``key`` cannot be replayed)."""
+        self._by_key[key] = replay
+
+    def keep(self: Replays[Replay], key: Hashable, recorded: Sequence[Recorded], *, per_call: Sequence[Any],
+             scratch: Sequence[Any], static: Sequence[Any]) -> None:
+        """Keep the replay of ``recorded`` under ``key`` (None where it cannot be replayed: :meth:`Replay.of`)."""
+        self.put(key, Replay.of(recorded, device=self.current_device(), per_call=per_call, scratch=scratch,
+                                static=static))
+
+    def __getitem__(self, key: Hashable) -> R | None:
         """What was kept under ``key``: its replay, or None for a call that cannot be replayed."""
         return self._by_key[key]
 

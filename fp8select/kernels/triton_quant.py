@@ -40,7 +40,7 @@ from .quant import (
     empty_scale,
     fp8_format,
 )
-from .triton_launch import BoundKernel, Recorded, Replays, int_class
+from .triton_launch import BoundKernel, Recorded, Replay, Replays, int_class
 from .triton_pdl import PDL_MAX_M, pdl_enter, pdl_possible
 
 __all__ = [
@@ -239,7 +239,7 @@ class TritonQuantizer:
         self._constexprs = {"GROUP": group_size, "GROUP_P2": group_p2, "UE8M0": layout.ue8m0,
                             "HW_RNE": hw_rne(_quant_kernel, device, dtype), **fp8_constexprs(dtype)}
         self._kernels: dict[tuple[int, bool], BoundKernel] = {}
-        self._replays = Replays(device)
+        self._replays: Replays[Replay] = Replays(device)
 
     def __call__(self, x: torch.Tensor, rows: int | None = None,
                  record: list[Recorded] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
