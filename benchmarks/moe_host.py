@@ -8,10 +8,10 @@ Usage (repository root): ``python -m benchmarks.moe_host --out DIR``; writes ``D
   the layer with ``check_ids=False``, and the bucket's bound launch called directly (what the layer runs,
   without it around); and the op's GPU time under a CUDA graph.
 * ``pinned``: every accepted route pinned at M 1 / 16 / 64 (whatever the plan runs), host microseconds per
-  call (rounds of :data:`PINNED_CALLS` calls) as the library runs it (the Triton route replayed,
+  call (rounds of :data:`PINNED_CALLS` calls) as the library runs it (every route replayed,
   :class:`fp8select.kernels.call_replay.CallReplays`; every Triton launch bound, ``triton_launch.launch``)
-  and with every Triton launch made through Triton's dispatcher (the Triton route's made afresh), and its
-  GPU time under a CUDA graph.
+  and made afresh with every Triton launch through Triton's dispatcher (as before either), and its GPU time
+  under a CUDA graph.
 * ``stack``: eager end to end, :data:`STACK_LAYERS` MoE layers of one shape in a row (their own weights,
   one routing), milliseconds per pass: the same three paths, and the layers under a CUDA graph (their GPU
   time, the floor). Each checked layer waits for the work queued before it, so the GPU idles while the host
@@ -107,13 +107,13 @@ def _its_figure(round_of: Callable[[], object]) -> float:
 
 def pinned(selection: Any, name: str) -> list[dict[str, Any]]:
     """Every accepted route pinned at :data:`PINNED_M` (its default configuration per M), whatever the plan
-    runs: host microseconds per call as the library runs it (the Triton route replayed from its third call
-    at an M, every Triton launch bound) and with every Triton launch made through Triton's dispatcher (the
-    Triton route's launches made afresh), and its GPU time under a CUDA graph."""
+    runs: host microseconds per call as the library runs it (every route replayed from its third call at an M,
+    every Triton launch bound) and made afresh with every Triton launch through Triton's dispatcher, and its
+    GPU time under a CUDA graph."""
     import torch
 
     from benchmarks.moe import _columns, _launch
-    from fp8select.backends.moe import MoeProblem
+    from fp8select.backends.moe import MoeProblem, Replayed
 
     e, h, i, k = SHAPES[name]
     problem = MoeProblem(e, h, i, k)
@@ -123,11 +123,14 @@ def pinned(selection: Any, name: str) -> list[dict[str, Any]]:
         w, ids = _routing(m, k, e, "uniform", seed=5)
         x = torch.randn(m, h, device="cuda").to(torch.bfloat16)
         for route, column in columns.items():
-            call = functools.partial(_launch(column, problem, m, selection.capabilities), x, w, ids)
-            afresh = call
-            if route == "triton/sorted":  # its launches made afresh: the replay's first call's path
+            launch = _launch(column, problem, m, selection.capabilities)
+            call = functools.partial(launch, x, w, ids)
+            # Every route's calls made afresh: the path of a replay's first call.
+            if route == "triton/sorted":
                 backend, prepared, layout = column
                 afresh = functools.partial(prepared._launch, x, w, ids, backend.default_config(problem, layout, m), None)
+            else:
+                afresh = functools.partial(launch._launch, x, w, ids, None) if isinstance(launch, Replayed) else call
             calls: dict[str, Callable[[], object]] = {
                 "library": functools.partial(_round_us, call, calls=PINNED_CALLS),
                 "through the dispatcher": functools.partial(_dispatcher_round, afresh)}

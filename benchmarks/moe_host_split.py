@@ -11,7 +11,9 @@ the routing, the helpers the vendor routes run around their GEMMs (slot quantiza
 weighted sum), each Triton launch made through a bound kernel (``bound:`` and the kernel's name), each
 vendor entry point (``vendor:``) and torch's allocations (``torch.``). A step's time includes what it calls
 (a helper's includes its launch and its allocations), and each wrapped call adds the wrapper's own cost
-(``wrapper_us``, measured): the split says where a call's time goes, the unwrapped rounds what it costs.
+(``wrapper_us``, measured): the split says where a call's time goes, the unwrapped rounds what it costs. A
+replayed call (every route's from its third at an M) runs none of the routing or helpers, so its split holds
+the vendor's calls and torch's allocations only.
 The kept run: ``benchmarks/results/moe_host_split.json`` (docs/moe-measurements.md, "Host time").
 """
 
