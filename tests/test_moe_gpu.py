@@ -328,16 +328,9 @@ REPLAY_CONFIGS = {  # the decode structures (PDL at M <= 16), the normal tile, t
 }
 
 
-@pytest.mark.parametrize("config", list(REPLAY_CONFIGS.values()), ids=list(REPLAY_CONFIGS))
-def test_a_triton_experts_call_replays_its_launches_bit_for_bit(problem, config) -> None:  # type: ignore[no-untyped-def]
-    """From the third call under one M, k, dtypes and configuration the op replays the second call's recorded
-    launches: each call's bits as its launches run afresh, for other tokens, routings (ids -1, skew, int64
-    ids) and a NaN row than the recorded call's; and a replay is kept for every key it was called under."""
-    from fp8select.kernels.moe_config import MoeTritonConfig
-    from fp8select.kernels.moe_triton import TritonExperts
-
-    cfg = MoeTritonConfig(**{"GROUP_M": 8, "num_warps": 4, "num_stages": 3, "QUANT_IN_KERNEL": 0, **config})
-    experts = TritonExperts(*_cuda(problem))
+def _replay_calls():  # type: ignore[no-untyped-def]
+    """``(key, label, inputs)`` of the calls a replay test makes: at M 1 / 16 / 64 with int32 and int64 ids, four
+    calls each, their tokens and routings other than the recorded call's (skew, and a -1 id and a NaN row)."""
     for m in (1, 16, 64):
         for ids_dtype in (torch.int32, torch.int64):
             for seed in range(4):
@@ -346,19 +339,35 @@ def test_a_triton_experts_call_replays_its_launches_bit_for_bit(problem, config)
                 if seed == 2:
                     ids[0, -1] = -1
                     x[m - 1, 3] = float("nan")
-                want = experts._launch(x, w, ids, cfg, None)
-                got = experts(x, w, ids, cfg)
-                assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), \
-                    (m, ids_dtype, seed)
-            key = (m, K, torch.bfloat16, torch.float32, ids_dtype, cfg)
-            assert experts._calls._replays[key] is not None, key
+                yield (m, K, torch.bfloat16, torch.float32, ids_dtype), (m, ids_dtype, seed), (x, w, ids)
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("config", list(REPLAY_CONFIGS.values()), ids=list(REPLAY_CONFIGS))
+def test_a_triton_experts_call_replays_its_launches_bit_for_bit(problem, config) -> None:  # type: ignore[no-untyped-def]
+    """From the third call under one M, k, dtypes and configuration the op replays the second call's recorded
+    launches: each call's bits as its launches run afresh, for other tokens and routings than the recorded
+    call's (:func:`_replay_calls`); and a replay is kept for every key it was called under."""
+    from fp8select.kernels.moe_config import MoeTritonConfig
+    from fp8select.kernels.moe_triton import TritonExperts
+
+    cfg = MoeTritonConfig(**{"GROUP_M": 8, "num_warps": 4, "num_stages": 3, "QUANT_IN_KERNEL": 0, **config})
+    experts = TritonExperts(*_cuda(problem))
+    keys = set()
+    for key, label, inputs in _replay_calls():
+        assert _same_bits(experts(*inputs, cfg), experts._launch(*inputs, cfg, None)), label
+        keys.add((*key, cfg))
+    assert all(experts._calls._replays[key] is not None for key in keys)
 
 
 def test_every_vendor_route_replays_its_calls_bit_for_bit(selection, problem) -> None:  # type: ignore[no-untyped-def]
     """From the third call under one M, k and dtypes a vendor route replays the second call's launches and calls
     its vendor's GEMMs again on views of the workspace: each call's bits as a fresh bind's first call gives them,
-    for other tokens, routings (-1 ids, skew, int64 ids) and a NaN row than the recorded call's; a replay with
-    vendor steps is kept for every key; captured into a CUDA graph, a replayed call gives the same bits."""
+    for other tokens and routings than the recorded call's (:func:`_replay_calls`); a replay with vendor steps is
+    kept for every key; captured into a CUDA graph, a replayed call gives the same bits."""
     caps = selection.capabilities
     weights = MoeWeights(*_cuda(problem), (128, 128))
     routes = 0
@@ -372,20 +381,13 @@ def test_every_vendor_route_replays_its_calls_bit_for_bit(selection, problem) ->
             routes += 1
             run = backend.bind(prepared, layout, None, caps)
             assert isinstance(run, Replayed)
-            for m in (1, 16, 64):
-                for ids_dtype in (torch.int32, torch.int64):
-                    for seed in range(4):
-                        x, w, ids = (t.cuda() for t in _inputs(m, seed=seed, skew=seed % 2 == 1))
-                        ids = ids.to(ids_dtype)
-                        if seed == 2:
-                            ids[0, -1] = -1
-                            x[m - 1, 3] = float("nan")
-                        want = backend.bind(prepared, layout, None, caps)(x, w, ids)
-                        got = run(x, w, ids)
-                        assert torch.equal(got.isnan(), want.isnan()), (backend.name, layout, m, ids_dtype, seed)
-                        assert torch.equal(got.nan_to_num(), want.nan_to_num()), (backend.name, layout, m, ids_dtype, seed)
-                    kept = run.calls._replays[(m, K, torch.bfloat16, torch.float32, ids_dtype)]
-                    assert kept is not None and kept.launches is None, (backend.name, layout, m, ids_dtype)
+            keys = set()
+            for key, label, inputs in _replay_calls():
+                want = backend.bind(prepared, layout, None, caps)(*inputs)
+                assert _same_bits(run(*inputs), want), (backend.name, layout, label)
+                keys.add(key)
+            kept = [run.calls._replays[key] for key in keys]
+            assert all(r is not None and r.launches is None for r in kept), (backend.name, layout)
             x, w, ids = (t.cuda() for t in _inputs(16, seed=5))
             eager = run(x, w, ids)
             graph = torch.cuda.CUDAGraph()
