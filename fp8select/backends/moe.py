@@ -96,7 +96,9 @@ def nan_where_nonfinite(y: torch.Tensor, x: torch.Tensor, topk_ids: torch.Tensor
 
 
 class Helpers(NamedTuple):
-    """What a vendor backend runs around its grouped GEMMs (:func:`helpers`)."""
+    """What a vendor backend runs around its grouped GEMMs (:func:`helpers`). Each takes the record of a call
+    being recorded for replay (:class:`Replayed`; ``record=`` but for ``vendor_call``); the torch ones record
+    nothing (a call on them is never replayed)."""
 
     quantize_slots: Any
     """``quantize_slots(x, rows, top_k, q, scale)``: the tokens quantized into the vendor's rows and scale layout."""
@@ -106,9 +108,6 @@ class Helpers(NamedTuple):
     """``weighted_sum(out, row_map, topk_ids, topk_weights, experts, dtype) -> y``."""
     vendor_call: Any
     """``vendor_call(record, fn, *tensors)``: ``fn(*tensors)``, the vendor's own call, a step of the record."""
-
-# Each helper takes ``record=`` (a route's call being recorded for replay: :func:`replayed`); the torch ones
-# record nothing (a call on them is never replayed).
 
 
 def helpers(device: torch.device) -> Helpers:
@@ -125,6 +124,7 @@ def helpers(device: torch.device) -> Helpers:
 
 
 def _plain_call(record: object, fn: Callable[..., object], *tensors: torch.Tensor) -> None:
+    """``vendor_call`` off a GPU: ``fn(*tensors)``, nothing recorded."""
     fn(*tensors)
 
 
