@@ -35,8 +35,8 @@ weighted sum. -1 ids: prepare leaves their output permutation entries unwritten,
 row count before it; the quantizing launch skips those slots (the rows past the routed ones stay unset and
 no expert's GEMM reads them), and the weighted sum skips the slots whose id is outside ``[0, E)`` without
 reading their rows. On a GPU a route's calls under one M, k and dtypes are replayed from the third on
-(:class:`~fp8select.backends.moe.Replayed`): fp8select's launches from their recorded arguments, the fill
-with ``prepare_moe_input`` and the two GEMMs called again on views of one workspace.
+(:class:`~fp8select.backends.moe.Replayed`): fp8select's launches from their recorded arguments, the fill,
+``prepare_moe_input`` and the two GEMMs called again on views of one workspace.
 
 Gates: sm90 (the kernel has sm100 launchers too, with other scale layouts: not verified), CUDA >= 12.3
 (CUTLASS's sm90 pointer-array kernels need modifiable TMA descriptors), sglang-kernel >= 0.4.4 (the
@@ -184,7 +184,7 @@ class CutlassMoe(MoeBackend):
             q, q_s = silu_mul_quant(d1, w.w2.dtype, record=record)
             d2 = torch.empty((m * k, hidden), dtype=torch.bfloat16, device=device)
             vendor_call(record, gemm2, d2, q, q_s)
-            # an int32 map, as it is
+            # row_of_slot is int32: the weighted sum reads the map as it is
             return weighted_sum(d2, row_of_slot, topk_ids, topk_weights, e, x.dtype, record=record)
 
         return replayed(launch, hidden, device)
