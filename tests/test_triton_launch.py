@@ -157,10 +157,12 @@ class _Op:
     def __call__(self, x: torch.Tensor, record: list[object] | None) -> torch.Tensor:
         h = torch.empty(4, 8)
         y = torch.empty(4, 8)
-        other = {"computes": lambda: torch.zeros(3), "stray": lambda: self.stray,
-                 "output view": lambda: y[1:]}.get(self.extra, lambda: h.view(32))()
+        other = {"computes": lambda: torch.zeros(3), "fills": lambda: h.view(32).fill_(1.0),
+                 "stray": lambda: self.stray, "output view": lambda: y[1:]}.get(self.extra, lambda: h.view(32))()
         if record is not None:
             record.append((self.kernel, (1, 1, 1), (x, h.view(32), other, self.weight, y, 5)))
+            if self.extra == "not replayable":
+                record.append((None, None, ()))  # e.g. a Gluon launch
         return y
 
 
@@ -203,15 +205,23 @@ def test_a_call_is_recorded_at_its_second_run_and_then_replayed(call_replays: ob
     assert y is not None and y.shape == (4, 8) and len(runs) == 2
     (grid, values, stream), = op.kernel.calls
     work = values[1]
-    assert (grid, stream) == ((1, 1, 1), 100)
+    assert (grid, stream) == ((1, 1, 1), 100) and work == _stream_buffer().data_ptr()
     assert values == [x2.data_ptr(), work, work, op.weight.data_ptr(), y.data_ptr(), 5, "constexpr"]
 
 
-@pytest.mark.parametrize("extra", ["computes", "stray", "output view"])
+def _stream_buffer() -> torch.Tensor:
+    """The scratch buffer of the fixture's stream, given back after a replay."""
+    from fp8select.kernels import stream_scratch
+
+    return stream_scratch.SCRATCH._free[(torch.device("cpu"), 100)]
+
+
+@pytest.mark.parametrize("extra", ["computes", "fills", "stray", "output view", "not replayable"])
 def test_a_call_that_computes_in_torch_or_reads_memory_it_does_not_own_is_not_replayed(call_replays: object,
                                                                                         extra: str) -> None:
-    """A torch op that computes (a replay would skip it), a tensor neither the call's, the op's nor allocated
-    by the call, or a view of the output taken as scratch: kept as not replayable, every run plain after."""
+    """A torch op that computes (a new tensor, or in place on a buffer the call allocated: a replay would skip
+    it), a tensor neither the call's, the op's nor allocated by the call, a view of the output taken as
+    scratch, or a launch that cannot be replayed: kept as not replayable, every run plain after."""
     op = _Op(extra)
     calls = call_replays(op)  # type: ignore[operator]
     x = torch.zeros(4, 8)
@@ -222,16 +232,18 @@ def test_a_call_that_computes_in_torch_or_reads_memory_it_does_not_own_is_not_re
 
 
 class _VendorOp:
-    """A stand-in vendor route: a launch quantizing its input into a buffer, a vendor step reading it and writing
-    another (bf16, a transposed view) with torch ops of its own, a launch reading that and the op's weight into
-    the output. ``made``: the second launch reads a buffer the vendor step allocated instead."""
+    """A stand-in vendor route: a launch quantizing its input into a buffer, a vendor step reading it and the op's
+    weight and writing another buffer (bf16, a transposed view) with torch ops of its own, a launch reading that
+    and the weight into the bf16 output. ``kind`` "made": the second launch reads a buffer the vendor step
+    allocated instead; "not replayable": the second launch cannot be replayed (a Gluon launch); "output view": the
+    step writes a view of the output as its buffer."""
 
-    def __init__(self, made: bool = False) -> None:
-        self.quant, self.reduce, self.weight, self.made = _Kernel(), _Kernel(), torch.zeros(2, 8), made
+    def __init__(self, kind: str = "") -> None:
+        self.quant, self.reduce, self.weight, self.kind = _Kernel(), _Kernel(), torch.zeros(2, 8), kind
         self.steps: list[tuple[torch.Tensor, ...]] = []
 
-    def step(self, q: torch.Tensor, d: torch.Tensor, ids: torch.Tensor) -> None:
-        self.steps.append((q, d, ids))
+    def step(self, q: torch.Tensor, d: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor) -> None:
+        self.steps.append((q, d, ids, weight))
         d.copy_(torch.ones_like(d))  # the vendor's own torch ops: a replay makes them again
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, record: list[object] | None) -> torch.Tensor:
@@ -239,32 +251,37 @@ class _VendorOp:
 
         q = torch.empty(4, 8, dtype=torch.uint8)
         d = torch.empty(8, 4, dtype=torch.bfloat16).t()
-        y = torch.empty(4, 8)
+        y = torch.empty(4, 8, dtype=torch.bfloat16)
+        if self.kind == "output view":
+            d = y.view(4, 8)
         if record is not None:
             record.append((self.quant, (1, 1, 1), (x, q)))
-        vendor_call(record, self.step, q, d, ids)
-        read = self.steps[-1][1].clone() if self.made else d
+        vendor_call(record, self.step, q, d, ids, self.weight)
+        read = self.steps[-1][1].clone() if self.kind == "made" else d
         if record is not None:
-            record.append((self.reduce, (2, 1, 1), (read, self.weight, y)))
+            record.append((None, None, ()) if self.kind == "not replayable" else
+                          (self.reduce, (2, 1, 1), (read, self.weight, y)))
         return y
 
 
 def test_a_call_with_a_vendor_step_replays_it_on_the_new_calls_tensors(call_replays: object) -> None:
     """Recorded at the second run like any call, the vendor's torch ops inside its step not watched; replayed
     from the third: each launch with the new call's addresses, the step called again with the new call's own
-    tensors as they are and its buffers as views of the workspace at their places (dtype, shape, strides kept)."""
+    tensors and the op's as they are and its buffers as views of the stream's workspace at their places (dtype,
+    shape, strides kept)."""
     op = _VendorOp()
     calls = call_replays(op)  # type: ignore[operator]
     x, ids = torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.int32)
     for _ in range(2):
-        calls("k", (x, ids), (4, 8), torch.float32, lambda record: op(x, ids, record))
+        calls("k", (x, ids), (4, 8), torch.bfloat16, lambda record: op(x, ids, record))
     replay = calls._replays["k"]
     assert replay is not None and replay.launches is None and replay.nbytes == 256 + 256
     x2, ids2 = torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.int32)
-    y = calls("k", (x2, ids2), (4, 8), torch.float32, lambda record: pytest.fail("replayed, not launched"))
+    y = calls("k", (x2, ids2), (4, 8), torch.bfloat16, lambda record: pytest.fail("replayed, not launched"))
     (_, (x_at, work, _), _), = op.quant.calls
-    q, d, ids_seen = op.steps[-1]
-    assert len(op.steps) == 3 and x_at == x2.data_ptr() and ids_seen is ids2
+    q, d, ids_seen, weight_seen = op.steps[-1]
+    assert len(op.steps) == 3 and x_at == x2.data_ptr() and ids_seen is ids2 and weight_seen is op.weight
+    assert work == _stream_buffer().data_ptr() and y.dtype == torch.bfloat16
     assert (q.data_ptr(), q.dtype, q.shape, q.stride()) == (work, torch.uint8, (4, 8), (8, 1))
     assert (d.data_ptr(), d.dtype, d.shape, d.stride()) == (work + 256, torch.bfloat16, (4, 8), (1, 4))
     assert torch.equal(d, torch.ones(4, 8, dtype=torch.bfloat16))  # the step ran on the workspace's view
@@ -272,15 +289,62 @@ def test_a_call_with_a_vendor_step_replays_it_on_the_new_calls_tensors(call_repl
     assert values == [work + 256, op.weight.data_ptr(), y.data_ptr(), "constexpr"] and stream == 100
 
 
-def test_a_buffer_a_vendor_step_made_is_not_the_calls_to_replay(call_replays: object) -> None:
+@pytest.mark.parametrize("kind", ["made", "not replayable", "output view"])
+def test_a_call_with_a_vendor_step_and_a_launch_it_cannot_replay_is_not_replayed(call_replays: object,
+                                                                                 kind: str) -> None:
     """A later launch reading memory the vendor step allocated (not the call: the watch does not see the step's
-    ops): kept as not replayable, as any tensor of unknown origin."""
-    op = _VendorOp(made=True)
+    ops), a launch that cannot be replayed, or a view of the output taken as the step's buffer (its place in the
+    workspace would take the output's writes): kept as not replayable, every run plain after."""
+    op = _VendorOp(kind)
     calls = call_replays(op)  # type: ignore[operator]
     x, ids = torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.int32)
     for _ in range(3):
-        calls("k", (x, ids), (4, 8), torch.float32, lambda record: op(x, ids, record))
+        calls("k", (x, ids), (4, 8), torch.bfloat16, lambda record: op(x, ids, record))
     assert "k" in calls._replays and calls._replays["k"] is None and len(op.steps) == 3
+
+
+def test_calls_are_recorded_for_at_most_replays_max_keys_waiting(call_replays: object,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys seen once and not yet recorded are counted up to ``REPLAYS_MAX``; a key past the bound runs plain
+    every time, and a key recorded leaves room for another."""
+    from fp8select.kernels import call_replay
+
+    monkeypatch.setattr(call_replay, "REPLAYS_MAX", 1)
+    op = _Op()
+    calls = call_replays(op)  # type: ignore[operator]
+    x = torch.zeros(4, 8)
+    calls.call("a", (x,), lambda record: op(x, record))
+    for _ in range(3):
+        calls.call("b", (x,), lambda record: op(x, record))
+    assert "b" not in calls._replays
+    calls.call("a", (x,), lambda record: op(x, record))
+    for _ in range(2):
+        calls.call("b", (x,), lambda record: op(x, record))
+    assert calls._replays["a"] is not None and calls._replays["b"] is not None
+
+
+def test_a_call_whose_vendor_step_takes_only_its_own_tensors_needs_no_workspace(call_replays: object) -> None:
+    """A step writing the call's output from its input: replayed with no workspace, on the new call's tensors."""
+    from fp8select.kernels.call_replay import vendor_call
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        seen.append((x, y))
+        y.copy_(x)
+
+    def launch(x: torch.Tensor, record: list[object] | None) -> torch.Tensor:
+        y = torch.empty(4, 8)
+        vendor_call(record, step, x, y)
+        return y
+
+    calls = call_replays(_Op())  # type: ignore[operator]
+    outs = [calls("k", (x,), (4, 8), torch.float32, lambda record, x=x: launch(x, record))
+            for x in (torch.full((4, 8), float(i)) for i in range(3))]
+    replay = calls._replays["k"]
+    assert replay is not None and replay.launches is None and replay.nbytes == 0
+    assert all(torch.equal(y, torch.full((4, 8), float(i))) for i, y in enumerate(outs))
+    assert seen[-1][1] is outs[-1]
 
 
 def test_args_class_is_what_triton_specializes_each_argument_on() -> None:
