@@ -112,8 +112,8 @@ class VendorCall:
 
 
 class _Steps(threading.local):
-    depth = 0
-    """How many :func:`vendor_call` steps this thread is inside: the watch ignores their torch ops."""
+    inside = False
+    """Whether this thread is inside a :func:`vendor_call` step (steps do not nest): the watch ignores its torch ops."""
 
 
 _IN_STEP = _Steps()
@@ -122,16 +122,17 @@ _IN_STEP = _Steps()
 def vendor_call(record: list[Recorded] | None, fn: Callable[..., object], *tensors: torch.Tensor) -> None:
     """``fn(*tensors)``: a vendor's call (with any torch ops it needs) between a call's launches. With ``record``,
     appended to it as a step, which a replay runs again with the new call's tensors in place of ``tensors``: ``fn``
-    takes every per-call tensor as an argument, and holds only what is fixed under the call's key besides."""
+    takes every per-call tensor as an argument, and holds only what is fixed under the call's key besides (and
+    makes no step of its own: a replay calls ``fn`` whole)."""
     if record is None:
         fn(*tensors)
         return
     record.append((VendorCall(fn), None, tensors))
-    _IN_STEP.depth += 1
+    _IN_STEP.inside = True
     try:
         fn(*tensors)
     finally:
-        _IN_STEP.depth -= 1
+        _IN_STEP.inside = False
 
 
 _CALL, _WORK, _STATIC = 0, 1, 2
@@ -226,7 +227,7 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if _IN_STEP.depth:
+        if _IN_STEP.inside:
             return out
         name = func.__name__
         if name in _ALLOCATING:
