@@ -96,6 +96,37 @@ def test_module_compiles_fullgraph_dynamic(selection, problem) -> None:  # type:
         assert torch.equal(compiled(x, w, ids), module(x, w, ids) + x), m
 
 
+@pytest.mark.parametrize("backend", ["triton", "deepgemm", "cutlass"])
+def test_a_route_called_eagerly_then_under_compiled_cuda_graphs_gives_its_bits(problem, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """The module on one backend, its calls replayed at an M (eager calls recorded them), runs under
+    ``torch.compile(mode="reduce-overhead")``: the trees' warm-up replays on their own stream, the graph records
+    and replays, each giving the eager call's bits; no scratch buffer of the trees' stream is kept (the trees
+    refuse a live tensor of their pool)."""
+    from torch._inductor import cudagraph_trees
+
+    from fp8select.kernels.stream_scratch import SCRATCH
+
+    selection = fp8select.resolve(backend=backend, plugins=False)
+    if backend not in {b.name for b in moe_chain(selection)}:
+        pytest.skip(f"{backend} runs no MoE route here")
+    module = BlockFp8MoE(E, H, INTER, selection=selection, top_k=K, device="meta")
+    w13, s13, w2, s2 = _cuda(problem)
+    module.load_state_dict({"w13_weight": w13, "w13_weight_scale_inv": s13, "w2_weight": w2,
+                            "w2_weight_scale_inv": s2}, assign=True)
+    torch._dynamo.reset()
+    SCRATCH.clear()
+    for m in (1, 16):
+        x, w, ids = (t.cuda() for t in _inputs(m, seed=m))
+        want = module(x, w, ids)
+        assert torch.equal(module(x, w, ids), want) and torch.equal(module(x, w, ids), want)  # recorded, replayed
+        assert module.fp8_moe is not None and module.fp8_moe.backends == (backend,)
+        graphed = torch.compile(module, mode="reduce-overhead", dynamic=False)
+        for _ in range(4):  # warm-up, recording, replays
+            assert torch.equal(graphed(x, w, ids), want), (backend, m)
+    tree = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    assert tree is not None and all(stream != tree.stream.cuda_stream for _, stream in SCRATCH._free)
+
+
 @pytest.mark.parametrize("m", [5, 64])
 def test_every_backend_and_layout_counts_ids_outside_the_experts_nowhere(selection, problem, m: int) -> None:  # type: ignore[no-untyped-def]
     """Ids outside ``[0, E)`` that are not -1 (E, 99, -2) give the bits of the same call with those as -1 (which
