@@ -141,26 +141,27 @@ dtype, size, stride, offset in elements), the op's (the tensor)."""
 
 
 class CallReplay:
-    """One kept call (:meth:`of`). Its Triton launches only: :attr:`launches`, run with the call's addresses (the
-    inputs', then the output's) and a workspace's of :attr:`nbytes`. With vendor steps between them:
-    :meth:`run_steps` on the call's tensors (:attr:`launches` None)."""
+    """One kept call (:meth:`of`): its steps, runs of Triton launches and vendor steps between them, run by
+    :meth:`run_steps` on the call's tensors and a workspace of :attr:`nbytes`. A call of launches only is one
+    run, :attr:`launches` (None otherwise), which its caller runs with the call's addresses (the inputs', then
+    the output's) and the workspace's."""
 
     __slots__ = ("_dtypes", "_steps", "device", "launches", "nbytes")
 
-    def __init__(self, device: int, nbytes: int, launches: Replay | None,
-                 steps: tuple[Replay | tuple[Callable[..., object], tuple[tuple[Any, ...], ...]], ...] = ()) -> None:
-        self.device, self.nbytes, self.launches, self._steps = device, nbytes, launches, steps
+    def __init__(self, device: int, nbytes: int,
+                 steps: tuple[Replay | tuple[Callable[..., object], tuple[tuple[Any, ...], ...]], ...]) -> None:
+        self.device, self.nbytes, self._steps = device, nbytes, steps
+        only = steps[0] if len(steps) == 1 else None
+        self.launches = only if isinstance(only, Replay) else None
         self._dtypes = tuple({spec[1] for step in steps if not isinstance(step, Replay)
                               for spec in step[1] if spec[0] == _WORK})
 
     @classmethod
     def of(cls, recorded: Sequence[Recorded], *, device: int, per_call: Sequence[torch.Tensor],
            scratch: Sequence[torch.Tensor], static: Sequence[torch.Tensor]) -> CallReplay | None:
-        """The replay of ``recorded`` (launches, and vendor steps between them), or None where a launch cannot be
-        replayed (:meth:`.triton_launch.Replay.of`) or a vendor step took a tensor of none of the three kinds."""
-        if not any(isinstance(kernel, VendorCall) for kernel, _, _ in recorded):
-            launches = Replay.of(recorded, device=device, per_call=per_call, scratch=scratch, static=static)
-            return None if launches is None else cls(device, launches.nbytes, launches)
+        """The replay of ``recorded`` (launches, and vendor steps between them), or None where nothing was recorded,
+        a launch cannot be replayed (:meth:`.triton_launch.Replay.of`) or a vendor step took a tensor of none of
+        the three kinds."""
         offsets, nbytes = workspace_places(scratch)
         where: dict[int, tuple[Any, ...]] = {id(t): (_CALL, i) for i, t in enumerate(per_call)}
         where.update((id(t), (_STATIC, t)) for t in static)
@@ -185,9 +186,9 @@ class CallReplay:
             if None in specs or not launches_so_far():
                 return None
             steps.append((kernel.fn, specs))  # type: ignore[arg-type]
-        if not launches_so_far():
+        if not launches_so_far() or not steps:
             return None
-        return cls(device, nbytes, None, tuple(steps))
+        return cls(device, nbytes, tuple(steps))
 
     def run_steps(self, tensors: Sequence[torch.Tensor], stream: int, work: torch.Tensor | None) -> None:
         """Every step on the call's ``tensors`` (its inputs, then its output) and ``work`` (:attr:`nbytes` or more)."""
