@@ -155,7 +155,7 @@ def _gate(backend: MoeBackend, problem: MoeProblem, caps: Capabilities, layout: 
     return safe_verdict(backend.supports, problem, caps, layout, what="gate")
 
 
-def _rule_layout(backend: MoeBackend, runnable: Sequence[str], bucket: int) -> str:
+def _rule_layout(runnable: Sequence[str], bucket: int) -> str:
     if "masked" in runnable and "contiguous" in runnable:
         return "masked" if bucket <= MASKED_MAX_M else "contiguous"
     return runnable[0]
@@ -240,7 +240,7 @@ def _invariant_route(bucket: int, backend: MoeBackend, layout: str, option: Opti
     """One bucket of an invariant option: the record's configuration as is (never refitted per M; a
     backend without configurations gets its one default), timed only by a row of that configuration."""
     raw = option.config_at(bucket)
-    config = backend.launch_config(raw) if raw is not None else backend.default_config(replace(problem, m=1), layout, 1)
+    config = backend.launch_config(raw) if raw is not None else backend.default_config(problem, layout, 1)
     row = _measured_row(measured, route_name(backend.name, layout), bucket)
     same = row is not None and (row.get("config") is None if raw is None else
                                 row.get("config") is not None and backend.launch_config(row["config"]) == config)
@@ -260,6 +260,13 @@ def _measured_row(measured: MoeTimes, name: str, bucket: int) -> Mapping[str, An
     return row if isinstance(row, Mapping) and isinstance(row.get("us"), int | float) else None
 
 
+def _others(ranked: Sequence[tuple[Any, ...]]) -> str:
+    """`` (others: a/x 2.0, b/y 3.0 us)``: the next three routes of a ranking ``(us, rank, backend, layout, _)``
+    after the chosen one, or nothing."""
+    others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in ranked[1:4])
+    return f" (others: {others} us)" if others else ""
+
+
 def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]],
            rejected: Mapping[str, str], problem: MoeProblem, measured: MoeTimes, estimated: MoeEstimates,
            explicit: str | None) -> MoeRoute:
@@ -269,9 +276,9 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
                         "; ".join(f"{n}: {why}" for n, why in rejected.items()))
     if explicit is not None and explicit in runnable:
         b = by_name[explicit]
-        layout = _rule_layout(b, runnable[explicit], bucket)
+        layout = _rule_layout(runnable[explicit], bucket)
         return MoeRoute(bucket, explicit, layout, EXPLICIT, "the explicit choice",
-                        b.default_config(replace(problem, m=bucket), layout, bucket))
+                        b.default_config(problem, layout, bucket))
     timed = []
     for rank, name in enumerate(runnable):
         for layout in runnable[name]:
@@ -283,22 +290,19 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         us, _, name, layout, row = timed[0]
         b = by_name[name]
         config = b.launch_config(row["config"]) if row.get("config") is not None else \
-            b.default_config(replace(problem, m=bucket), layout, bucket)
-        others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in timed[1:4])
-        return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us" + (f" (others: {others} us)" if others else ""),
-                        config, us)
+            b.default_config(problem, layout, bucket)
+        return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us{_others(timed)}", config, us)
     modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
                 if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
     if modelled:
         modelled.sort(key=lambda t: (t[0], t[1]))
         us, _, name, layout, estimate = modelled[0]
-        others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in modelled[1:4])
-        return MoeRoute(bucket, name, layout, MODEL, estimate.detail + (f" (others: {others} us)" if others else ""),
-                        by_name[name].default_config(replace(problem, m=bucket), layout, bucket), us)
+        return MoeRoute(bucket, name, layout, MODEL, estimate.detail + _others(modelled),
+                        by_name[name].default_config(problem, layout, bucket), us)
     name = next(iter(runnable))
     b = by_name[name]
-    layout = _rule_layout(b, runnable[name], bucket)
-    config = b.default_config(replace(problem, m=bucket), layout, bucket)
+    layout = _rule_layout(runnable[name], bucket)
+    config = b.default_config(problem, layout, bucket)
     first = accepted[0].name
     if first != name:
         return MoeRoute(bucket, name, layout, GATE, f"first in priority order that accepts this M ({first}: "

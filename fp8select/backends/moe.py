@@ -199,7 +199,8 @@ class MoeBackend:
         return Verdict.accept(f"supports {problem.describe()} ({layout})")
 
     def default_config(self, problem: MoeProblem, layout: str, bucket: int) -> Any:
-        """The launch configuration of a bucket nothing measured (None: the backend has none)."""
+        """The launch configuration of M bucket ``bucket`` where nothing measured it (None: the backend has
+        none); ``problem`` is the layer, whose ``m`` may be None: ``bucket`` is the M."""
         return None
 
     def launch_config(self, config: Any) -> Any:
