@@ -1,34 +1,25 @@
-"""The MoE experts layer on CPU: its semantics against the fp64 reference, typed errors, plans, compile.
+"""The MoE experts layer on CPU: its semantics against the fp64 reference, typed errors, compile.
 
 Numbers come from the ``reference`` backend (pure torch) and are compared with
 ``tests/fp64_moe_reference.py``, written from the semantics independently of the library. The
 Triton kernels have their own module (``tests/test_moe_triton.py``), DeepGEMM's adapter
-``tests/test_moe_deepgemm.py``.
+``tests/test_moe_deepgemm.py``, the plans ``tests/test_moe_plan.py``.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 
-from fp8select import InvalidDtypeError, InvalidInputError, NoBackendError, UnsupportedProblemError, resolve
-from fp8select.backends.moe import MoeProblem, ReferenceMoe, TritonMoe
-from fp8select.backends.moe_deepgemm import DeepGemmMoe
+from fp8select import InvalidDtypeError, InvalidInputError, resolve
 from fp8select.kernels.moe_routing import block_capacity, masked_rows, route, row_of_slot
-from fp8select.measured.moe import MoeMeasurements
-from fp8select.moe_plan import EXPLICIT, MEASURED, MODEL, RULE, build_moe_plan
-from fp8select.moe_select import moe_chain
 from fp8select.nn import BlockFp8MoE
 
 CPU = MATRIX["cpu-only"][0]
 E, H, INTER, K = 4, 256, 128, 2
 TOL = 1e-2
-DG_MOE = dataclasses.replace(MATRIX["h200-deepgemm"][0], package_symbols={
-    "deep_gemm": ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")})
 
 
 @pytest.fixture(scope="module")
@@ -184,90 +175,6 @@ def test_routing_blocks_are_sorted_padded_and_static() -> None:
     assert masked_rows(r, 3, 2).tolist() == [4, 0, 5, 6, 6, 6]  # expert 2's third slot is beyond max_m 2
 
 
-def test_plan_rule_measured_and_explicit() -> None:
-    problem = MoeProblem(256, 7168, 2048, 8)
-    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
-    plan = build_moe_plan(problem, chain, DG_MOE)
-    assert plan.route(64).layout == "masked" and plan.route(65).layout == "contiguous"
-    assert {r.why for r in plan.routes} == {RULE} and plan.backends == ("deepgemm",)
-    measured = {"triton/sorted": {1: {"us": 10.0, "config": None}}, "deepgemm/masked": {"1": {"us": 12.0}}}
-    plan = build_moe_plan(problem, chain, DG_MOE, measured=measured)
-    assert (plan.route(1).backend, plan.route(1).why) == ("triton", MEASURED)
-    assert "deepgemm/masked 12.0" in plan.route(1).detail and plan.route(2).backend == "deepgemm"
-    assert build_moe_plan(problem, chain, DG_MOE, explicit="triton").backends == ("triton",)
-    assert "M 1-64: deepgemm/masked, M >= 65: deepgemm/contiguous" == build_moe_plan(problem, chain, DG_MOE).summary()
-
-
-def _table(times: dict[str, float], buckets: tuple[int, ...] = (1, 2, 64, 4096)) -> MoeMeasurements:
-    """Rows at E 8 and 32 (H 7168, I 2048 and 200, k 8): each route at a fixed time per bucket."""
-    shapes = ("8,7168,2048,8", "32,7168,2048,8", "8,7168,200,8", "32,7168,200,8")
-    entries = [{"backend": route.split("/")[0], "layout": route.split("/")[1], "versions": {"torch": "2.11.0"},
-                "shapes": {s: {str(b): {"us": us} for b in buckets} for s in shapes}} for route, us in times.items()]
-    return MoeMeasurements([{"moe": entries}], {})
-
-
-def test_plan_models_the_buckets_no_row_measures() -> None:
-    problem = MoeProblem(16, 7168, 2048, 8)  # between the measured E 8 and 32: equal shares
-    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
-    table = _table({"deepgemm/masked": 200.0, "deepgemm/contiguous": 300.0, "triton/sorted": 100.0})
-    estimated = table.estimates(16, 7168, 2048, 8)
-    assert "reference/sorted" not in estimated  # never measured: no estimate
-    plan = build_moe_plan(problem, chain, DG_MOE, estimated=estimated)
-    first = plan.route(1)
-    assert (first.backend, first.layout, first.why) == ("triton", "sorted", MODEL)
-    assert first.detail.startswith(f"modelled {first.us:.1f} us, 1.00x the fastest route, from 4 measured shapes E,H,I,k (")
-    assert "8,7168,2048,8 " in first.detail and "32,7168,2048,8 " in first.detail
-    assert "(others: deepgemm/masked " in first.detail and first.config is not None  # Triton's default configuration
-    assert plan.route(64).why == MODEL and plan.route(4096).backend == "triton"
-    # buckets no shape was measured at: the rule
-    assert (plan.route(8).why, plan.route(8).layout) == (RULE, "masked") and plan.route(8192).why == RULE
-    assert "model" in plan.describe() and plan.to_dict()["routes"][0]["why"] == MODEL
-    # a measured row wins over every estimate, however slow; the buckets it lacks stay modelled
-    measured = {"deepgemm/contiguous": {1: {"us": 1000.0}}}
-    plan = build_moe_plan(problem, chain, DG_MOE, measured=measured, estimated=estimated)
-    assert (plan.route(1).backend, plan.route(1).layout, plan.route(1).why) == ("deepgemm", "contiguous", MEASURED)
-    assert (plan.route(2).backend, plan.route(2).why) == ("triton", MODEL)
-    # the explicit choice wins over both
-    plan = build_moe_plan(problem, chain, DG_MOE, estimated=estimated, explicit="deepgemm")
-    assert plan.backends == ("deepgemm",) and {r.why for r in plan.routes} == {EXPLICIT}
-
-
-def test_the_model_chooses_among_the_routes_the_gates_accept() -> None:
-    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
-    table = _table({"deepgemm/masked": 50.0, "deepgemm/contiguous": 60.0, "triton/sorted": 100.0})
-    plan = build_moe_plan(MoeProblem(16, 7168, 2048, 8), chain, DG_MOE, estimated=table.estimates(16, 7168, 2048, 8))
-    assert plan.summary() == "M 1-64: deepgemm/masked, M 65-2048: deepgemm/contiguous, M 2049-4096: deepgemm/masked, " \
-        "M >= 4097: deepgemm/contiguous"  # modelled at M 1, 2, 64 and 4096, the rule between
-    assert (plan.route(4096).layout, plan.route(4096).why) == ("masked", MODEL)  # the rule would run contiguous
-    # I = 200: DeepGEMM's gate rejects the layer, so its (faster) estimates are not chosen from
-    odd = MoeProblem(16, 7168, 200, 8)
-    plan = build_moe_plan(odd, chain, DG_MOE, estimated=table.estimates(16, 7168, 200, 8))
-    assert plan.route(1).why == MODEL and plan.backends == ("triton",)
-    assert "not for this layer: deepgemm: requires I % 128 == 0" in plan.describe()
-    # only DeepGEMM estimated, and rejected: the rule among the rest
-    only = _table({"deepgemm/masked": 50.0})
-    plan = build_moe_plan(odd, chain, DG_MOE, estimated=only.estimates(16, 7168, 200, 8))
-    assert {r.why for r in plan.routes} == {RULE} and plan.backends == ("triton",)
-
-
-def test_plan_gates_say_why() -> None:
-    odd = MoeProblem(8, 7168, 200, 8)
-    plan = build_moe_plan(odd, [DeepGemmMoe(), ReferenceMoe()], DG_MOE)
-    assert plan.backends == ("reference",)
-    assert "requires I % 128 == 0" in plan.describe()
-    with pytest.raises(UnsupportedProblemError, match="requires block size"):
-        build_moe_plan(dataclasses.replace(odd, block_size=(1, 32)), [DeepGemmMoe()], DG_MOE)
-
-
-def test_the_selection_explains_moe_plans_and_says_when_no_backend_runs() -> None:
-    sel = resolve(DG_MOE, plugins=False, verify=False)
-    text = sel.moe_plan_for(32, 7168, 2048, 8).describe()
-    assert "deepgemm/masked" in text and "deepgemm/contiguous" in text
-    assert "MoE plan for E=32, H=7168, I=2048, k=8" in text
-    with pytest.raises(NoBackendError, match="MoE experts layers"):
-        moe_chain(dataclasses.replace(resolve(CPU, plugins=False), disabled=("reference",)))
-
-
 def test_module_loads_a_state_dict_and_compiles(problem) -> None:  # type: ignore[no-untyped-def]
     sel = resolve(CPU, plugins=False)
     module = BlockFp8MoE(E, H, INTER, selection=sel, device="meta")
@@ -282,30 +189,6 @@ def test_module_loads_a_state_dict_and_compiles(problem) -> None:  # type: ignor
     for m in (5, 9):
         w, ids = random_routing(m, K, E, seed=m)
         assert torch.equal(compiled(_x(m), w, ids), module(_x(m), w, ids) * 2)
-
-
-class _DecodeOnly(ReferenceMoe):
-    name = "decode-only"
-
-    def supports(self, problem, caps, layout):  # type: ignore[no-untyped-def]
-        verdict = super().supports(problem, caps, layout)
-        if verdict.ok and problem.m is not None and problem.m > 64:
-            return type(verdict).reject(f"requires M <= 64, found M={problem.m}")
-        return verdict
-
-
-def test_a_bucket_the_first_backend_rejects_is_routed_by_the_gate_saying_why() -> None:
-    from fp8select.moe_plan import GATE
-
-    problem = MoeProblem(E, H, INTER, K)
-    plan = build_moe_plan(problem, [_DecodeOnly(), ReferenceMoe()], CPU)
-    assert (plan.route(64).backend, plan.route(64).why) == ("decode-only", RULE)
-    route = plan.route(65)
-    assert (route.backend, route.why) == ("reference", GATE) and "decode-only: requires M <= 64, found M=65" in route.detail
-    alone = build_moe_plan(problem, [_DecodeOnly()], CPU)
-    assert alone.route(65).backend is None and alone.route(65).why == GATE
-    assert "no backend accepts this M: decode-only: requires M <= 64" in alone.route(65).detail
-    assert "M >= 65        -                          gate" in alone.describe()
 
 
 def test_warmup_runs_each_distinct_moe_layer_at_every_route_once(problem, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,385 @@
+"""MoE plans (:func:`fp8select.moe_plan.build_moe_plan`): per M bucket the route, why, its launch
+configuration and its detail, the gates' verdicts, and batch-invariant plans, over the real backends'
+declarations and over small backends whose gates each test sets (``_Gated``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from matrix import MATRIX
+from test_cli_moe import DG_MOE
+
+from fp8select import BatchInvariantError, NoBackendError, UnsupportedProblemError, resolve
+from fp8select.backends.moe import MoeBackend, MoeProblem, ReferenceMoe, TritonMoe
+from fp8select.backends.moe_deepgemm import DeepGemmMoe
+from fp8select.buckets import M_BUCKET_MAX, M_BUCKETS
+from fp8select.kernels.moe_config import default_config
+from fp8select.measured.invariance import POSITIONS, Invariance, Record, merge_records
+from fp8select.measured.moe import MoeMeasurements
+from fp8select.measured.moe_model import MoeEstimate
+from fp8select.measured.table import backend_versions
+from fp8select.moe_plan import EXPLICIT, GATE, INVARIANT, MEASURED, MODEL, RULE, build_moe_plan
+from fp8select.moe_select import moe_chain
+from fp8select.verdict import Verdict
+
+CPU = MATRIX["cpu-only"][0]
+E, H, INTER, K = 4, 256, 128, 2
+LAYER = MoeProblem(E, H, INTER, K)
+
+
+def test_plan_rule_measured_and_explicit() -> None:
+    problem = MoeProblem(256, 7168, 2048, 8)
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    plan = build_moe_plan(problem, chain, DG_MOE)
+    assert plan.route(64).layout == "masked" and plan.route(65).layout == "contiguous"
+    assert {r.why for r in plan.routes} == {RULE} and plan.backends == ("deepgemm",)
+    measured = {"triton/sorted": {1: {"us": 10.0, "config": None}}, "deepgemm/masked": {"1": {"us": 12.0}}}
+    plan = build_moe_plan(problem, chain, DG_MOE, measured=measured)
+    assert (plan.route(1).backend, plan.route(1).why) == ("triton", MEASURED)
+    assert "deepgemm/masked 12.0" in plan.route(1).detail and plan.route(2).backend == "deepgemm"
+    assert build_moe_plan(problem, chain, DG_MOE, explicit="triton").backends == ("triton",)
+    assert "M 1-64: deepgemm/masked, M >= 65: deepgemm/contiguous" == build_moe_plan(problem, chain, DG_MOE).summary()
+
+
+def _table(times: dict[str, float], buckets: tuple[int, ...] = (1, 2, 64, 4096)) -> MoeMeasurements:
+    """Rows at E 8 and 32 (H 7168, I 2048 and 200, k 8): each route at a fixed time per bucket."""
+    shapes = ("8,7168,2048,8", "32,7168,2048,8", "8,7168,200,8", "32,7168,200,8")
+    entries = [{"backend": route.split("/")[0], "layout": route.split("/")[1], "versions": {"torch": "2.11.0"},
+                "shapes": {s: {str(b): {"us": us} for b in buckets} for s in shapes}} for route, us in times.items()]
+    return MoeMeasurements([{"moe": entries}], {})
+
+
+def test_plan_models_the_buckets_no_row_measures() -> None:
+    problem = MoeProblem(16, 7168, 2048, 8)  # between the measured E 8 and 32: equal shares
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    table = _table({"deepgemm/masked": 200.0, "deepgemm/contiguous": 300.0, "triton/sorted": 100.0})
+    estimated = table.estimates(16, 7168, 2048, 8)
+    assert "reference/sorted" not in estimated  # never measured: no estimate
+    plan = build_moe_plan(problem, chain, DG_MOE, estimated=estimated)
+    first = plan.route(1)
+    assert (first.backend, first.layout, first.why) == ("triton", "sorted", MODEL)
+    assert first.detail.startswith(f"modelled {first.us:.1f} us, 1.00x the fastest route, from 4 measured shapes E,H,I,k (")
+    assert "8,7168,2048,8 " in first.detail and "32,7168,2048,8 " in first.detail
+    assert "(others: deepgemm/masked " in first.detail and first.config is not None  # Triton's default configuration
+    assert plan.route(64).why == MODEL and plan.route(4096).backend == "triton"
+    # buckets no shape was measured at: the rule
+    assert (plan.route(8).why, plan.route(8).layout) == (RULE, "masked") and plan.route(8192).why == RULE
+    assert "model" in plan.describe() and plan.to_dict()["routes"][0]["why"] == MODEL
+    # a measured row wins over every estimate, however slow; the buckets it lacks stay modelled
+    measured = {"deepgemm/contiguous": {1: {"us": 1000.0}}}
+    plan = build_moe_plan(problem, chain, DG_MOE, measured=measured, estimated=estimated)
+    assert (plan.route(1).backend, plan.route(1).layout, plan.route(1).why) == ("deepgemm", "contiguous", MEASURED)
+    assert (plan.route(2).backend, plan.route(2).why) == ("triton", MODEL)
+    # the explicit choice wins over both
+    plan = build_moe_plan(problem, chain, DG_MOE, estimated=estimated, explicit="deepgemm")
+    assert plan.backends == ("deepgemm",) and {r.why for r in plan.routes} == {EXPLICIT}
+
+
+def test_the_model_chooses_among_the_routes_the_gates_accept() -> None:
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    table = _table({"deepgemm/masked": 50.0, "deepgemm/contiguous": 60.0, "triton/sorted": 100.0})
+    plan = build_moe_plan(MoeProblem(16, 7168, 2048, 8), chain, DG_MOE, estimated=table.estimates(16, 7168, 2048, 8))
+    assert plan.summary() == "M 1-64: deepgemm/masked, M 65-2048: deepgemm/contiguous, M 2049-4096: deepgemm/masked, " \
+        "M >= 4097: deepgemm/contiguous"  # modelled at M 1, 2, 64 and 4096, the rule between
+    assert (plan.route(4096).layout, plan.route(4096).why) == ("masked", MODEL)  # the rule would run contiguous
+    # I = 200: DeepGEMM's gate rejects the layer, so its (faster) estimates are not chosen from
+    odd = MoeProblem(16, 7168, 200, 8)
+    plan = build_moe_plan(odd, chain, DG_MOE, estimated=table.estimates(16, 7168, 200, 8))
+    assert plan.route(1).why == MODEL and plan.backends == ("triton",)
+    assert "not for this layer: deepgemm: requires I % 128 == 0" in plan.describe()
+    # only DeepGEMM estimated, and rejected: the rule among the rest
+    only = _table({"deepgemm/masked": 50.0})
+    plan = build_moe_plan(odd, chain, DG_MOE, estimated=only.estimates(16, 7168, 200, 8))
+    assert {r.why for r in plan.routes} == {RULE} and plan.backends == ("triton",)
+
+
+def test_plan_gates_say_why() -> None:
+    odd = MoeProblem(8, 7168, 200, 8)
+    plan = build_moe_plan(odd, [DeepGemmMoe(), ReferenceMoe()], DG_MOE)
+    assert plan.backends == ("reference",)
+    assert "requires I % 128 == 0" in plan.describe()
+    with pytest.raises(UnsupportedProblemError, match="requires block size"):
+        build_moe_plan(dataclasses.replace(odd, block_size=(1, 32)), [DeepGemmMoe()], DG_MOE)
+
+
+def test_the_selection_explains_moe_plans_and_says_when_no_backend_runs() -> None:
+    sel = resolve(DG_MOE, plugins=False, verify=False)
+    text = sel.moe_plan_for(32, 7168, 2048, 8).describe()
+    assert "deepgemm/masked" in text and "deepgemm/contiguous" in text
+    assert "MoE plan for E=32, H=7168, I=2048, k=8" in text
+    with pytest.raises(NoBackendError, match="MoE experts layers"):
+        moe_chain(dataclasses.replace(resolve(CPU, plugins=False), disabled=("reference",)))
+
+
+class _DecodeOnly(ReferenceMoe):
+    name = "decode-only"
+
+    def supports(self, problem, caps, layout):  # type: ignore[no-untyped-def]
+        verdict = super().supports(problem, caps, layout)
+        if verdict.ok and problem.m is not None and problem.m > 64:
+            return type(verdict).reject(f"requires M <= 64, found M={problem.m}")
+        return verdict
+
+
+def test_a_bucket_the_first_backend_rejects_is_routed_by_the_gate_saying_why() -> None:
+    from fp8select.moe_plan import GATE
+
+    problem = MoeProblem(E, H, INTER, K)
+    plan = build_moe_plan(problem, [_DecodeOnly(), ReferenceMoe()], CPU)
+    assert (plan.route(64).backend, plan.route(64).why) == ("decode-only", RULE)
+    route = plan.route(65)
+    assert (route.backend, route.why) == ("reference", GATE) and "decode-only: requires M <= 64, found M=65" in route.detail
+    alone = build_moe_plan(problem, [_DecodeOnly()], CPU)
+    assert alone.route(65).backend is None and alone.route(65).why == GATE
+    assert "no backend accepts this M: decode-only: requires M <= 64" in alone.route(65).detail
+    assert "M >= 65        -                          gate" in alone.describe()
+
+
+
+class _Gated(MoeBackend):
+    """A backend whose gates the test sets: ``refuse`` maps a layout to the (lo, hi) range of M it rejects,
+    ``device`` the device kind its gate reads from the capabilities the plan passes. Its default
+    configuration names the layout and bucket it was asked for; a measured row's is ``("row", ...)``."""
+
+    def __init__(self, name: str, layouts: tuple[str, ...] = ("sorted",), refuse: dict[str, tuple[int, int]] | None = None,
+                 device: str | None = None) -> None:
+        self.name, self.layouts, self.refuse, self.device = name, layouts, refuse or {}, device  # type: ignore[misc]
+
+    def supports(self, problem: MoeProblem, caps: Any, layout: str) -> Verdict:
+        verdict = super().supports(problem, caps, layout)
+        if self.device is not None and caps.device_kind != self.device:
+            return Verdict.reject(f"requires device {self.device}, found {caps.device_kind}")
+        lo, hi = self.refuse.get(layout, (0, -1))
+        if verdict.ok and problem.m is not None and lo <= problem.m <= hi:
+            return Verdict.reject(f"requires M outside {lo}-{hi}, found M={problem.m}")
+        return verdict
+
+    def default_config(self, problem: MoeProblem, layout: str, bucket: int) -> Any:
+        return ("default", layout, bucket)
+
+    def launch_config(self, config: Any) -> Any:
+        return ("row", tuple(sorted(config.items())))
+
+
+def _rows(**times: dict[int, float]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Measured rows without configurations: ``a_sorted={1: 10.0}`` -> ``{"a/sorted": {1: {"us": 10.0}}}``."""
+    return {name.replace("_", "/"): {b: {"us": us} for b, us in by_bucket.items()} for name, by_bucket in times.items()}
+
+
+def _estimate(us: float) -> MoeEstimate:
+    return MoeEstimate(us, f"modelled {us:.1f} us", ())
+
+
+def test_ties_go_to_the_priority_order_then_to_the_layout_order() -> None:
+    """Equal times: the backend first in priority order ("zeta" before "alpha"), and of its layouts the
+    first declared ("masked" before "contiguous"); measured or modelled alike."""
+    chain = [_Gated("zeta", ("masked", "contiguous")), _Gated("alpha")]
+    rows = _rows(alpha_sorted={1: 10.0}, zeta_contiguous={1: 10.0}, zeta_masked={1: 10.0})
+    route = build_moe_plan(LAYER, chain, CPU, measured=rows).route(1)
+    assert (route.backend, route.layout, route.why) == ("zeta", "masked", MEASURED)
+    estimates = {name: {1: _estimate(10.0)} for name in ("alpha/sorted", "zeta/contiguous", "zeta/masked")}
+    route = build_moe_plan(LAYER, chain, CPU, estimated=estimates).route(1)
+    assert (route.backend, route.layout, route.why) == ("zeta", "masked", MODEL)
+
+
+def test_a_measured_or_modelled_route_says_its_time_and_the_next_three() -> None:
+    chain = [_Gated("a", ("x", "y", "z")), _Gated("b", ("x", "y"))]
+    rows = _rows(a_x={1: 5.0, 2: 3.0}, a_y={1: 2.0}, a_z={1: 4.0}, b_x={1: 1.0}, b_y={1: 3.0})
+    rows["a/x"][2]["config"] = {"tile": 64}
+    plan = build_moe_plan(LAYER, chain, CPU, measured=rows)
+    first = plan.route(1)
+    assert (first.backend, first.layout, first.us, first.config) == ("b", "x", 1.0, ("default", "x", 1))
+    assert first.detail == "measured 1.0 us (others: a/y 2.0, b/y 3.0, a/z 4.0 us)"  # a/x 5.0: the fifth
+    second = plan.route(2)  # the only row there: no others; its own configuration
+    assert (second.detail, second.us, second.config) == ("measured 3.0 us", 3.0, ("row", (("tile", 64),)))
+    estimates = {"a/x": {1: _estimate(5.0), 2: _estimate(6.0)}, "a/y": {1: _estimate(2.0)}, "a/z": {1: _estimate(4.0)},
+                 "b/x": {1: _estimate(1.0)}, "b/y": {1: _estimate(3.0)}}
+    plan = build_moe_plan(LAYER, chain, CPU, estimated=estimates)
+    assert (plan.route(1).us, plan.route(1).config) == (1.0, ("default", "x", 1))
+    assert plan.route(1).detail == "modelled 1.0 us (others: a/y 2.0, b/y 3.0, a/z 4.0 us)"
+    assert (plan.route(2).detail, plan.route(2).us) == ("modelled 6.0 us", 6.0)
+
+
+def test_rows_without_a_time_are_not_measurements() -> None:
+    """A row whose ``us`` is missing or not a number (a failed check's row) plans nothing."""
+    rows: dict[str, Any] = {"a/sorted": {1: {"error": "wrong numbers"}, 2: {"us": "fast"}, 4: {"us": None}, 8: "7.0"}}
+    plan = build_moe_plan(LAYER, [_Gated("a")], CPU, measured=rows)
+    assert [plan.route(m).why for m in (1, 2, 4, 8)] == [RULE] * 4
+
+
+def test_the_rule_and_the_explicit_choice_take_the_layouts_that_run_the_bucket() -> None:
+    """DeepGEMM's pair of layouts: masked up to M 64, contiguous above, unless the other one alone runs
+    the bucket; the explicit choice the same way, with its default configuration."""
+    both = _Gated("dg", ("contiguous", "masked"), refuse={"masked": (1, 2), "contiguous": (4097, M_BUCKET_MAX)})
+    plan = build_moe_plan(LAYER, [both, _Gated("other")], CPU)
+    assert [plan.route(m).layout for m in (1, 2, 4, 64, 65, 4096, 8192)] == \
+        ["contiguous", "contiguous", "masked", "masked", "contiguous", "contiguous", "masked"]
+    route = plan.route(65)
+    assert (route.why, route.detail, route.config) == (RULE, "first in priority order (no measurement)",
+                                                       ("default", "contiguous", 128))
+    plan = build_moe_plan(LAYER, [_Gated("other"), both], CPU, explicit="dg")
+    route = plan.route(1)
+    assert (route.backend, route.layout, route.why, route.detail, route.config) == (
+        "dg", "contiguous", EXPLICIT, "the explicit choice", ("default", "contiguous", 1))
+    assert plan.explicit == "dg" and plan.describe().splitlines()[0].endswith(" (explicit choice: dg)")
+
+
+def test_an_explicit_choice_that_rejects_a_bucket_leaves_it_to_the_others() -> None:
+    decode = _Gated("decode", refuse={"sorted": (65, M_BUCKET_MAX)})
+    plan = build_moe_plan(LAYER, [_Gated("first"), decode], CPU, explicit="decode")
+    assert (plan.route(64).backend, plan.route(64).why) == ("decode", EXPLICIT)
+    assert (plan.route(65).backend, plan.route(65).why) == ("first", RULE)
+    unknown = build_moe_plan(LAYER, [_Gated("first")], CPU, explicit="nope")  # not in the chain: no choice
+    assert unknown.explicit is None and unknown.describe().splitlines()[0] == "MoE plan for E=4, H=256, I=128, k=2"
+
+
+def test_routes_where_the_first_backend_or_every_backend_rejects_the_bucket() -> None:
+    first = _Gated("first", refuse={"sorted": (65, M_BUCKET_MAX)})
+    second = _Gated("second", refuse={"sorted": (4097, M_BUCKET_MAX)})
+    plan = build_moe_plan(dataclasses.replace(LAYER, m=7), [first, second], CPU)
+    assert plan.problem.m is None and [r.bucket for r in plan.routes] == list(M_BUCKETS)
+    route = plan.route(65)
+    assert (route.bucket, route.backend, route.layout, route.why, route.config) == (
+        128, "second", "sorted", GATE, ("default", "sorted", 128))
+    assert route.detail == "first in priority order that accepts this M (first: requires M outside 65-8192, found M=65)"
+    none = plan.route(4097)
+    assert (none.backend, none.layout, none.why, none.config) == (None, "", GATE, None)
+    assert none.detail == ("no backend accepts this M: first: requires M outside 65-8192, found M=4097; "
+                           "second: requires M outside 4097-8192, found M=4097")
+    assert plan.summary() == "M 1-64: first/sorted, M 65-4096: second/sorted, M >= 4097: none"
+
+
+def test_the_gates_are_asked_with_the_device_and_name_what_they_refused() -> None:
+    """Every gate reads the capabilities the plan is given; a backend's candidate line joins its layouts'
+    reasons; the ranks follow the chain."""
+    cuda = _Gated("cuda-only", device="cuda")
+    plan = build_moe_plan(LAYER, [cuda, _Gated("any")], DG_MOE)
+    assert plan.backends == ("cuda-only",)
+    plan = build_moe_plan(LAYER, [cuda, _Gated("two", ("x", "y")), _Gated("any")], CPU)
+    assert plan.backends == ("two",)
+    assert [(c.rank, c.name, c.accepted, c.reason) for c in plan.candidates] == [
+        (1, "cuda-only", False, "requires device cuda, found cpu"),
+        (2, "two", True, "supports MoE E=4, H=256, I=128, k=2, any M, block [128, 128], weight float8_e4m3fn, input "
+                         "bfloat16 (x); supports MoE E=4, H=256, I=128, k=2, any M, block [128, 128], weight "
+                         "float8_e4m3fn, input bfloat16 (y)"),
+        (3, "any", True, "supports MoE E=4, H=256, I=128, k=2, any M, block [128, 128], weight float8_e4m3fn, input "
+                         "bfloat16 (sorted)")]
+    assert plan.describe().splitlines()[-1] == "  not for this layer: cuda-only: requires device cuda, found cpu"
+    with pytest.raises(UnsupportedProblemError, match="MoE E=4, H=256, I=128, k=2, any M") as info:
+        build_moe_plan(LAYER, [cuda], CPU)
+    assert [c.reason for c in info.value.candidates] == ["requires device cuda, found cpu"]
+
+
+class _Raises(_Gated):
+    def supports(self, problem: MoeProblem, caps: Any, layout: str) -> Verdict:
+        raise RuntimeError("boom")
+
+
+def test_a_gate_that_raises_rejects_its_backend_saying_so() -> None:
+    plan = build_moe_plan(LAYER, [_Raises("odd"), _Gated("any")], CPU)
+    assert plan.backends == ("any",) and plan.candidates[0].reason == "its gate raised RuntimeError: boom"
+
+
+def test_describe_summary_and_to_dict_of_a_plan() -> None:
+    chain = [TritonMoe(), ReferenceMoe()]
+    caps = MATRIX["h200-torch2.11"][0]
+    plan = build_moe_plan(MoeProblem(32, 7168, 2048), chain, caps, measured={"triton/sorted": {1: {"us": 9.5}}})
+    lines = plan.describe().splitlines()
+    assert lines[0] == "MoE plan for E=32, H=7168, I=2048" and len(lines) == 1 + len(plan.ranges())
+    assert lines[1].startswith("  M 1            triton/sorted              measured  [moe ") and lines[1].endswith(
+        "] measured 9.5 us")
+    route = plan.route(1)
+    assert route.config == default_config(1, 1, 32)
+    assert route.to_dict() == {"bucket": 1, "backend": "triton", "layout": "sorted", "why": MEASURED,
+                               "detail": "measured 9.5 us", "config": route.config.to_dict(), "us": 9.5}
+    data = plan.to_dict()
+    assert {k: v for k, v in data.items() if k not in ("routes", "candidates")} == {
+        "experts": 32, "hidden": 7168, "intermediate": 2048, "top_k": None, "explicit": None, "batch_invariant": None}
+    assert data["routes"] == [r.to_dict() for r in plan.routes]
+    assert data["candidates"] == [c.to_dict() for c in plan.candidates] and len(data["candidates"]) == 2
+
+
+# -- batch-invariant plans -----------------------------------------------------------------------
+
+SHAPE = (E, H, INTER, K)
+
+
+def _invariance(caps: Any, chain: list[MoeBackend], *recorded: tuple[str, str, tuple[tuple[int, Any], ...]]) -> Invariance:
+    """Records (backend, layout, schedule) of the experts op at ``SHAPE`` for every M and position."""
+    records = [Record(name, backend_versions(caps, ()), schedule, (SHAPE,), (1, M_BUCKET_MAX), POSITIONS, True,
+                      layout=layout) for name, layout, schedule in recorded]
+    return Invariance(caps, chain, [("test", merge_records(None, records, caps.device_name or ""))])
+
+
+def _invariant(chain: list[MoeBackend], invariance: Invariance, **kwargs: Any) -> Any:
+    return build_moe_plan(dataclasses.replace(LAYER, m=3), chain, DG_MOE, invariance=invariance, **kwargs)
+
+
+ANY_CONFIG: tuple[tuple[int, Any], ...] = ((1, None),)
+
+
+def test_an_invariant_plan_takes_the_least_time_counting_an_unmeasured_bucket_as_twice_the_slowest() -> None:
+    a, b = _Gated("a"), _Gated("b")
+    invariance = _invariance(DG_MOE, [a, b], ("a", "sorted", ANY_CONFIG), ("b", "sorted", ANY_CONFIG))
+    half = dict.fromkeys(M_BUCKETS[::2], 6.0)
+    # every bucket at 10 us against half of them at 6 (the rest counted as 12): b, second in priority order
+    plan = _invariant([a, b], invariance, measured=_rows(a_sorted=dict.fromkeys(M_BUCKETS, 10.0), b_sorted=half))
+    assert plan.summary() == "any M: b/sorted (batch-invariant)" and plan.problem.m is None
+    assert {r.why for r in plan.routes} == {INVARIANT} and plan.invariant.startswith("b/sorted measured batch-invariant")
+    # every bucket at 6 us against one at 4 (the rest counted as 8): a
+    plan = _invariant([a, b], invariance, measured=_rows(a_sorted=dict.fromkeys(M_BUCKETS, 6.0), b_sorted={1: 4.0}))
+    assert plan.backends == ("a",)
+    # nothing measured: the first in priority order
+    assert _invariant([b, a], invariance).backends == ("b",)
+
+
+def test_an_invariant_plan_breaks_ties_by_priority_then_layout() -> None:
+    two = _Gated("two", ("x", "y"))
+    invariance = _invariance(DG_MOE, [two], ("two", "x", ANY_CONFIG), ("two", "y", ANY_CONFIG))
+    plan = _invariant([two], invariance, measured=_rows(two_x={1: 5.0}, two_y={1: 5.0}))
+    assert plan.summary() == "any M: two/x (batch-invariant)"
+
+
+def test_an_invariant_route_keeps_its_records_configuration_and_is_timed_by_rows_of_it_only() -> None:
+    a = _Gated("a")
+    plain = _invariant([a], _invariance(DG_MOE, [a], ("a", "sorted", ANY_CONFIG)),
+                       measured={"a/sorted": {1: {"us": 5.0}, 2: {"us": 4.0, "config": {"tile": 64}}}})
+    assert {r.config for r in plain.routes} == {("default", "sorted", 1)}  # its one default, for every M
+    assert (plain.route(1).us, plain.route(1).detail) == (5.0, "one kernel for every M; measured 5.0 us")
+    assert (plain.route(2).us, plain.route(2).detail) == (None, "one kernel for every M; no time measured for it here")
+    schedule = ((1, {"tile": 32}), (64, {"tile": 64}))
+    tiled = _invariant([a], _invariance(DG_MOE, [a], ("a", "sorted", schedule)), measured={
+        "a/sorted": {1: {"us": 5.0, "config": {"tile": 64}}, 2: {"us": 6.0}, 64: {"us": 7.0, "config": {"tile": 64}}}})
+    assert [tiled.route(m).config for m in (1, 32, 64, 8192)] == [("row", (("tile", 32),))] * 2 + [("row", (("tile", 64),))] * 2
+    assert [tiled.route(m).us for m in (1, 2, 64)] == [None, None, 7.0]
+
+
+def test_an_invariant_plan_honours_the_explicit_choice() -> None:
+    """On a GPU the reference is invariant by construction but chosen only explicitly; an explicit choice
+    refuses every other backend, recorded or not."""
+    a = _Gated("a")
+    invariance = _invariance(DG_MOE, [a, ReferenceMoe()], ("a", "sorted", ANY_CONFIG))
+    assert _invariant([a, ReferenceMoe()], invariance).backends == ("a",)
+    plan = _invariant([a, ReferenceMoe()], invariance, explicit="reference")
+    assert plan.summary() == "any M: reference/sorted (batch-invariant)" and plan.explicit == "reference"
+    assert plan.invariant.startswith("invariant by construction")
+    with pytest.raises(BatchInvariantError) as info:
+        _invariant([_Gated("b"), ReferenceMoe()], invariance, explicit="b")
+    assert [(c.rank, c.name, c.accepted) for c in info.value.candidates] == [(1, "b/sorted", False),
+                                                                              (2, "reference/sorted", False)]
+    assert info.value.candidates[0].reason.startswith("no batch-invariance record on ")
+    assert info.value.candidates[1].reason == "not the explicit choice (b)"
+    assert "no backend runs MoE E=4, H=256, I=128, k=2, M=3, block [128, 128]" in str(info.value)
+
+
+def test_a_recorded_route_whose_gate_rejects_a_bucket_is_not_invariant_for_every_m() -> None:
+    decode = _Gated("decode", refuse={"sorted": (65, M_BUCKET_MAX)})
+    invariance = _invariance(DG_MOE, [decode], ("decode", "sorted", ANY_CONFIG))
+    with pytest.raises(BatchInvariantError) as info:
+        _invariant([decode], invariance)
+    assert [c.reason for c in info.value.candidates] == ["rejects M 65-128 (requires M outside 65-8192, found M=65)"]
+    a = _Gated("a")
+    both = _invariance(DG_MOE, [decode, a], ("decode", "sorted", ANY_CONFIG), ("a", "sorted", ANY_CONFIG))
+    assert _invariant([decode, a], both).backends == ("a",)
