@@ -152,7 +152,7 @@ class MoePlan:
 
 
 def _gate(backend: MoeBackend, problem: MoeProblem, caps: Capabilities, layout: str) -> Verdict:
-    return safe_verdict(backend.supports, problem, caps, layout, what="gate")
+    return safe_verdict(backend.supports, problem, caps, layout)
 
 
 def _rule_layout(runnable: Sequence[str], bucket: int) -> str:

@@ -308,8 +308,9 @@ SHAPE = (E, H, INTER, K)
 
 def _invariance(caps: Any, chain: list[MoeBackend], *recorded: tuple[str, str, tuple[tuple[int, Any], ...]]) -> Invariance:
     """Records (backend, layout, schedule) of the experts op at ``SHAPE`` for every M and position."""
-    records = [Record(name, backend_versions(caps, ()), schedule, (SHAPE,), (1, M_BUCKET_MAX), POSITIONS, True,
-                      layout=layout) for name, layout, schedule in recorded]
+    packages = {b.name: b.packages for b in chain}
+    records = [Record(name, backend_versions(caps, packages[name]), schedule, (SHAPE,), (1, M_BUCKET_MAX), POSITIONS,
+                      True, layout=layout) for name, layout, schedule in recorded]
     return Invariance(caps, chain, [("test", merge_records(None, records, caps.device_name or ""))])
 
 
@@ -354,6 +355,9 @@ def test_an_invariant_route_keeps_its_records_configuration_and_is_timed_by_rows
         "a/sorted": {1: {"us": 5.0, "config": {"tile": 64}}, 2: {"us": 6.0}, 64: {"us": 7.0, "config": {"tile": 64}}}})
     assert [tiled.route(m).config for m in (1, 32, 64, 8192)] == [("row", (("tile", 32),))] * 2 + [("row", (("tile", 64),))] * 2
     assert [tiled.route(m).us for m in (1, 2, 64)] == [None, None, 7.0]
+    triton = TritonMoe()  # a record without a configuration: the rule's at M 1 for this layer, at every M
+    plan = _invariant([triton], _invariance(DG_MOE, [triton], ("triton", "sorted", ANY_CONFIG)))
+    assert {r.config for r in plan.routes} == {default_config(1, K, E)}
 
 
 def test_an_invariant_plan_honours_the_explicit_choice() -> None:
