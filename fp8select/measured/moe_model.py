@@ -19,14 +19,11 @@ of the experts a uniform batch touches and the FP8 compute floor, plus :data:`FI
 
 Why so simple: five shapes are measured on the H200, too few to fit anything with more parameters
 (the constants are the ones the dense model had then, not refitted; adding ``log2 E`` or ``log2 M`` as coordinates
-moved the figures below by at most 0.3%, pooling every M bucket made them worse). Left out in turn
-and planned from the other four, choosing by these standings came within 1.6% of the fastest route
-(geometric mean over 70 points, the worst 1.37x), against 1.24x (2.04x) for the rule and 1.03x
-(1.56x) for always running CUTLASS; DeepSeek-V3's three shapes left out together and planned from
-the two Qwen3 ones alone, 1.055x (1.91x) against 1.17x and 1.04x (``python -m
-benchmarks.moe_model_check``, ``docs/moe.md``). Deterministic and explainable: an estimate names the
-measured shapes its standing came from with their shares of the weight. Pure Python (the tables are
-small: no numpy).
+moved the left-out figures by at most 0.3%, pooling every M bucket made them worse). How its choices
+score with each shape left out and planned from the others, against the rule and always running one
+route: ``docs/moe.md`` ("Shapes no table holds", from ``python -m benchmarks.moe_model_check``).
+Deterministic and explainable: an estimate names the measured shapes its standing came from with
+their shares of the weight. Pure Python (the tables are small: no numpy).
 """
 
 from __future__ import annotations
@@ -48,9 +45,9 @@ _POWER = 2
 _NAMED = 3  # measured shapes an estimate's detail names
 FIXED_US = 50.0
 """The whole op's launches around its grouped GEMMs (routing, quantization, permutation, silu*up,
-weighted sum: about 15 on the H200, ``benchmarks/moe.py --anatomy``); the least time the H200 table
-holds is 51 us (M 1). With it the modelled times of the left-out shapes are 1.12x off in geometric
-mean, without it 1.31x; the choice does not depend on it."""
+weighted sum: about 15 us on the H200, ``benchmarks/moe.py --anatomy``) and more. It sets only the level of the times shown (every route of a point shares
+it), never the choice; chosen when the table was first measured, where with it the modelled times of
+the left-out shapes were 1.12x off in geometric mean and 1.31x without (today's: ``docs/moe.md``)."""
 
 
 def moe_reference_us(experts: int, hidden: int, intermediate: int, top_k: int, m: int) -> float:
