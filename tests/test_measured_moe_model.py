@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fp8select.measured.moe import MoeMeasurements
-from fp8select.measured.moe_model import FIXED_US, moe_reference_us
+from fp8select.measured.moe_model import FIXED_US, MoeModel, moe_reference_us
 
 V1, V2 = {"torch": "2.13.0+cpu"}, {"torch": "2.12.0+cpu"}
 Shape = tuple[int, int, int, int]
@@ -101,3 +101,30 @@ def test_estimates_are_deterministic_and_finite() -> None:
     first = _measurements(_entry("a/x", rows)).estimates(7, 7168, 2048, 7)
     assert first == _measurements(_entry("a/x", rows)).estimates(7, 7168, 2048, 7)
     assert all(math.isfinite(e.us) and e.us > 0 for e in first["a/x"].values())
+
+
+def test_tokens_per_expert_count_k_as_well_as_e() -> None:
+    """64 experts with k 16 give each expert the tokens 32 experts with k 8 do: that measured shape decides
+    (weights 1 / 0.5**2 against 1 / 2.5**2 for 8 experts with k 8, two octaves away)."""
+    rows = {SMALL: {16: 100.0}, LARGE: {16: 100.0}}
+    sources = _measurements(_entry("a/x", rows)).estimates(64, 1024, 512, 16)["a/x"][16].sources
+    assert [s for s, _ in sources] == [LARGE, SMALL]
+    assert [share for _, share in sources] == pytest.approx([4 / 4.16, 0.16 / 4.16])
+
+
+def test_an_estimate_names_three_measured_shapes_and_says_when_there_are_more() -> None:
+    shapes = [SMALL, LARGE, MIDDLE, (64, 1024, 512, 8)]
+    three = _measurements(_entry("a/x", {s: {1: 10.0} for s in shapes[:3]})).estimates(*MIDDLE)["a/x"][1].detail
+    assert three.endswith("%)") and ", ...)" not in three and three.count("%") == 3
+    four = _measurements(_entry("a/x", {s: {1: 10.0} for s in shapes})).estimates(*MIDDLE)["a/x"][1].detail
+    assert four.endswith("%, ...)") and four.count("%") == 3 and "from 4 measured shapes" in four
+
+
+def test_tables_without_moe_rows_and_routes_never_measured() -> None:
+    empty = MoeMeasurements([{"schema": 1, "device_name": "dev", "entries": []}], {})
+    assert not empty and empty.routes == () and empty.estimates(*MIDDLE) == {} and empty.describe() == ""
+    assert MoeModel({}).estimate("a/x", MIDDLE, 1) is None
+    two = _measurements(_entry("b/y", {SMALL: {1: 1.0}}), _entry("a/x", {SMALL: {1: 1.0}, LARGE: {1: 1.0}}))
+    assert two.routes == ("a/x", "b/y")
+    assert two.describe().split("\n") == ["a/x: 2 MoE shapes measured, installed versions",
+                                          "b/y: 1 MoE shapes measured, installed versions"]

@@ -240,9 +240,19 @@ def test_moe_shapes_parse_names_and_groups() -> None:
     assert parse_moe_shapes("all") == list(MOE_SHAPES.values())
     assert parse_moe_shapes("deepseek-v3-e32,64,4096,1024,6;qwen3-30b-a3b") == [
         (32, 7168, 2048, 8), (64, 4096, 1024, 6), (128, 2048, 768, 8)]
-    for text in ("", "1,2,3", "4,256,128,8", "kimi"):
-        with pytest.raises(InvalidInputError, match="--moe"):
+    for text in ("", "1,2,3", "4,256,128,8", "kimi", "4,0,128,2", "1234567890,1,1,1"):
+        with pytest.raises(InvalidInputError, match=r"^--moe"):
             parse_moe_shapes(text)
+    # names one after another, groups of four one after another, x as a separator, any case
+    assert parse_moe_shapes("deepseek-v3-e8,qwen3-30b-a3b") == [MOE_SHAPES["deepseek-v3-e8"], MOE_SHAPES["qwen3-30b-a3b"]]
+    assert parse_moe_shapes("8,7168,2048,8,1,1,1,1,Qwen3-30B-A3B") == [(8, 7168, 2048, 8), (1, 1, 1, 1),
+                                                                       MOE_SHAPES["qwen3-30b-a3b"]]
+    assert parse_moe_shapes("all,1,1,1,1") == [*MOE_SHAPES.values(), (1, 1, 1, 1)]
+    assert parse_moe_shapes("8X7168x2048x8 123456789,1,1,1") == [(8, 7168, 2048, 8), (123456789, 1, 1, 1)]
+    with pytest.raises(InvalidInputError, match=r"^--shapes '1,2,3': .* or one of deepseek-v3-e8, deepseek-v3-e32, "):
+        parse_moe_shapes("1,2,3", what="--shapes")
+    with pytest.raises(InvalidInputError, match=r"^--shapes: expected MoE shapes \(E,H,I,k or deepseek-v3-e8, deepseek"):
+        parse_moe_shapes(" ; ", what="--shapes")
 
 
 def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
