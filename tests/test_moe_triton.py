@@ -376,25 +376,6 @@ def test_public_grouped_gemms_check_their_arguments() -> None:
         grouped_gemm_contiguous(a, a_s, w, s, rows[:2])
 
 
-def test_default_configs_are_valid_and_grow_with_tokens_per_expert() -> None:
-    # M 1 / 28 / 29 / 60 / 61 / 252 / 253 / 1020 / 1021 / 4092 / 4093 of 32 experts: 1 / 7 / 8 / 15 / 16 / 63 / 64 /
-    # 255 / 256 / 1023 / 1024 tokens per expert
-    ms = (1, 28, 29, 60, 61, 252, 253, 1020, 1021, 4092, 4093)
-    assert [default_config(m, 8, 32).BLOCK_M for m in ms] == [16, 16, 32, 32, 64, 64, 64, 64, 64, 64, 128]
-    assert [default_config(m, 8, 32).BLOCK_N for m in ms] == [128] * 8 + [256, 256, 128]
-    assert [default_config(m, 8, 32).SWAP_AB for m in ms] == [1, 1, 1, 1] + [0] * 7  # transposed below 16
-    assert [default_config(m, 8, 32).FUSED_ACT for m in ms] == [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 0]
-    assert [default_config(m, 8, 32).WGMMA for m in ms] == [0] * 6 + [1] * 5  # wgmma from 64 per expert
-    assert [default_config(m, 8, 32).PERSISTENT for m in ms] == [0] * 8 + [1] * 3  # from 256 per expert
-    assert {default_config(m, 8, 8).QUANT_IN_KERNEL for m in (1, 64, 4096)} == {0}  # measured slower in the GEMM
-    with pytest.raises(ValueError, match="BLOCK_M"):
-        MoeTritonConfig(BLOCK_M=8, BLOCK_N=128, GROUP_M=1, num_warps=4, num_stages=2, QUANT_IN_KERNEL=0)
-    with pytest.raises(ValueError, match="missing"):
-        MoeTritonConfig.from_dict({"BLOCK_M": 16})
-    config = default_config(64, 8, 32)
-    assert MoeTritonConfig.from_dict(config.to_dict()) == config
-
-
 def test_pdl_launches_only_the_transposed_tiles_at_decode_behind_the_quantizer() -> None:
     rule = default_config(1, 8, 32)
     assert moe_triton.launches_with_pdl(rule, 1) and moe_triton.launches_with_pdl(rule, 16)

@@ -16,12 +16,12 @@ from fp8select import InvalidInputError, resolve
 from fp8select import moe_select as moe_select_module
 from fp8select.backends.moe import ReferenceMoe
 from fp8select.buckets import M_BUCKETS
-from fp8select.kernels.moe_config import MoeTritonConfig, default_config, tuning_configs
+from fp8select.kernels.moe_config import default_config
 from fp8select.kernels.moe_routing import skewed_routing, uniform_routing
 from fp8select.measure import timing, tune_moe
 from fp8select.measure.timing import Timing
 from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
-from fp8select.measured.table import SHIPPED_DIR, merge_tables, new_table, validate_table
+from fp8select.measured.table import merge_tables, new_table, validate_table
 from fp8select.moe_plan import MEASURED
 
 CPU = MATRIX["cpu-only"][0]
@@ -253,74 +253,6 @@ def test_moe_shapes_parse_names_and_groups() -> None:
         parse_moe_shapes("1,2,3", what="--shapes")
     with pytest.raises(InvalidInputError, match=r"^--shapes: expected MoE shapes \(E,H,I,k or deepseek-v3-e8, deepseek"):
         parse_moe_shapes(" ; ", what="--shapes")
-
-
-def test_triton_tuning_configs_start_from_the_rule_and_are_distinct() -> None:
-    # M 1 / 32 / 64 / 128 / 512 / 8192 of 32 experts: 0.25 / 8 / 16 / 32 / 128 / 2048 tokens per expert
-    for m in (1, 32, 64, 128, 512, 8192):
-        configs = tuning_configs(m, 8, 32)
-        assert configs[0] == default_config(m, 8, 32) and len(set(configs)) == len(configs) >= 4
-        assert all(16 <= c.BLOCK_M <= 128 for c in configs) and len(configs) <= 10
-        # the fused gate-up on the tl.dot kernel's tiles comes last, both placements (measured slower on the H200)
-        fused = replace(configs[0], FUSED_ACT=1, WGMMA=0, SWAP_AB=0, PERSISTENT=0, BLOCK_M=min(configs[0].BLOCK_M, 64),
-                        BLOCK_N=min(configs[0].BLOCK_N, 128), num_warps=4)
-        assert configs[-2:] == [fused, replace(fused, QUANT_IN_KERNEL=1)]
-        assert all(c.QUANT_IN_KERNEL == 0 for c in configs if not c.FUSED_ACT)
-    # 2048 tokens per expert: the plain structure's persistent 128-row tile, its 64 x 256 one (the rule's at 256-1023),
-    # the fused wgmma gate-up's 64-row tile (64-255), the 128-row tile one program per tile
-    prefill = tuning_configs(8192, 8, 32)
-    assert prefill[0].WGMMA == prefill[0].PERSISTENT == 1 and prefill[0].BLOCK_M == 128 and not prefill[0].FUSED_ACT
-    fused = replace(prefill[0], FUSED_ACT=1, PERSISTENT=0, BLOCK_M=64, num_warps=4)
-    assert prefill[1:3] == [replace(prefill[0], BLOCK_M=64, BLOCK_N=256, num_warps=4), fused]
-    assert prefill[1:3] == [tuning_configs(1024, 8, 32)[0], tuning_configs(1020, 8, 32)[0]]  # 256 and 255 per expert
-    assert replace(prefill[0], PERSISTENT=0) in prefill
-    assert replace(fused, WGMMA=0, FUSED_ACT=0, num_stages=3) in prefill  # the tl.dot kernel's tile
-    assert not any(c.SWAP_AB for c in prefill)
-    # decode: the transposed 16-row tile, the fused gate-up on it, one stage fewer, half its columns, the busy tile
-    decode = tuning_configs(1, 8, 32)
-    half = replace(decode[0], BLOCK_N=64, num_stages=3)
-    busy = tuning_configs(32, 8, 32)[0]
-    assert decode[0].SWAP_AB == 1 and decode[1:7] == [replace(decode[0], FUSED_ACT=1),
-                                                      replace(decode[0], FUSED_ACT=1, num_stages=3),
-                                                      replace(decode[0], num_stages=3), half, replace(half, FUSED_ACT=1),
-                                                      busy]
-    assert replace(decode[0], SWAP_AB=0) not in decode  # the normal 16-row tile: never ahead
-    # 8 per expert: the fused transposed 32-row tile, its plain structure, the tl.dot tile of 16, the 16-row tile
-    assert busy == replace(decode[0], BLOCK_M=32, FUSED_ACT=1, num_stages=3)
-    assert tuning_configs(32, 8, 32)[1:4] == [replace(busy, FUSED_ACT=0, num_stages=4), default_config(64, 8, 32),
-                                              decode[0]]
-    # 16 per expert: the tl.dot kernel's 64-row tile at 128 and 64 columns, the busy tile, the fused wgmma tile
-    near = tuning_configs(64, 8, 32)
-    assert near[0] == replace(fused, WGMMA=0, FUSED_ACT=0, num_stages=3) and near[1] == replace(near[0], BLOCK_N=64)
-    assert near[2:4] == [busy, fused] and decode[0] in near and decode[0] not in tuning_configs(128, 8, 32)
-
-
-def test_moe_triton_configs_without_fused_act_are_the_fused_kernel_and_round_trip() -> None:
-    """FUSED_ACT: 1 when a mapping lacks it (the rows and records written before it), left out of to_dict
-    at 1, so every shipped row and record reads back as it is written; validated like the other fields;
-    the plain gate-up (0) reads the quantized activation only."""
-    old = {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "QUANT_IN_KERNEL": 1}
-    fused = MoeTritonConfig.from_dict(old)
-    assert fused.FUSED_ACT == 1 and fused.to_dict() == old
-    assert fused == MoeTritonConfig.from_dict({**old, "FUSED_ACT": 1}) and fused.describe() == "moe 16x128 w4 s4 qk"
-    plain = MoeTritonConfig.from_dict({**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": 0})
-    assert plain != replace(fused, QUANT_IN_KERNEL=0) and plain.to_dict() == {**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": 0}
-    assert MoeTritonConfig.from_dict(plain.to_dict()) == plain and plain.describe() == "moe 16x128 w4 s4 plain"
-    assert MoeTritonConfig(16, 128, 1, 4, 4, 1) == fused  # positional construction unchanged
-    for bad in (2, -1, True, 1.0):
-        with pytest.raises(ValueError, match="FUSED_ACT"):
-            MoeTritonConfig(**{**old, "QUANT_IN_KERNEL": 0, "FUSED_ACT": bad})
-    with pytest.raises(ValueError, match=r"QUANT_IN_KERNEL.*FUSED_ACT 0"):
-        MoeTritonConfig(**{**old, "FUSED_ACT": 0})
-    with pytest.raises(ValueError, match="unknown \\['GATE_UP_N'\\]"):
-        MoeTritonConfig.from_dict({**old, "GATE_UP_N": 64})  # the split gate-up, removed
-    shipped = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text(encoding="utf-8"))
-    rows = [row["config"] for group in shipped["moe"] for buckets in group["shapes"].values()
-            for row in buckets.values() if row.get("config") is not None]
-    records = json.loads((SHIPPED_DIR / "invariance-nvidia-h200.json").read_text(encoding="utf-8"))["records"]
-    rows += [s["config"] for r in records if r.get("layout") and r["backend"] == "triton" for s in r["schedule"]]
-    assert rows and all(MoeTritonConfig.from_dict(c).to_dict() == c for c in rows)  # as written
-    assert {MoeTritonConfig.from_dict(c).FUSED_ACT for c in rows if "FUSED_ACT" not in c} == {1}
 
 
 def test_uniform_routing_draws_distinct_experts() -> None:
