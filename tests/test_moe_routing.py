@@ -29,11 +29,16 @@ from fp8select.kernels.moe_routing import (
     KERNEL_MAX_EXPERTS,
     KERNEL_MAX_SLOTS,
     Routing,
+    block_capacity,
+    kernel_fits,
     masked_counts,
     masked_rows,
     route,
     row_experts,
     row_of_slot,
+    skewed_routing,
+    token_of_row,
+    uniform_routing,
 )
 
 if type(moe_routing_kernel._route_kernel).__name__ != "InterpretedFunction":
@@ -136,3 +141,57 @@ def test_the_torch_path_imports_no_triton() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_block_capacity_and_what_the_kernel_fits_at_their_edges() -> None:
+    assert [block_capacity(s, 8, 16) for s in (0, 1, 16, 17, 200)] == [0, 1, 9, 10, 21]
+    assert block_capacity(1000, 1, 64) == 17 and block_capacity(3, 300, 1) == 3  # one expert; more experts than slots
+    assert kernel_fits(KERNEL_MAX_SLOTS, KERNEL_MAX_EXPERTS, torch.int32) and kernel_fits(1, 1, torch.int64)
+    assert not kernel_fits(KERNEL_MAX_SLOTS + 1, 8, torch.int32) and not kernel_fits(8, KERNEL_MAX_EXPERTS + 1, torch.int32)
+    assert not kernel_fits(8, 0, torch.int32) and not kernel_fits(8, 8, torch.int16)
+    empty = route(torch.zeros(0, 2, dtype=torch.int32), 4, 16)  # no slots: no rows
+    assert empty.rows == 0 and empty.block_expert.numel() == 0 and empty.counts.tolist() == [0] * 4
+    nowhere = route(torch.tensor([[0]]), 0, 4)  # no experts: the slot routed nowhere, its one block unused
+    assert (nowhere.slot_ids.tolist(), nowhere.block_expert.tolist(), nowhere.counts.numel(), nowhere.slot_rank.tolist()) \
+        == ([1] * 4, [-1], 0, [-1])
+
+
+def test_token_of_row_reads_each_rows_token_and_the_last_token_elsewhere() -> None:
+    """Slot ``t * k + j`` is token ``t``'s; a padding row or a slot routed nowhere reads the last token."""
+    ids = torch.tensor([[1, 0], [1, -1], [2, 1], [-1, -1]], dtype=torch.int32)  # k 2: slots 0-7
+    routing = route(ids, 3, 2, kernel=False)  # expert 0: slot 1; 1: slots 0, 2, 5; 2: slot 4; 8 pads
+    assert routing.slot_ids.tolist() == [1, 8, 0, 2, 5, 8, 4, 8] + [8] * 6
+    assert token_of_row(routing, 2, 4).tolist() == [0, 3, 0, 1, 2, 3, 2, 3] + [3] * 6
+    assert token_of_row(routing, 2, 4).dtype == torch.int64
+
+
+def test_what_the_kernel_computed_is_returned_as_it_is() -> None:
+    """Row experts and the masked layout come from the kernel's one launch when asked for (not otherwise), are
+    returned as they are for the same ``max_m``, and the launch is recorded where a record is given."""
+    ids = _ids(5, 2, 8, "random", seed=4)
+    plain = route(ids, 8, 16, kernel=True)
+    assert plain.row_expert is None and plain.masked_row is None and plain.max_m is None
+    record: list[object] = []
+    full = route(ids, 8, 16, max_m=4, row_expert=True, kernel=True, record=record)
+    assert len(record) == 1 and full.max_m == 4
+    assert row_experts(full) is full.row_expert and torch.equal(full.row_expert, row_experts(plain))
+    assert masked_rows(full, 8, 4) is full.masked_row and masked_counts(full, 4) is full.masked_count
+    assert masked_rows(full, 8, 5) is not full.masked_row and masked_rows(full, 9, 4) is not full.masked_row
+    assert masked_counts(full, 5) is not full.masked_count
+
+
+def test_the_routings_of_the_measurements_are_reproducible_and_the_skew_is_the_documented_one() -> None:
+    """uniform_routing and skewed_routing draw from the generator given; under skew, at M 64 with k 8 of 32
+    experts, about 18 experts are read and the busiest holds nearly every token."""
+    for draw in (uniform_routing, skewed_routing):
+        first = draw(64, 8, 32, "cpu", torch.Generator().manual_seed(5))
+        again = draw(64, 8, 32, "cpu", torch.Generator().manual_seed(5))
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+        assert not torch.equal(first[1], draw(64, 8, 32, "cpu", torch.Generator().manual_seed(6))[1])
+    read, busiest = [], []
+    for seed in range(8):
+        _, ids = skewed_routing(64, 8, 32, "cpu", torch.Generator().manual_seed(seed))
+        counts = torch.bincount(ids.flatten().long(), minlength=32)
+        read.append(int((counts > 0).sum()))
+        busiest.append(int(counts.max()))
+    assert 15 <= sum(read) / len(read) <= 21 and min(busiest) >= 56

@@ -49,9 +49,7 @@ _KERNEL_IDS = (torch.int32, torch.int64)
 
 def block_capacity(slots: int, experts: int, block_m: int) -> int:
     """The most blocks ``slots`` slots over ``experts`` experts can fill: each block holds at least one
-    slot, and each expert's padding adds at most one block (``ceil(c/b) <= c/b + 1``)."""
-    if slots == 0:
-        return 0
+    slot, and each expert's padding adds at most one block (``ceil(c/b) <= c/b + 1``); none for no slots."""
     return min(slots, -(-slots // block_m) + min(experts, slots))
 
 
@@ -144,7 +142,7 @@ def _route_torch(topk_ids: torch.Tensor, experts: int, block_m: int, blocks: int
     counts.scatter_add_(0, key, torch.ones_like(key))
     padded = (counts[:experts] + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)
-    pad_start = torch.cat([pad_end.new_zeros(1), pad_end[:-1]]) if experts else pad_end
+    pad_start = torch.cat([pad_end.new_zeros(1), pad_end[:-1]])
     order = torch.sort(key, stable=True).indices
     sorted_key = key[order]
     count_start = torch.cumsum(counts, 0) - counts

@@ -45,9 +45,10 @@ _POWER = 2
 _NAMED = 3  # measured shapes an estimate's detail names
 FIXED_US = 50.0
 """The whole op's launches around its grouped GEMMs (routing, quantization, permutation, silu*up,
-weighted sum: about 15 us on the H200, ``benchmarks/moe.py --anatomy``) and more. It sets only the level of the times shown (every route of a point shares
-it), never the choice; chosen when the table was first measured, where with it the modelled times of
-the left-out shapes were 1.12x off in geometric mean and 1.31x without (today's: ``docs/moe.md``)."""
+weighted sum: about 15 us on the H200, ``benchmarks/moe.py --anatomy``) and more. It sets only the
+level of the times shown (every route of a point shares it), never the choice; chosen when the table
+was first measured, where with it the modelled times of the left-out shapes were 1.12x off in
+geometric mean and 1.31x without (today's: ``docs/moe.md``)."""
 
 
 def moe_reference_us(experts: int, hidden: int, intermediate: int, top_k: int, m: int) -> float:
