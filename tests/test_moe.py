@@ -8,12 +8,17 @@ Triton kernels have their own module (``tests/test_moe_triton.py``), DeepGEMM's 
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+import re
+
 import pytest
 import torch
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 
-from fp8select import InvalidDtypeError, InvalidInputError, resolve
+from fp8select import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError, resolve
+from fp8select.backends.moe import ReferenceMoe
 from fp8select.kernels.moe_routing import block_capacity, masked_rows, route, row_of_slot
 from fp8select.nn import BlockFp8MoE
 
@@ -234,3 +239,146 @@ def test_the_fast_path_and_the_checked_path_agree(moe, problem) -> None:  # type
     with pytest.raises(InvalidInputError, match=r"found \[4, 4, 4, 4\]"):  # k = 1: the range check alone
         moe(x, w[:, :1].contiguous(), torch.full((6, 1), E, dtype=torch.int32))
     assert torch.equal(moe(x[:1], w[:1, :1].contiguous(), torch.full((1, 1), -1)), torch.zeros_like(x[:1]))
+
+
+def test_plain_inputs_of_a_planned_dtype_and_k_take_the_bound_launch_and_anything_else_the_checked_path(
+        problem, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The fast path is a speed path: what it takes is counted here, each way out of it one at a time."""
+    moe = resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=K)
+    checked: list[int] = []
+    real = type(moe)._checked_forward
+    monkeypatch.setattr(type(moe), "_checked_forward", lambda self, x, w, ids: checked.append(1) or real(self, x, w, ids))
+    w, ids = random_routing(6, K, E, seed=10)
+    x = _x(6)
+    y = moe(x, w, ids)
+    assert checked == [] and torch.equal(moe(x, w, ids.long()), y) and torch.equal(moe(x, w.half(), ids), moe(x, w.half(), ids))
+    assert checked == []
+    ways_out = {
+        "x a subclass": (x.as_subclass(torch.nn.Parameter), w, ids), "ids a subclass": (x, w, ids.as_subclass(_Sub)),
+        "weights a subclass": (x, w.as_subclass(_Sub), ids), "weights wanting grad": (x, w.clone().requires_grad_(), ids),
+        "ids strided": (x, w, torch.empty(K, 6, dtype=ids.dtype).t().copy_(ids)),
+        "weights strided": (x, torch.empty(K, 6).t().copy_(w), ids),
+        "x 3-D": (x[None], w, ids), "ids 3-D": (x, w, ids[None]), "ids of other rows": (x[:5], w, ids),
+        "weights of another shape": (x, w[:, :1].contiguous(), ids),
+        "a top-k not planned": (x, w[:, :1].contiguous(), ids[:, :1].contiguous()),
+    }
+    for name, args in ways_out.items():
+        checked.clear()
+        with contextlib.suppress(InvalidInputError):
+            moe(*args)
+        assert checked == [1], name
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+class _Named(ReferenceMoe):
+    """The reference under another name, each bound launch saying which bucket it serves."""
+
+    def __init__(self, name: str, ran: list[tuple[str, int]], fail: bool = False) -> None:
+        self.name, self.ran, self.fail = name, ran, fail  # type: ignore[misc]
+
+    def prepare(self, weights, caps):  # type: ignore[no-untyped-def]
+        if self.fail:
+            raise RuntimeError("no memory")
+        return super().prepare(weights, caps)
+
+    def bind(self, prepared, layout, config, caps):  # type: ignore[no-untyped-def]
+        launch = super().bind(prepared, layout, config, caps)
+        self.ran.append((self.name, -1))
+        assert (layout, caps) == ("sorted", CPU)
+
+        def run(x, w, ids):  # type: ignore[no-untyped-def]
+            self.ran.append((self.name, x.shape[0]))
+            return launch(x, w, ids)
+
+        return run
+
+
+def test_a_call_runs_its_buckets_route_and_a_batch_past_the_last_bucket_the_last_route(problem) -> None:  # type: ignore[no-untyped-def]
+    from fp8select.moe import Fp8MoE
+
+    ran: list[tuple[str, int]] = []
+    rows = {"small/sorted": {1: {"us": 1.0}}, "large/sorted": {b: {"us": 1.0} for b in (2, 8192)}}
+    moe = Fp8MoE([_Named("large", ran), _Named("small", ran)], CPU, *problem.weights(), top_k=K, measured=rows)
+    assert moe.main_plan.summary() == "M 1: small/sorted, M >= 2: large/sorted"
+    assert moe.plans[(torch.bfloat16, K)] is moe.main_plan and moe._plan_for(torch.bfloat16, K) is moe.main_plan
+    for m in (1, 2, 8192, 8193):
+        ran.clear()
+        w, ids = random_routing(m, K, E, seed=m)
+        moe(_x(m), w, ids)  # the bound launch
+        moe(_x(m).t().contiguous().t(), w, ids)  # the checked path: the same route
+        assert ran == [("small" if m == 1 else "large", m)] * 2, m
+
+
+def test_a_backend_whose_prepare_fails_gives_its_buckets_to_the_next_and_is_named_when_none_is_left(problem) -> None:  # type: ignore[no-untyped-def]
+    from fp8select.moe import Fp8MoE
+
+    ran: list[tuple[str, int]] = []
+    moe = Fp8MoE([_Named("broken", ran, fail=True), _Named("spare", ran)], CPU, *problem.weights(), top_k=K)
+    assert moe.backends == ("spare",) and moe.main_plan.summary() == "any M: spare/sorted" and "broken" not in moe.prepared
+    with pytest.raises(UnsupportedProblemError) as info:
+        Fp8MoE([_Named("broken", ran, fail=True)], CPU, *problem.weights(), top_k=K)
+    assert [(c.rank, c.name, c.accepted, c.reason) for c in info.value.candidates] == [
+        (1, "broken", False, "prepare() raised RuntimeError: no memory")]
+    assert str(info.value).startswith("no backend in the chain supports MoE E=4, H=256, I=128, k=2, any M")
+
+
+def test_an_m_no_backend_runs_raises_naming_its_bucket(problem) -> None:  # type: ignore[no-untyped-def]
+    from fp8select.moe import Fp8MoE
+
+    class Small(ReferenceMoe):
+        name = "small"
+
+        def supports(self, p, caps, layout):  # type: ignore[no-untyped-def]
+            verdict = super().supports(p, caps, layout)
+            return type(verdict).reject("requires M <= 64") if verdict.ok and p.m is not None and p.m > 64 else verdict
+
+    moe = Fp8MoE([Small()], CPU, *problem.weights(), top_k=K)
+    w, ids = random_routing(65, K, E, seed=1)
+    with pytest.raises(UnsupportedProblemError, match="MoE M bucket 128") as info:
+        moe(_x(65), w, ids)
+    assert [(c.rank, c.name, c.accepted, c.reason) for c in info.value.candidates] == [
+        (1, "-", False, "no backend accepts this M: small: requires M <= 64")]
+
+
+def test_layer_shapes_top_k_and_scales_checked_at_load_time(problem) -> None:  # type: ignore[no-untyped-def]
+    from fp8select.moe import check_moe_weights
+
+    w13, s13, w2, s2 = problem.weights()
+    one = (w13[:1], s13[:1], w2[:1], s2[:1])
+    assert check_moe_weights(*one, (128, 128)) == (1, H, INTER)
+    tiny = (torch.zeros(1, 2, 1).to(torch.float8_e4m3fn), torch.ones(1, 1, 1), torch.zeros(1, 1, 1).to(torch.float8_e4m3fn),
+            torch.ones(1, 1, 1))
+    assert check_moe_weights(*tiny, (128, 128)) == (1, 1, 1)
+    for shape in ((0, 2, 1), (1, 0, 1), (1, 2, 0), (1, 3, 1)):
+        w = torch.zeros(shape).to(torch.float8_e4m3fn)
+        with pytest.raises(InvalidInputError, match=re.escape(f"w13: expected [E > 0, 2I > 0 (even), H > 0], found shape {shape}")):
+            check_moe_weights(w, *tiny[1:], (128, 128))
+    bad = s2.clone()
+    bad[0, 0, 0], bad[-1, -1, -1] = float("nan"), float("inf")
+    with pytest.raises(InvalidInputError, match=r"^w2_scale: expected finite values, found 2 NaN/inf entries$"):
+        check_moe_weights(w13, s13, w2, bad, (128, 128))
+    sel = resolve(CPU, plugins=False)
+    assert sel.prepare_moe(*problem.weights(), top_k=1).main_plan.problem.top_k == 1
+    for top_k in (0, True, 1.0):
+        with pytest.raises(InvalidInputError, match=re.escape(f"top_k: expected a positive int or None, found {top_k!r}")):
+            sel.prepare_moe(*problem.weights(), top_k=top_k)
+
+
+def test_unchecked_calls_never_check_ids_on_either_path_and_checked_ones_name_only_bad_ids(problem) -> None:  # type: ignore[no-untyped-def]
+    sel = resolve(CPU, plugins=False)
+    w, ids = random_routing(3, K, E, seed=2)
+    ids[0, 0], ids[1, 1] = E, -1
+    unchecked = sel.prepare_moe(*problem.weights(), top_k=K, check_ids=False)
+    strided = _x(3).t().contiguous().t()
+    assert torch.equal(unchecked(strided, w, ids), unchecked(_x(3), w, ids))
+    checked = sel.prepare_moe(*problem.weights(), top_k=K)
+    for x in (_x(3), strided):
+        with pytest.raises(InvalidInputError, match=re.escape(f"topk_ids: expected expert ids in [0, {E}) or -1 (an expert on "
+                                                              f"another rank), found [{E}]")):
+            checked(x, w, ids)
+    with pytest.raises(NotPicklableError, match=r"^Fp8MoE: a prepared MoE layer holds launches bound to this process's "
+                                                r"device; pickle the BlockFp8MoE module"):
+        pickle.dumps(checked)
