@@ -251,7 +251,8 @@ def test_plain_inputs_of_a_planned_dtype_and_k_take_the_bound_launch_and_anythin
     w, ids = random_routing(6, K, E, seed=10)
     x = _x(6)
     y = moe(x, w, ids)
-    assert checked == [] and torch.equal(moe(x, w, ids.long()), y) and torch.equal(moe(x, w.half(), ids), moe(x, w.half(), ids))
+    half = w.half()  # fp16 weights: read as their values
+    assert checked == [] and torch.equal(moe(x, w, ids.long()), y) and torch.equal(moe(x, half, ids), moe(x, half.float(), ids))
     assert checked == []
     ways_out = {
         "x a subclass": (x.as_subclass(torch.nn.Parameter), w, ids), "ids a subclass": (x, w, ids.as_subclass(_Sub)),
@@ -327,21 +328,16 @@ def test_a_backend_whose_prepare_fails_gives_its_buckets_to_the_next_and_is_name
 
 
 def test_an_m_no_backend_runs_raises_naming_its_bucket(problem) -> None:  # type: ignore[no-untyped-def]
+    from test_moe_plan import _DecodeOnly
+
     from fp8select.moe import Fp8MoE
 
-    class Small(ReferenceMoe):
-        name = "small"
-
-        def supports(self, p, caps, layout):  # type: ignore[no-untyped-def]
-            verdict = super().supports(p, caps, layout)
-            return type(verdict).reject("requires M <= 64") if verdict.ok and p.m is not None and p.m > 64 else verdict
-
-    moe = Fp8MoE([Small()], CPU, *problem.weights(), top_k=K)
+    moe = Fp8MoE([_DecodeOnly()], CPU, *problem.weights(), top_k=K)
     w, ids = random_routing(65, K, E, seed=1)
     with pytest.raises(UnsupportedProblemError, match="MoE M bucket 128") as info:
         moe(_x(65), w, ids)
     assert [(c.rank, c.name, c.accepted, c.reason) for c in info.value.candidates] == [
-        (1, "-", False, "no backend accepts this M: small: requires M <= 64")]
+        (1, "-", False, "no backend accepts this M: decode-only: requires M <= 64, found M=65")]
 
 
 def test_layer_shapes_top_k_and_scales_checked_at_load_time(problem) -> None:  # type: ignore[no-untyped-def]
