@@ -16,6 +16,7 @@ import pytest
 import torch
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
+from structlog.testing import capture_logs
 
 from fp8select import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError, resolve
 from fp8select.backends.moe import ReferenceMoe
@@ -318,8 +319,15 @@ def test_a_backend_whose_prepare_fails_gives_its_buckets_to_the_next_and_is_name
     from fp8select.moe import Fp8MoE
 
     ran: list[tuple[str, int]] = []
-    moe = Fp8MoE([_Named("broken", ran, fail=True), _Named("spare", ran)], CPU, *problem.weights(), top_k=K)
+    with capture_logs() as logs:
+        moe = Fp8MoE([_Named("broken", ran, fail=True), _Named("spare", ran)], CPU, *problem.weights(), top_k=K)
     assert moe.backends == ("spare",) and moe.main_plan.summary() == "any M: spare/sorted" and "broken" not in moe.prepared
+    failed, prepared = logs
+    assert failed == {"event": "fp8select.moe_prepare_failed", "log_level": "warning", "backend": "broken",
+                      "error": "RuntimeError: no memory"}
+    assert prepared.pop("ms") >= 0 and prepared == {
+        "event": "fp8select.moe_prepared", "log_level": "info", "experts": E, "hidden": H, "intermediate": INTER,
+        "plan": "any M: spare/sorted"}
     with pytest.raises(UnsupportedProblemError) as info:
         Fp8MoE([_Named("broken", ran, fail=True)], CPU, *problem.weights(), top_k=K)
     assert [(c.rank, c.name, c.accepted, c.reason) for c in info.value.candidates] == [
