@@ -50,6 +50,8 @@ SETS = {
     "vendors, the plan's 24 worst points, timed again (table)": ("regret_vendors_worst",),
     "vendors, the plan's 64 worst points, a second run (table)": ("regret_vendors_worst64",),
     "no vendors, the plan's 24 worst points, timed again (table)": ("regret_novendors_worst",),
+    "vendors, the plan's 24 worst points after their fold, timed again (table)": ("regret_vendors_worst_refold",),
+    "no vendors, the plan's 24 worst points after their fold, timed again (table)": ("regret_novendors_worst_refold",),
     "vendors, other models (model)": ("regret_vendors_other_model",),
     "vendors, models not listed (model)": ("regret_vendors_unseen_model",),
     "vendors, GLM-4.5's dense layers (model)": ("regret_vendors_glm_model",),
