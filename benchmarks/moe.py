@@ -1,6 +1,8 @@
 """The MoE experts op on a CUDA GPU: every backend's numerics, then its time per backend and layout, pinned and auto.
 
-Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--budget-s S]``; writes ``DIR/moe.json``.
+Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--shapes NAMES] [--m M,...] [--budget-s S]``;
+writes ``DIR/moe.json``. ``--shapes`` (names of :data:`fp8select.measured.moe.MOE_SHAPES`, comma-separated) and ``--m``
+replace the shapes and M values (``--quick``'s, or every one).
 ``--anatomy``: only where decode calls' GPU time goes, per column and kernel (``DIR/moe_anatomy.json``).
 ``--pdl``: only the Triton op at decode with and without programmatic dependent launch (``DIR/moe_pdl.json``).
 
@@ -392,12 +394,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.moe", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for moe.json")
     parser.add_argument("--quick", action="store_true", help=f"shapes {QUICK_SHAPES}, M {QUICK_M}")
+    parser.add_argument("--shapes", help="MoE shape names, comma-separated (default: all, or --quick's)")
+    parser.add_argument("--m", help="M values, comma-separated (default: 1-8192, or --quick's)")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing after this many seconds")
     parser.add_argument("--anatomy", action="store_true",
                         help=f"only each column's kernels at {ANATOMY_SHAPE}, M {ANATOMY_M} (moe_anatomy.json)")
     parser.add_argument("--pdl", action="store_true",
                         help=f"only the Triton op with and without PDL at {QUICK_SHAPES}, M {PDL_M} (moe_pdl.json)")
     args = parser.parse_args(argv)
+    from fp8select.errors import Fp8SelectError
+    from fp8select.measure import bench
+
+    names = args.shapes.split(",") if args.shapes else QUICK_SHAPES if args.quick else tuple(SHAPES)
+    if unknown := [n for n in names if n not in SHAPES]:
+        parser.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    shapes = {n: SHAPES[n] for n in names}
+    try:
+        ms = tuple(bench.parse_ms(args.m)) if args.m else QUICK_M if args.quick else M_VALUES
+    except Fp8SelectError as exc:
+        parser.error(str(exc))
     require_cuda("moe")
     import torch
     import triton
@@ -406,9 +421,8 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.monotonic()
     selection = fp8select.resolve(plugins=False)
-    shapes = {n: SHAPES[n] for n in QUICK_SHAPES} if args.quick else SHAPES
-    ms = QUICK_M if args.quick else M_VALUES
     command = " ".join(["python -m benchmarks.moe --out DIR", *(["--quick"] if args.quick else []),
+                        *([f"--shapes {args.shapes}"] if args.shapes else []), *([f"--m {args.m}"] if args.m else []),
                         *(["--anatomy"] if args.anatomy else []), *(["--pdl"] if args.pdl else []),
                         *([f"--budget-s {args.budget_s:g}"] if not (args.anatomy or args.pdl) else [])])
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -377,6 +377,18 @@ def test_moe_writes_its_report_as_kept_each_columns_worst_numerics_and_a_timing_
     assert sum(line.startswith('  {"shape"') for line in text.splitlines()) == len(timing)
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--shapes", "deepseek-v3-e32,nope"], "--shapes: unknown nope; known: deepseek-v3-e8,"),
+    (["--m", "1,0"], "--m: expected a comma list of positive integers, found '1,0'"),
+])
+def test_moe_refuses_unknown_shapes_and_bad_ms_before_looking_for_a_gpu(args, message, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from benchmarks import moe
+
+    with pytest.raises(SystemExit) as info:
+        moe.main(["--out", str(tmp_path), *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 def test_the_kept_moe_report_is_what_the_tool_writes() -> None:
     """benchmarks/results/moe.json has the keys and summary benchmarks.moe writes (docs/moe.md quotes them)."""
     from benchmarks import moe
