@@ -7,6 +7,9 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
 * **explicit**: the selection's explicit backend, where one of its layouts' gates accepts the bucket;
 * **measured**: otherwise the (backend, layout) with the least measured time of the whole experts op
   (routing, both GEMMs, activation and its quantization, weighted sum) among those whose gate accepts;
+  then, as in the dense plans, a bucket whose winner leads by at most :data:`fp8select.plan.HAIR` the
+  route that runs the buckets on both sides of it (the one bucket next to an end), measured there too,
+  goes to that route: within that margin which route leads is the timings' noise;
 * **model** (where no route is measured at this bucket, for a shape no table holds or a bucket its
   rows lack): the route with the least estimate among those whose gate accepts, each estimate
   modelled from the measured shapes (:mod:`fp8select.measured.moe_model`; the detail names them), in
@@ -48,6 +51,7 @@ from fp8select.errors import BatchInvariantError, UnsupportedProblemError
 from fp8select.guard import safe_verdict
 from fp8select.measured.invariance import Invariance, Option
 from fp8select.measured.moe_model import MoeEstimate
+from fp8select.plan import HAIR
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "INVARIANT", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute",
@@ -202,6 +206,7 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
         return _invariant_plan(problem, accepted, layouts, tuple(candidates), buckets, measured, explicit, invariance)
     routes = [_route(bucket, accepted, runnable, rejected, problem, measured, estimated, explicit)
               for bucket, runnable, rejected, _ in buckets]
+    routes = _smoothed(routes, [runnable for _, runnable, _, _ in buckets], accepted, problem, measured)
     return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates), explicit)
 
 
@@ -260,6 +265,43 @@ def _measured_row(measured: MoeTimes, name: str, bucket: int) -> Mapping[str, An
     return row if isinstance(row, Mapping) and isinstance(row.get("us"), int | float) else None
 
 
+def _row_config(backend: MoeBackend, row: Mapping[str, Any], problem: MoeProblem, layout: str, bucket: int) -> Any:
+    """The launch configuration a measured row ran: its own, else the backend's default there."""
+    if row.get("config") is not None:
+        return backend.launch_config(row["config"])
+    return backend.default_config(problem, layout, bucket)
+
+
+def _smoothed(routes: Sequence[MoeRoute], runnable: Sequence[Mapping[str, Sequence[str]]],
+              accepted: Sequence[MoeBackend], problem: MoeProblem, measured: MoeTimes) -> list[MoeRoute]:
+    """``routes`` with each measured bucket whose winner leads, by at most :data:`~fp8select.plan.HAIR`, the
+    route (backend and layout) that runs the buckets on both sides of it (the one below as already smoothed;
+    the one next to the first or last bucket), where that route runs this bucket and was measured there, given
+    to that route. As :func:`fp8select.plan._smoothed` does for the dense plans, and for its reason: within the
+    margin which route leads is the timings' noise, and the route around the bucket is the likelier leader."""
+    by_name = {b.name: b for b in accepted}
+    out = list(routes)
+    last = len(out) - 1
+    for i, route in enumerate(routes):
+        below = out[i - 1] if i > 0 else routes[1]
+        above = routes[i + 1] if i < last else below
+        name, layout = below.backend, below.layout
+        if (route.why != MEASURED or route.backend is None or route.us is None or name is None
+                or (name, layout) != (above.backend, above.layout) or (name, layout) == (route.backend, route.layout)
+                or layout not in runnable[i].get(name, ())):
+            continue
+        row = _measured_row(measured, route_name(name, layout), route.bucket)
+        if row is None or float(row["us"]) > route.us * (1 + HAIR):
+            continue
+        us = float(row["us"])
+        sides = "buckets on both sides do" if 0 < i < last else "bucket next to it does"
+        out[i] = MoeRoute(route.bucket, name, layout, MEASURED,
+                          f"measured {us:.1f} us, within {100 * HAIR:.0f}% of {route_name(route.backend, route.layout)} "
+                          f"({route.us:.1f} us), which the {sides} not run",
+                          _row_config(by_name[name], row, problem, layout, route.bucket), us)
+    return out
+
+
 def _others(ranked: Sequence[tuple[Any, ...]]) -> str:
     """`` (others: a/x 2.0, b/y 3.0 us)``: the next three routes of a ranking ``(us, rank, backend, layout, _)``
     after the chosen one, or nothing."""
@@ -288,10 +330,8 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
     if timed:
         timed.sort(key=lambda t: (t[0], t[1]))
         us, _, name, layout, row = timed[0]
-        b = by_name[name]
-        config = b.launch_config(row["config"]) if row.get("config") is not None else \
-            b.default_config(problem, layout, bucket)
-        return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us{_others(timed)}", config, us)
+        return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us{_others(timed)}",
+                        _row_config(by_name[name], row, problem, layout, bucket), us)
     modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
                 if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
     if modelled:

@@ -202,6 +202,40 @@ def test_a_measured_or_modelled_route_says_its_time_and_the_next_three() -> None
     assert (plan.route(2).detail, plan.route(2).us) == ("modelled 6.0 us", 6.0)
 
 
+def test_a_bucket_won_by_a_hair_goes_to_the_route_around_it() -> None:
+    """A measured winner at most 2% ahead of the route (backend and layout) that runs the buckets on both sides
+    goes to that route, with its own row; an end bucket follows its one neighbour. Not past 2%, nor where the
+    neighbours differ, nor to a layout the gate rejects there or that has no row there, nor from a modelled
+    bucket."""
+    chain = [_Gated("a", ("x", "y"), refuse={"y": (9, 16)}), _Gated("b")]
+    every = {bucket: 10.0 for bucket in M_BUCKETS}
+    rows = _rows(a_y=every, b_sorted={**{bucket: 11.0 for bucket in M_BUCKETS}, 4: 9.9, 64: 9.7, 1: 9.85,
+                                      8192: 9.7, 16: 9.9})
+    rows["a/y"][4]["config"] = {"tile": 32}
+    plan = build_moe_plan(LAYER, chain, CPU, measured=rows)
+    smoothed = plan.route(4)
+    assert (smoothed.backend, smoothed.layout, smoothed.why, smoothed.us) == ("a", "y", MEASURED, 10.0)
+    assert smoothed.config == ("row", (("tile", 32),))  # the row's own configuration
+    assert smoothed.detail == "measured 10.0 us, within 2% of b/sorted (9.9 us), which the buckets on both sides do not run"
+    assert (plan.route(1).backend, plan.route(1).detail) == (
+        "a", "measured 10.0 us, within 2% of b/sorted (9.8 us), which the bucket next to it does not run")
+    assert plan.route(64).backend == "b"  # 3.1% ahead
+    assert plan.route(8192).backend == "b"  # an end 3.1% ahead
+    assert plan.route(16).backend == "b"  # a/y's gate rejects M 9-16 (a/x has no row)
+    assert plan.summary() == "M 1-8: a/y, M 9-16: b/sorted, M 17-32: a/y, M 33-64: b/sorted, M 65-4096: a/y, " \
+        "M >= 4097: b/sorted"
+    # neighbours that differ: the winner stays
+    plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(a_y={1: 10.0, 2: 10.0}, b_sorted={2: 9.9, 4: 9.0}))
+    assert [plan.route(m).backend for m in (1, 2, 4)] == ["a", "b", "b"]
+    # no row of the neighbours' route at the bucket: the winner stays
+    plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(a_y={1: 10.0, 4: 10.0}, b_sorted={2: 9.9}))
+    assert [plan.route(m).backend for m in (1, 2, 4)] == ["a", "b", "a"]
+    # modelled buckets are left as they are
+    estimates = {"a/y": {b: _estimate(10.0) for b in (1, 2, 4)}, "b/sorted": {2: _estimate(9.9)}}
+    plan = build_moe_plan(LAYER, chain, CPU, estimated=estimates)
+    assert [(plan.route(m).backend, plan.route(m).why) for m in (1, 2, 4)] == [("a", MODEL), ("b", MODEL), ("a", MODEL)]
+
+
 def test_rows_without_a_time_are_not_measurements() -> None:
     """A row whose ``us`` is missing or not a number (a failed check's row) plans nothing."""
     rows: dict[str, Any] = {"a/sorted": {1: {"error": "wrong numbers"}, 2: {"us": "fast"}, 4: {"us": None}, 8: "7.0"}}
