@@ -204,35 +204,44 @@ def test_a_measured_or_modelled_route_says_its_time_and_the_next_three() -> None
 
 def test_a_bucket_won_by_a_hair_goes_to_the_route_around_it() -> None:
     """A measured winner at most 2% ahead of the route (backend and layout) that runs the buckets on both sides
-    goes to that route, with its own row; an end bucket follows its one neighbour. Not past 2%, nor where the
-    neighbours differ, nor to a layout the gate rejects there or that has no row there, nor from a modelled
-    bucket."""
-    chain = [_Gated("a", ("x", "y"), refuse={"y": (9, 16)}), _Gated("b")]
-    every = {bucket: 10.0 for bucket in M_BUCKETS}
-    rows = _rows(a_y=every, b_sorted={**{bucket: 11.0 for bucket in M_BUCKETS}, 4: 9.9, 64: 9.7, 1: 9.85,
-                                      8192: 9.7, 16: 9.9})
-    rows["a/y"][4]["config"] = {"tile": 32}
+    goes to that route, with that route's row; an end bucket follows its one neighbour. Not past 2%, nor where
+    the neighbours differ, nor to a layout or backend the gates reject there, nor to a route with no row there,
+    nor from a modelled bucket."""
+    chain = [_Gated("a", ("x", "y"), refuse={"y": (17, 32)}), _Gated("b")]
+    b_wins = {2: 98.5, 8: 100.0, 32: 99.0, 128: 95.0, 512: 99.0, 4096: 99.0, 8192: 90.0}
+    rows = _rows(a_y={bucket: 102.0 if bucket == 8 else 100.0 for bucket in M_BUCKETS},
+                 b_sorted={bucket: b_wins.get(bucket, 110.0) for bucket in M_BUCKETS})
+    rows["a/y"][2]["config"] = {"tile": 32}
     plan = build_moe_plan(LAYER, chain, CPU, measured=rows)
-    smoothed = plan.route(4)
-    assert (smoothed.backend, smoothed.layout, smoothed.why, smoothed.us) == ("a", "y", MEASURED, 10.0)
-    assert smoothed.config == ("row", (("tile", 32),))  # the row's own configuration
-    assert smoothed.detail == "measured 10.0 us, within 2% of b/sorted (9.9 us), which the buckets on both sides do not run"
-    assert (plan.route(1).backend, plan.route(1).detail) == (
-        "a", "measured 10.0 us, within 2% of b/sorted (9.8 us), which the bucket next to it does not run")
-    assert plan.route(64).backend == "b"  # 3.1% ahead
-    assert plan.route(8192).backend == "b"  # an end 3.1% ahead
-    assert plan.route(16).backend == "b"  # a/y's gate rejects M 9-16 (a/x has no row)
-    assert plan.summary() == "M 1-8: a/y, M 9-16: b/sorted, M 17-32: a/y, M 33-64: b/sorted, M 65-4096: a/y, " \
-        "M >= 4097: b/sorted"
-    # neighbours that differ: the winner stays
-    plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(a_y={1: 10.0, 2: 10.0}, b_sorted={2: 9.9, 4: 9.0}))
-    assert [plan.route(m).backend for m in (1, 2, 4)] == ["a", "b", "b"]
+    second = plan.route(2)
+    assert (second.backend, second.layout, second.why, second.us) == ("a", "y", MEASURED, 100.0)
+    assert second.config == ("row", (("tile", 32),))  # the row's own configuration
+    assert second.detail == "measured 100.0 us, within 2% of b/sorted (98.5 us), which the buckets on both sides do not run"
+    assert (plan.route(8).backend, plan.route(8).config) == ("a", ("default", "y", 8))  # exactly 2% ahead
+    assert plan.route(32).backend == "b"  # a/y's gate rejects M 17-32 (a/x has no row)
+    assert plan.route(128).backend == "b"  # 5% ahead
+    assert plan.route(512).backend == "a"
+    assert plan.route(4096).backend == "b"  # the buckets around it run a/y and b/sorted
+    assert plan.summary() == "M 1-16: a/y, M 17-32: b/sorted, M 33-64: a/y, M 65-128: b/sorted, M 129-2048: a/y, " \
+        "M >= 2049: b/sorted"
+    # the first and last buckets follow the one next to them
+    plain = [_Gated("a", ("x", "y")), _Gated("b")]
+    ends = build_moe_plan(LAYER, plain, CPU, measured=_rows(a_y={b: 100.0 for b in M_BUCKETS},
+                                                            b_sorted={1: 99.0, 4: 50.0, 8192: 99.0}))
+    assert ends.summary() == "M 1-2: a/y, M 3-4: b/sorted, M >= 5: a/y"
+    assert [(r.detail, r.config) for r in (ends.route(1), ends.route(8192))] == [
+        ("measured 100.0 us, within 2% of b/sorted (99.0 us), which the bucket next to it does not run",
+         ("default", "y", bucket)) for bucket in (1, 8192)]
+    # a backend none of whose layouts runs the bucket: the winner stays
+    chain = [_Gated("c", refuse={"sorted": (3, 4)}), _Gated("b")]
+    plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(c_sorted={2: 50.0, 8: 50.0}, b_sorted={4: 60.0}))
+    assert [plan.route(m).backend for m in (2, 4, 8)] == ["c", "b", "c"]
     # no row of the neighbours' route at the bucket: the winner stays
-    plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(a_y={1: 10.0, 4: 10.0}, b_sorted={2: 9.9}))
+    plan = build_moe_plan(LAYER, plain, CPU, measured=_rows(a_y={1: 10.0, 4: 10.0}, b_sorted={2: 9.9}))
     assert [plan.route(m).backend for m in (1, 2, 4)] == ["a", "b", "a"]
     # modelled buckets are left as they are
     estimates = {"a/y": {b: _estimate(10.0) for b in (1, 2, 4)}, "b/sorted": {2: _estimate(9.9)}}
-    plan = build_moe_plan(LAYER, chain, CPU, estimated=estimates)
+    plan = build_moe_plan(LAYER, plain, CPU, estimated=estimates)
     assert [(plan.route(m).backend, plan.route(m).why) for m in (1, 2, 4)] == [("a", MODEL), ("b", MODEL), ("a", MODEL)]
 
 
