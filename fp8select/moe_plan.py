@@ -67,6 +67,9 @@ MoeTimes = Mapping[str, Mapping[Any, Mapping[str, Any]]]
 MoeEstimates = Mapping[str, Mapping[int, MoeEstimate]]
 """Modelled times of one layer shape: ``"backend/layout"`` -> M bucket -> estimate."""
 
+Timed = tuple[float, float, int, str, str, Mapping[str, Any]]
+"""A measured route at one bucket: its loss (:func:`_timed`), time, priority rank, backend, layout and row."""
+
 
 def route_name(backend: str, layout: str) -> str:
     return f"{backend}/{layout}"
@@ -204,10 +207,11 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
     explicit = explicit if explicit in layouts else None
     if invariance is not None:
         return _invariant_plan(problem, accepted, layouts, tuple(candidates), buckets, measured, explicit, invariance)
-    routes = [_route(bucket, accepted, runnable, rejected, problem, measured, estimated, explicit)
-              for bucket, runnable, rejected, _ in buckets]
-    routes = _smoothed(routes, [runnable for _, runnable, _, _ in buckets], accepted, problem, measured)
-    return MoePlan(replace(problem, m=None), tuple(routes), tuple(candidates), explicit)
+    timed = [_timed(bucket, runnable, measured) for bucket, runnable, _, _ in buckets]
+    routes = [_route(bucket, accepted, runnable, rejected, problem, ranked, estimated, explicit)
+              for (bucket, runnable, rejected, _), ranked in zip(buckets, timed, strict=True)]
+    return MoePlan(replace(problem, m=None), tuple(_smoothed(routes, timed, accepted, problem)), tuple(candidates),
+                   explicit)
 
 
 def _invariant_plan(problem: MoeProblem, accepted: Sequence[MoeBackend], layouts: Mapping[str, Sequence[str]],
@@ -272,13 +276,43 @@ def _row_config(backend: MoeBackend, row: Mapping[str, Any], problem: MoeProblem
     return backend.default_config(problem, layout, bucket)
 
 
-def _smoothed(routes: Sequence[MoeRoute], runnable: Sequence[Mapping[str, Sequence[str]]],
-              accepted: Sequence[MoeBackend], problem: MoeProblem, measured: MoeTimes) -> list[MoeRoute]:
-    """``routes`` with each measured bucket whose winner leads, by at most :data:`~fp8select.plan.HAIR`, the
-    route (backend and layout) that runs the buckets on both sides of it (the one below as already smoothed;
-    the one next to the first or last bucket), where that route runs this bucket and was measured there, given
-    to that route. As :func:`fp8select.plan._smoothed` does for the dense plans, and for its reason: within the
-    margin which route leads is the timings' noise, and the route around the bucket is the likelier leader."""
+def _timed(bucket: int, runnable: Mapping[str, Sequence[str]], measured: MoeTimes) -> list[Timed]:
+    """The routes that run ``bucket`` and have a measured row there, best first: by least loss, then time under
+    uniform routing, then priority and layout order. A route's loss is its worst ratio to the fastest route over
+    the routings every route was timed under: uniform routing (``us``), and skewed (``skewed_us``,
+    :func:`fp8select.kernels.moe_routing.skewed_routing`) where each row has that time. Uniform times alone rank
+    by time; with both, a route far behind under skew (a busy expert's weights read once per small row block)
+    loses to one a little behind under either, as a Triton route's configuration is chosen (``tune --moe``)."""
+    timed = [(float(row["us"]), rank, name, layout, row) for rank, name in enumerate(runnable) for layout in runnable[name]
+             if (row := _measured_row(measured, route_name(name, layout), bucket)) is not None]
+    rows = [t[4] for t in timed]
+    keys = ("us", "skewed_us") if _all_skewed(rows) else ("us",)
+    fastest = {key: min(float(row[key]) for row in rows) for key in keys} if rows else {}
+    # a row's loss: its worst ratio to the fastest row over the routings every row was timed under
+    losses = [max(float(row[key]) / fastest[key] for key in keys) for row in rows]
+    order = sorted(range(len(timed)), key=lambda j: (losses[j], timed[j][0], timed[j][1]))
+    return [(losses[j], *timed[j]) for j in order]
+
+
+def _all_skewed(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether each of a bucket's rows has a time under skewed routing (then they are ranked by it too)."""
+    return bool(rows) and all(isinstance(v := row.get("skewed_us"), int | float) and not isinstance(v, bool) and v > 0
+                              for row in rows)
+
+
+def _measured_detail(us: float, row: Mapping[str, Any], skew: bool) -> str:
+    """``measured 381.2 us`` (``, 254.2 us skewed`` where the choice weighed skewed routing too)."""
+    return f"measured {us:.1f} us" + (f", {float(row['skewed_us']):.1f} us skewed" if skew else "")
+
+
+def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], accepted: Sequence[MoeBackend],
+              problem: MoeProblem) -> list[MoeRoute]:
+    """``routes`` with each measured bucket whose winner leads, by at most :data:`~fp8select.plan.HAIR` in loss
+    (:func:`_timed`; under uniform routing alone, in time), the route (backend and layout) that runs the buckets
+    on both sides of it (the one below as already smoothed; the one next to the first or last bucket), where that
+    route runs this bucket and was measured there, given to that route. As :func:`fp8select.plan._smoothed` does
+    for the dense plans, and for its reason: within the margin which route leads is the timings' noise, and the
+    route around the bucket is the likelier leader."""
     by_name = {b.name: b for b in accepted}
     out = list(routes)
     last = len(out) - 1
@@ -286,18 +320,17 @@ def _smoothed(routes: Sequence[MoeRoute], runnable: Sequence[Mapping[str, Sequen
         below = out[i - 1] if i > 0 else routes[1]
         above = routes[i + 1] if i < last else below
         name, layout = below.backend, below.layout
-        if (route.why != MEASURED or route.backend is None or route.us is None or name is None
-                or (name, layout) != (above.backend, above.layout) or (name, layout) == (route.backend, route.layout)
-                or layout not in runnable[i].get(name, ())):
+        if (route.why != MEASURED or route.backend is None or name is None
+                or (name, layout) != (above.backend, above.layout) or (name, layout) == (route.backend, route.layout)):
             continue
-        row = _measured_row(measured, route_name(name, layout), route.bucket)
-        if row is None or float(row["us"]) > route.us * (1 + HAIR):
+        found = next((t for t in timed[i] if (t[3], t[4]) == (name, layout)), None)
+        if found is None or found[0] > timed[i][0][0] * (1 + HAIR):
             continue
-        us = float(row["us"])
+        _, us, _, _, _, row = found
         sides = "buckets on both sides do" if 0 < i < last else "bucket next to it does"
         out[i] = MoeRoute(route.bucket, name, layout, MEASURED,
-                          f"measured {us:.1f} us, within {100 * HAIR:.0f}% of {route_name(route.backend, route.layout)} "
-                          f"({route.us:.1f} us), which the {sides} not run",
+                          f"{_measured_detail(us, row, _all_skewed([t[5] for t in timed[i]]))}, within {100 * HAIR:.0f}% of "
+                          f"{route_name(route.backend, route.layout)} ({route.us:.1f} us), which the {sides} not run",
                           _row_config(by_name[name], row, problem, layout, route.bucket), us)
     return out
 
@@ -310,7 +343,7 @@ def _others(ranked: Sequence[tuple[Any, ...]]) -> str:
 
 
 def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]],
-           rejected: Mapping[str, str], problem: MoeProblem, measured: MoeTimes, estimated: MoeEstimates,
+           rejected: Mapping[str, str], problem: MoeProblem, timed: Sequence[Timed], estimated: MoeEstimates,
            explicit: str | None) -> MoeRoute:
     by_name = {b.name: b for b in accepted}
     if not runnable:
@@ -321,17 +354,11 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         layout = _rule_layout(runnable[explicit], bucket)
         return MoeRoute(bucket, explicit, layout, EXPLICIT, "the explicit choice",
                         b.default_config(problem, layout, bucket))
-    timed = []
-    for rank, name in enumerate(runnable):
-        for layout in runnable[name]:
-            row = _measured_row(measured, route_name(name, layout), bucket)
-            if row is not None:
-                timed.append((float(row["us"]), rank, name, layout, row))
     if timed:
-        timed.sort(key=lambda t: (t[0], t[1]))
-        us, _, name, layout, row = timed[0]
-        return MoeRoute(bucket, name, layout, MEASURED, f"measured {us:.1f} us{_others(timed)}",
-                        _row_config(by_name[name], row, problem, layout, bucket), us)
+        _, us, _, name, layout, row = timed[0]
+        detail = _measured_detail(us, row, _all_skewed([t[5] for t in timed])) + _others([t[1:] for t in timed])
+        return MoeRoute(bucket, name, layout, MEASURED, detail, _row_config(by_name[name], row, problem, layout, bucket),
+                        us)
     modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
                 if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
     if modelled:

@@ -245,6 +245,30 @@ def test_a_bucket_won_by_a_hair_goes_to_the_route_around_it() -> None:
     assert [(plan.route(m).backend, plan.route(m).why) for m in (1, 2, 4)] == [("a", MODEL), ("b", MODEL), ("a", MODEL)]
 
 
+def test_routes_timed_under_skew_too_rank_by_the_worse_standing() -> None:
+    """Where every route of a bucket has a time under skewed routing, the one whose worse ratio to the fastest
+    (uniform or skewed) is least runs it, and its detail gives both times; where one route lacks it, time under
+    uniform routing decides. The smoothing compares the same standings."""
+    chain = [_Gated("a", ("x", "y")), _Gated("b")]
+    rows: dict[str, Any] = _rows(a_x={1: 10.0, 2: 10.0}, a_y={1: 10.3, 2: 10.3}, b_sorted={1: 11.0, 2: 11.0})
+    for bucket, skewed in ((1, {"a/x": 30.0, "a/y": 12.0, "b/sorted": 11.0}), (2, {"a/x": 30.0, "a/y": 12.0})):
+        for name, us in skewed.items():
+            rows[name][bucket]["skewed_us"] = us
+    plan = build_moe_plan(LAYER, chain, CPU, measured=rows)
+    first = plan.route(1)  # a/x 2.7x behind under skew, a/y 1.09x, b/sorted 1.1x under uniform routing
+    assert (first.backend, first.layout, first.us) == ("a", "y", 10.3)
+    assert first.detail == "measured 10.3 us, 12.0 us skewed (others: b/sorted 11.0, a/x 10.0 us)"
+    second = plan.route(2)  # b/sorted has no skewed time there
+    assert (second.backend, second.layout, second.detail) == ("a", "x", "measured 10.0 us (others: a/y 10.3, b/sorted 11.0 us)")
+    # a/y's standing at M 2 (1.03x) is not within 2% of a/x's: M 2 is not smoothed to the M 1 and M 4 route
+    rows["a/y"][4] = {"us": 10.0}
+    assert build_moe_plan(LAYER, chain, CPU, measured=rows).route(2).layout == "x"
+    rows["a/y"][2]["us"] = 10.1  # 1.01x now
+    smoothed = build_moe_plan(LAYER, chain, CPU, measured=rows).route(2)
+    assert (smoothed.layout, smoothed.detail) == (
+        "y", "measured 10.1 us, within 2% of a/x (10.0 us), which the buckets on both sides do not run")
+
+
 def test_rows_without_a_time_are_not_measurements() -> None:
     """A row whose ``us`` is missing or not a number (a failed check's row) plans nothing."""
     rows: dict[str, Any] = {"a/sorted": {1: {"error": "wrong numbers"}, 2: {"us": "fast"}, 4: {"us": None}, 8: "7.0"}}

@@ -14,7 +14,7 @@ from matrix import MATRIX
 
 from fp8select import InvalidInputError, resolve
 from fp8select import moe_select as moe_select_module
-from fp8select.backends.moe import ReferenceMoe
+from fp8select.backends.moe import MoeProblem, ReferenceMoe
 from fp8select.buckets import M_BUCKETS
 from fp8select.kernels.moe_config import default_config
 from fp8select.kernels.moe_routing import skewed_routing, uniform_routing
@@ -22,13 +22,19 @@ from fp8select.measure import timing, tune_moe
 from fp8select.measure.timing import Timing
 from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
 from fp8select.measured.table import merge_tables, new_table, validate_table
-from fp8select.moe_plan import MEASURED
+from fp8select.moe_plan import MEASURED, build_moe_plan
 
 CPU = MATRIX["cpu-only"][0]
 E, H, INTER, K = 4, 256, 128, 2
 SHAPE = (E, H, INTER, K)
 KEY = "4,256,128,2"
 RAN: list[tuple[str, int]] = []
+IDS: list[torch.Tensor] = []  # the ids of each launch, in order
+SKEWED: list[torch.Tensor] = []  # the ids of the skewed routings drawn, where a test marks them
+
+
+def _skewed(ids: torch.Tensor) -> bool:
+    return any(ids is s for s in SKEWED)
 
 
 class Clocked(ReferenceMoe):
@@ -37,14 +43,17 @@ class Clocked(ReferenceMoe):
     requires = ()
     layouts: ClassVar[tuple[str, ...]] = ("a", "b")
     broken: ClassVar[str] = ""
+    skew_broken: ClassVar[str] = ""  # wrong under skewed routing only
 
     def bind(self, prepared: Any, layout: str, config: Any, caps: Any) -> Any:
         inner = super().bind(prepared, layout, config, caps)
 
         def launch(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
             RAN.append((f"{self.name}/{layout}", x.shape[0]))
+            IDS.append(ids)
             y = inner(x, w, ids)
-            return y * 2 if f"{self.name}/{layout}" == self.broken else y
+            wrong = f"{self.name}/{layout}" in (self.broken, self.skew_broken if _skewed(ids) else "")
+            return y * 2 if wrong else y
 
         return launch
 
@@ -103,6 +112,49 @@ def test_a_wrong_route_is_recorded_and_left_out(clocked: Any) -> None:
     table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(4,), chain=CHAIN, device="cpu")
     assert {(g["backend"], g["layout"]) for g in table["moe"]} == {("fast", "b"), ("slow", "sorted")}
     assert any(r.get("route") == "fast/a" and r.get("correct") is False for r in rows)
+
+
+def test_a_point_of_several_routes_is_timed_under_skew_too_and_the_plan_weighs_both(
+        clocked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a point has several routes they are timed together under skewed routing too (``skewed_us``), and
+    the plan ranks them by the worse of their two standings: ``fast/a``, the fastest under uniform routing, is
+    2.7x behind under skew, ``fast/b`` 2% behind under uniform routing. A route wrong under skew alone is left
+    out; a point of one route is timed under uniform routing only."""
+    SKEWED.clear()
+
+    def marked(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids = skewed_routing(*args)
+        SKEWED.append(ids)
+        return weights, ids
+
+    under = {"fast/a": (1.0, 3.0), "fast/b": (1.02, 1.1), "slow/sorted": (5.0, 5.0)}
+
+    def clock(columns: Any, replays: int = 50, **kw: Any) -> dict[str, Timing]:
+        out = {}
+        for column, calls in columns.items():
+            calls[0]()
+            t = under[RAN[-1][0]][_skewed(IDS[-1])]
+            out[column] = Timing(t, t, t)
+        return out
+
+    monkeypatch.setattr(tune_moe, "skewed_routing", marked)
+    monkeypatch.setattr(timing, "time_graphs", clock)
+    table, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=(4,), chain=CHAIN, device="cpu")
+    assert validate_table(table) is None
+    got = {f"{g['backend']}/{g['layout']}": g["shapes"][KEY]["4"] for g in table["moe"]}
+    assert got == {name: {"us": us, "skewed_us": skewed_us} for name, (us, skewed_us) in under.items()}
+    rows = MoeMeasurements([table], {}).times(*SHAPE)
+    route = build_moe_plan(MoeProblem(*SHAPE), list(CHAIN), CPU, measured=rows).route(4)
+    assert (route.backend, route.layout, route.us) == ("fast", "b", 1.02)
+    assert route.detail == "measured 1.0 us, 1.1 us skewed (others: fast/a 1.0, slow/sorted 5.0 us)"
+    # wrong under skewed routing only: recorded, and left out
+    monkeypatch.setattr(Clocked, "skew_broken", "fast/b")
+    table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(4,), chain=CHAIN, device="cpu")
+    assert {(g["backend"], g["layout"]) for g in table["moe"]} == {("fast", "a"), ("slow", "sorted")}
+    assert any(r.get("route") == "fast/b" and r.get("correct") is False for r in rows)
+    # one route: no skewed time
+    table, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=(4,), chain=CHAIN, device="cpu", backends=["slow"])
+    assert table["moe"][0]["shapes"][KEY]["4"] == {"us": 5.0}
 
 
 def test_the_budget_stops_new_points(clocked: Any) -> None:
@@ -212,6 +264,15 @@ def test_table_moe_rows_are_checked_and_merged() -> None:
     bad = json.loads(json.dumps(table))
     bad["moe"][0]["shapes"][KEY]["1"]["config"] = {"BLOCK_M": 16}
     assert "MoeTritonConfig keys" in (validate_table(bad) or "")
+    skewed = json.loads(json.dumps(table))
+    skewed["moe"][0]["shapes"][KEY]["1"]["skewed_us"] = 4.0
+    assert validate_table(skewed) is None
+    skewed["moe"][0]["shapes"][KEY]["1"]["skewed_us"] = 0
+    assert ".skewed_us: expected a positive finite number of microseconds, found 0" in (validate_table(skewed) or "")
+    dense = new_table("dev")
+    dense["groups"] = [{"backend": "triton", "versions": {"torch": "2.13"},
+                        "shapes": {"256,128": {"1": {"us": 3.0, "skewed_us": 4.0}}}}]
+    assert "unknown key(s) 'skewed_us'; expected 'us' and optionally 'config' and 'runs'" in (validate_table(dense) or "")
     bad = json.loads(json.dumps(table))
     del bad["moe"][0]["layout"]
     assert "expected keys 'backend', 'layout'" in (validate_table(bad) or "")

@@ -15,8 +15,10 @@ interleaved (:func:`fp8select.measure.timing.time_graphs`): those times are the 
 
 **Routing**: uniform random top-k (each token's ``k`` distinct experts drawn uniformly, weights a softmax
 of random logits), seeded per point: what the rows mean is the expected cost of a batch whose experts are
-balanced, the case expert-load balancing aims at. Skewed routing moves time between experts; the plan's
-choice of route does not model it, only a route's choice of configuration above does. **Weights** are
+balanced, the case expert-load balancing aims at. Skewed routing moves time between experts: where a point
+has several routes they are also timed together under skewed routing (each row's ``skewed_us``), and the
+plan ranks them by the worse of their two standings (:func:`fp8select.moe_plan.build_moe_plan`), as a
+route's configuration is chosen above. Every route is checked under both routings. **Weights** are
 random (never zero), rotated through enough copies that the experts one call reads exceed the 60 MB L2
 three times (:func:`weight_copies`). DeepGEMM's ``masked`` layout holds
 ``E x M`` rows; points where that working set passes :data:`MAX_MASKED_BYTES` are not timed (the rule runs
@@ -152,6 +154,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
             if not wanted:
                 continue
             weights, ids = uniform_routing(m, k, e, device, gen)
+            skewed = skewed_routing(m, k, e, device, torch.Generator(device=device).manual_seed(m))
             x = torch.randn(m, h, generator=gen, device=device).to(torch.bfloat16)
             reference = functools.cache(functools.partial(_reference, x, sets[0]))
             found: dict[str, tuple[list[MoeLaunch], Any]] = {}
@@ -161,20 +164,24 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
                     rows.append({"shape": key, "m": m, "route": name, "skipped": f"masked working set over "
                                  f"{MAX_MASKED_BYTES / 1e9:.0f} GB"})
                     continue
-                best = _best_config(b, lay, prepared[b.name], point, m, x, weights, ids, reference, caps, replays,
-                                    max_configs, rows, key)
+                best = _best_config(b, lay, prepared[b.name], point, m, x, [(weights, ids), skewed], reference, caps,
+                                    replays, max_configs, rows, key)
                 if best is not None:
                     found[name] = best
             errors: dict[str, str] = {}
-            times = timing.time_graphs({name: [functools.partial(run, x, weights, ids) for run in launches]
-                                        for name, (launches, _) in found.items()}, replays, errors=errors)
+            times = timing.time_graphs(_calls(found, x, (weights, ids), errors), replays, errors=errors)
+            # a choice to make: the routes timed under skewed routing too, which the plan weighs (moe_plan._timed)
+            skewed_times = timing.time_graphs(_calls(found, x, skewed, errors), replays, errors=errors) \
+                if len(times) > 1 else {}
             for (b, lay) in wanted:
                 name = f"{b.name}/{lay}"
                 if name in errors:
                     rows.append({"shape": key, "m": m, "route": name, "error": errors[name]})
-                if name not in times:
+                if name not in times or name in errors:
                     continue
                 row: dict[str, Any] = {"us": round(times[name].median_us, 3)}
+                if name in skewed_times:
+                    row["skewed_us"] = round(skewed_times[name].median_us, 3)
                 config = found[name][1]
                 if config is not None and hasattr(config, "to_dict"):
                     row["config"] = config.to_dict()
@@ -196,22 +203,25 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
     return table, rows
 
 
+def _calls(found: Mapping[str, tuple[list[MoeLaunch], Any]], x: torch.Tensor,
+           routing: tuple[torch.Tensor, torch.Tensor], failed: Mapping[str, str]) -> dict[str, list[Callable[[], Any]]]:
+    """Each route's calls (one per weight copy) on ``x`` under ``routing``, but those that ``failed``."""
+    return {name: [functools.partial(run, x, *routing) for run in launches]
+            for name, (launches, _) in found.items() if name not in failed}
+
+
 def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: MoeProblem, m: int, x: torch.Tensor,
-                 weights: torch.Tensor, ids: torch.Tensor, reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 caps: Any, replays: int, max_configs: int, rows: list[dict[str, Any]], key: str
-                 ) -> tuple[list[MoeLaunch], Any] | None:
+                 routings: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], caps: Any, replays: int,
+                 max_configs: int, rows: list[dict[str, Any]], key: str) -> tuple[list[MoeLaunch], Any] | None:
     """The route's launches (one per weight copy) at the configuration that loses least to the fastest under
-    uniform (``weights, ids``) or skewed routing (:func:`_least_loss`), among those correct under both
+    each of ``routings`` (uniform, then skewed: :func:`_least_loss`), among those correct under each
     (``reference(weights, ids)``: the experts op's output for ``x``), or None. The candidates are timed
     together, interleaved (:func:`fp8select.measure.timing.time_graphs`), once per routing: timed one after
     another, the same work moves by several percent with its place in the order, as much as separates them."""
     name = f"{backend.name}/{layout}"
     bucket = m_bucket(m)
     configs = backend.tuning_configs(point, layout, bucket)[:max(1, max_configs)]
-    routings = [(weights, ids)]
-    if len(configs) > 1:  # a choice to make: under skewed routing too
-        routings.append(skewed_routing(m, ids.shape[1], point.experts, x.device,
-                                       torch.Generator(device=x.device).manual_seed(m)))
     correct: dict[str, tuple[list[MoeLaunch], Any, dict[str, Any]]] = {}
     for config in configs:
         record: dict[str, Any] = {"shape": key, "m": m, "route": name}

@@ -80,6 +80,9 @@ _TOP_KEYS = ("schema", "device_name", "groups")
 _OPTIONAL_TOP_KEYS = ("note", "moe", "folded")
 _BUCKETS = frozenset(str(b) for b in M_BUCKETS)
 _ROW_KEYS = frozenset({"us", "config", "runs"})
+_MOE_ROW_KEYS = _ROW_KEYS | {"skewed_us"}
+"""A MoE row's keys: the dense row's, and its time under skewed routing (``tune --moe`` where a point has
+several routes; :mod:`fp8select.moe_plan` ranks by both)."""
 
 
 class TuningCacheWarning(UserWarning):
@@ -177,12 +180,15 @@ def _row_problem(backend: str, row: object, moe: bool = False) -> str | None:
     """Why ``row`` is not a measurement, as the end of a message the caller begins with the row's place."""
     if not isinstance(row, dict):
         return f": expected an object, found {type(row).__name__}"
-    if not row.keys() <= _ROW_KEYS:
-        unknown = sorted(set(row) - _ROW_KEYS)
-        return f": unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally 'config' and 'runs'"
-    us = row.get("us")
-    if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
-        return f".us: expected a positive finite number of microseconds, found {us!r}"
+    keys = _MOE_ROW_KEYS if moe else _ROW_KEYS
+    if not row.keys() <= keys:
+        unknown = sorted(set(row) - keys)
+        optional = " and ".join(map(repr, sorted(keys - {"us"})))
+        return f": unknown key(s) {', '.join(map(repr, unknown))}; expected 'us' and optionally {optional}"
+    for key in ("us", *(["skewed_us"] if "skewed_us" in row else [])):
+        us = row.get(key)
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us <= 0:
+            return f".{key}: expected a positive finite number of microseconds, found {us!r}"
     runs = row.get("runs")
     if "runs" in row and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 2):
         return f".runs: expected the number of timings averaged, 2 or more, found {runs!r}"
