@@ -176,9 +176,9 @@ def test_ties_go_to_the_priority_order_then_to_the_layout_order() -> None:
     """Equal times: the backend first in priority order ("zeta" before "alpha"), and of its layouts the
     first declared ("masked" before "contiguous"); measured or modelled alike."""
     chain = [_Gated("zeta", ("masked", "contiguous")), _Gated("alpha")]
-    rows = _rows(alpha_sorted={1: 10.0}, zeta_contiguous={1: 10.0}, zeta_masked={1: 10.0})
-    route = build_moe_plan(LAYER, chain, CPU, measured=rows).route(1)
-    assert (route.backend, route.layout, route.why) == ("zeta", "masked", MEASURED)
+    every = {bucket: 10.0 for bucket in M_BUCKETS}
+    plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(alpha_sorted=every, zeta_contiguous=every, zeta_masked=every))
+    assert plan.summary() == "any M: zeta/masked" and plan.route(1).why == MEASURED
     estimates = {name: {1: _estimate(10.0)} for name in ("alpha/sorted", "zeta/contiguous", "zeta/masked")}
     route = build_moe_plan(LAYER, chain, CPU, estimated=estimates).route(1)
     assert (route.backend, route.layout, route.why) == ("zeta", "masked", MODEL)
@@ -260,6 +260,18 @@ def test_routes_timed_under_skew_too_rank_by_the_worse_standing() -> None:
     assert first.detail == "measured 10.3 us, 12.0 us skewed (others: b/sorted 11.0, a/x 10.0 us)"
     second = plan.route(2)  # b/sorted has no skewed time there
     assert (second.backend, second.layout, second.detail) == ("a", "x", "measured 10.0 us (others: a/y 10.3, b/sorted 11.0 us)")
+    # equal standings: the faster under uniform routing, then the priority and layout order
+    tie = _rows(a_x={b: 11.0 for b in M_BUCKETS}, a_y={b: 10.0 for b in M_BUCKETS})
+    for bucket in M_BUCKETS:
+        tie["a/x"][bucket]["skewed_us"], tie["a/y"][bucket]["skewed_us"] = 10.0, 11.0
+    assert build_moe_plan(LAYER, chain, CPU, measured=tie).summary() == "any M: a/y"
+    # times under 1 us count; a time of 0 is no time (uniform routing decides)
+    small = _rows(a_x={1: 0.4}, a_y={1: 0.5}, b_sorted={1: 0.6})
+    for name, us in (("a/x", 0.9), ("a/y", 0.5), ("b/sorted", 0.6)):
+        small[name][1]["skewed_us"] = us
+    assert build_moe_plan(LAYER, chain, CPU, measured=small).route(1).layout == "y"
+    small["b/sorted"][1]["skewed_us"] = 0
+    assert build_moe_plan(LAYER, chain, CPU, measured=small).route(1).layout == "x"
     # a/y's standing at M 2 (1.03x) is not within 2% of a/x's: M 2 is not smoothed to the M 1 and M 4 route
     rows["a/y"][4] = {"us": 10.0}
     assert build_moe_plan(LAYER, chain, CPU, measured=rows).route(2).layout == "x"
@@ -267,6 +279,11 @@ def test_routes_timed_under_skew_too_rank_by_the_worse_standing() -> None:
     smoothed = build_moe_plan(LAYER, chain, CPU, measured=rows).route(2)
     assert (smoothed.layout, smoothed.detail) == (
         "y", "measured 10.1 us, within 2% of a/x (10.0 us), which the buckets on both sides do not run")
+    rows["b/sorted"][2]["skewed_us"], rows["a/x"][2]["skewed_us"] = 11.0, 11.9  # every route with skew: a/y leads
+    rows["a/y"][2]["skewed_us"] = 12.0  # a/x by 0.8%
+    smoothed = build_moe_plan(LAYER, chain, CPU, measured=rows).route(2)
+    assert (smoothed.layout, smoothed.detail) == (
+        "y", "measured 10.1 us, 12.0 us skewed, within 2% of a/x (10.0 us), which the buckets on both sides do not run")
 
 
 def test_rows_without_a_time_are_not_measurements() -> None:
