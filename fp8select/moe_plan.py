@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from fp8select.backends.moe import MoeBackend, MoeProblem
 from fp8select.buckets import M_BUCKETS, bucket_ends, bucket_index, bucket_range, span
@@ -67,8 +67,17 @@ MoeTimes = Mapping[str, Mapping[Any, Mapping[str, Any]]]
 MoeEstimates = Mapping[str, Mapping[int, MoeEstimate]]
 """Modelled times of one layer shape: ``"backend/layout"`` -> M bucket -> estimate."""
 
-Timed = tuple[float, float, int, str, str, Mapping[str, Any]]
-"""A measured route at one bucket: its loss (:func:`_timed`), time, priority rank, backend, layout and row."""
+
+
+class Timed(NamedTuple):
+    """A measured route at one bucket (:func:`_timed`)."""
+
+    loss: float
+    us: float
+    rank: int  # the backend's place in priority order
+    backend: str
+    layout: str
+    row: Mapping[str, Any]
 
 
 def route_name(backend: str, layout: str) -> str:
@@ -283,15 +292,14 @@ def _timed(bucket: int, runnable: Mapping[str, Sequence[str]], measured: MoeTime
     :func:`fp8select.kernels.moe_routing.skewed_routing`) where each row has that time. Uniform times alone rank
     by time; with both, a route far behind under skew (a busy expert's weights read once per small row block)
     loses to one a little behind under either, as a Triton route's configuration is chosen (``tune --moe``)."""
-    timed = [(float(row["us"]), rank, name, layout, row) for rank, name in enumerate(runnable) for layout in runnable[name]
+    found = [(rank, name, layout, row) for rank, name in enumerate(runnable) for layout in runnable[name]
              if (row := _measured_row(measured, route_name(name, layout), bucket)) is not None]
-    rows = [t[4] for t in timed]
+    rows = [row for *_, row in found]
     keys = ("us", "skewed_us") if _all_skewed(rows) else ("us",)
     fastest = {key: min(float(row[key]) for row in rows) for key in keys} if rows else {}
-    # a row's loss: its worst ratio to the fastest row over the routings every row was timed under
-    losses = [max(float(row[key]) / fastest[key] for key in keys) for row in rows]
-    order = sorted(range(len(timed)), key=lambda j: (losses[j], timed[j][0], timed[j][1]))
-    return [(losses[j], *timed[j]) for j in order]
+    timed = [Timed(max(float(row[key]) / fastest[key] for key in keys), float(row["us"]), rank, name, layout, row)
+             for rank, name, layout, row in found]
+    return sorted(timed, key=lambda t: (t.loss, t.us, t.rank))
 
 
 def _all_skewed(rows: Sequence[Mapping[str, Any]]) -> bool:
@@ -300,9 +308,11 @@ def _all_skewed(rows: Sequence[Mapping[str, Any]]) -> bool:
                               for row in rows)
 
 
-def _measured_detail(us: float, row: Mapping[str, Any], skew: bool) -> str:
-    """``measured 381.2 us`` (``, 254.2 us skewed`` where the choice weighed skewed routing too)."""
-    return f"measured {us:.1f} us" + (f", {float(row['skewed_us']):.1f} us skewed" if skew else "")
+def _measured_detail(chosen: Timed, ranked: Sequence[Timed]) -> str:
+    """``measured 381.2 us`` for ``chosen`` of its bucket's ``ranked`` routes (``, 254.2 us skewed`` where they
+    were ranked under skewed routing too)."""
+    skewed = f", {float(chosen.row['skewed_us']):.1f} us skewed" if _all_skewed([t.row for t in ranked]) else ""
+    return f"measured {chosen.us:.1f} us{skewed}"
 
 
 def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], accepted: Sequence[MoeBackend],
@@ -323,15 +333,14 @@ def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], acce
         if (route.why != MEASURED or route.backend is None or name is None
                 or (name, layout) != (above.backend, above.layout) or (name, layout) == (route.backend, route.layout)):
             continue
-        found = next((t for t in timed[i] if (t[3], t[4]) == (name, layout)), None)
-        if found is None or found[0] > timed[i][0][0] * (1 + HAIR):
+        found = next((t for t in timed[i] if (t.backend, t.layout) == (name, layout)), None)
+        if found is None or found.loss > timed[i][0].loss * (1 + HAIR):
             continue
-        _, us, _, _, _, row = found
         sides = "buckets on both sides do" if 0 < i < last else "bucket next to it does"
         out[i] = MoeRoute(route.bucket, name, layout, MEASURED,
-                          f"{_measured_detail(us, row, _all_skewed([t[5] for t in timed[i]]))}, within {100 * HAIR:.0f}% of "
+                          f"{_measured_detail(found, timed[i])}, within {100 * HAIR:.0f}% of "
                           f"{route_name(route.backend, route.layout)} ({route.us:.1f} us), which the {sides} not run",
-                          _row_config(by_name[name], row, problem, layout, route.bucket), us)
+                          _row_config(by_name[name], found.row, problem, layout, route.bucket), found.us)
     return out
 
 
@@ -355,10 +364,9 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         return MoeRoute(bucket, explicit, layout, EXPLICIT, "the explicit choice",
                         b.default_config(problem, layout, bucket))
     if timed:
-        _, us, _, name, layout, row = timed[0]
-        detail = _measured_detail(us, row, _all_skewed([t[5] for t in timed])) + _others([t[1:] for t in timed])
-        return MoeRoute(bucket, name, layout, MEASURED, detail, _row_config(by_name[name], row, problem, layout, bucket),
-                        us)
+        best = timed[0]
+        return MoeRoute(bucket, best.backend, best.layout, MEASURED, _measured_detail(best, timed) + _others(
+            [t[1:] for t in timed]), _row_config(by_name[best.backend], best.row, problem, best.layout, bucket), best.us)
     modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
                 if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
     if modelled:
