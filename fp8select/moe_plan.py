@@ -51,7 +51,7 @@ from fp8select.errors import BatchInvariantError, UnsupportedProblemError
 from fp8select.guard import safe_verdict
 from fp8select.measured.invariance import Invariance, Option
 from fp8select.measured.moe_model import MoeEstimate
-from fp8select.plan import HAIR
+from fp8select.plan import HAIR, neighbours, neighbours_share
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "INVARIANT", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute",
@@ -325,22 +325,18 @@ def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], acce
     route around the bucket is the likelier leader."""
     by_name = {b.name: b for b in accepted}
     out = list(routes)
-    last = len(out) - 1
     for i, route in enumerate(routes):
-        below = out[i - 1] if i > 0 else routes[1]
-        above = routes[i + 1] if i < last else below
-        name, layout = below.backend, below.layout
-        if (route.why != MEASURED or route.backend is None or name is None
-                or (name, layout) != (above.backend, above.layout) or (name, layout) == (route.backend, route.layout)):
+        around = neighbours_share(out, routes, i, lambda r: (r.backend, r.layout))
+        if route.why != MEASURED or route.backend is None or around in (None, (route.backend, route.layout)):
             continue
-        found = next((t for t in timed[i] if (t.backend, t.layout) == (name, layout)), None)
+        found = next((t for t in timed[i] if (t.backend, t.layout) == around), None)
         if found is None or found.loss > timed[i][0].loss * (1 + HAIR):
             continue
-        sides = "buckets on both sides do" if 0 < i < last else "bucket next to it does"
-        out[i] = MoeRoute(route.bucket, name, layout, MEASURED,
+        out[i] = MoeRoute(route.bucket, found.backend, found.layout, MEASURED,
                           f"{_measured_detail(found, timed[i])}, within {100 * HAIR:.0f}% of "
-                          f"{route_name(route.backend, route.layout)} ({route.us:.1f} us), which the {sides} not run",
-                          _row_config(by_name[name], found.row, problem, layout, route.bucket), found.us)
+                          f"{route_name(route.backend, route.layout)} ({route.us:.1f} us), which the "
+                          f"{neighbours(i, len(routes))} not run",
+                          _row_config(by_name[found.backend], found.row, problem, found.layout, route.bucket), found.us)
     return out
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend
 from fp8select.buckets import M_BUCKETS, bucket_ends, bucket_range, span
@@ -57,11 +57,13 @@ from fp8select.routes import Plan, Route, WeightUse
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "HAIR", "INVARIANT", "MEASURED", "MEASURED_BLOCK", "MODEL", "RULE", "Plan", "Route",
-           "WeightUse", "build_plan", "estimator", "fitted_config", "gate"]
+           "WeightUse", "build_plan", "estimator", "fitted_config", "gate", "neighbours", "neighbours_share"]
 
 EXPLICIT, GATE, INVARIANT, MEASURED, MODEL, RULE = "explicit", "gate", "invariant", "measured", "model", "rule"
 
 EstimateFn = Callable[[Backend, int], "Estimate | None"]
+R = TypeVar("R")
+K = TypeVar("K")
 
 
 MEASURED_BLOCK = (128, 128)
@@ -243,22 +245,32 @@ def _smoothed(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estim
     runs the buckets around it is the likelier leader there, and the plan switches backends less. Measured
     times only: a modelled estimate's error is larger than the margin."""
     out = list(routes)
-    last = len(routes) - 1
-    if last < 1:
-        return tuple(out)
     for i, route in enumerate(routes):
-        below = out[i - 1].backend if i > 0 else routes[1].backend
-        above = routes[i + 1].backend if i < last else below  # an end: its one neighbour decides
-        if route.backend is None or route.us is None or route.why != MEASURED or below != above or below in (None, route.backend):
+        around = neighbours_share(out, routes, i, lambda r: r.backend)
+        if route.backend is None or route.us is None or route.why != MEASURED or around in (None, route.backend):
             continue
-        est = estimates.get((below, route.bucket))
-        if est is None or est.source != MEASURED or (below, route.bucket) in rejects or est.us > route.us * (1 + HAIR):
+        est = estimates.get((around, route.bucket))
+        if est is None or est.source != MEASURED or (around, route.bucket) in rejects or est.us > route.us * (1 + HAIR):
             continue
-        out[i] = Route(route.bucket, below, MEASURED,
+        out[i] = Route(route.bucket, around, MEASURED,
                        f"{est.detail}, within {100 * HAIR:.0f}% of {route.backend} ({route.us:.1f} us), which the "
-                       f"{'buckets on both sides do' if 0 < i < last else 'bucket next to it does'} not run",
-                       est.config, est.us)
+                       f"{neighbours(i, len(routes))} not run", est.config, est.us)
     return tuple(out)
+
+
+def neighbours_share(done: Sequence[R], routes: Sequence[R], i: int, key: Callable[[R], K]) -> K | None:
+    """What the buckets around bucket ``i`` of ``routes`` run, by ``key`` (the backend; for MoE plans, with the
+    layout): the route below as already smoothed (``done``) where the one above, as chosen, is the same; at
+    the first or last bucket, the one next to it. None where the two differ. The smoothing rule of the dense
+    and MoE plans."""
+    below = key(done[i - 1] if i > 0 else routes[1])
+    above = key(routes[i + 1]) if i < len(routes) - 1 else below  # an end: its one neighbour decides
+    return below if below == above else None
+
+
+def neighbours(i: int, count: int) -> str:
+    """Which buckets :func:`neighbours_share` asked about bucket ``i`` of ``count``, for a route's detail."""
+    return "buckets on both sides do" if 0 < i < count - 1 else "bucket next to it does"
 
 
 def _cost(routes: Sequence[Route], estimates: Mapping[tuple[str, int], Estimate | None]) -> float:

@@ -232,6 +232,8 @@ def test_a_bucket_won_by_a_hair_goes_to_the_route_around_it() -> None:
     assert [(r.detail, r.config) for r in (ends.route(1), ends.route(8192))] == [
         ("measured 100.0 us, within 2% of b/sorted (99.0 us), which the bucket next to it does not run",
          ("default", "y", bucket)) for bucket in (1, 8192)]
+    inner = build_moe_plan(LAYER, plain, CPU, measured=_rows(a_y={b: 100.0 for b in M_BUCKETS}, b_sorted={4096: 99.0}))
+    assert inner.route(4096).detail.endswith("which the buckets on both sides do not run")  # the last inner bucket
     # a backend none of whose layouts runs the bucket: the winner stays
     chain = [_Gated("c", refuse={"sorted": (3, 4)}), _Gated("b")]
     plan = build_moe_plan(LAYER, chain, CPU, measured=_rows(c_sorted={2: 50.0, 8: 50.0}, b_sorted={4: 60.0}))
