@@ -186,6 +186,9 @@ class Tiles(Clocked):
     def tuning_configs(self, problem: Any, layout: str, bucket: int) -> list[Any]:
         return ["small", "big"]
 
+    def launch_config(self, config: Any) -> Any:
+        return config
+
     def bind(self, prepared: Any, layout: str, config: Any, caps: Any) -> Any:
         inner = ReferenceMoe.bind(self, prepared, layout, None, caps)
 
@@ -241,6 +244,31 @@ def test_a_configuration_that_loses_under_skew_is_not_kept(tiles: Any, monkeypat
     assert [(r["uniform_us"], r["skewed_us"]) for r in rows if "skewed_us" in r] == [(1.0, 3.0), (1.05, 1.2)]
     assert [tune_moe._least_loss(t) for t in ([(1.0, 3.0), (1.05, 1.2)], [(1.0, 1.0), (1.0, 1.0)], [(2.0,), (1.0,)])] \
         == [1, 0, 1]
+
+
+def test_the_known_rows_configuration_is_tried_first(tiles: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-timing (``--force --max-configs 1``) keeps the table's configurations; with more, the table's is
+    timed first and the rule's candidates after it, none twice. Another version's row serves where the
+    installed versions have none."""
+    for name in ("small/uniform", "small/skewed", "big/uniform", "big/skewed"):
+        monkeypatch.setitem(TIMES, name, lambda m: 1.0)
+    table, _ = tune_moe.tune_moe(tiles, [SHAPE], ms=(64,), chain=(Tiles(),), device="cpu")
+    [entry] = table["moe"]
+    entry["shapes"][KEY]["64"]["config"] = "big"
+    other = {**entry, "versions": {"torch": "0.1"}, "shapes": {KEY: {"64": {"us": 1.0, "config": "small"}}}}
+
+    def tried(known: Any, max_configs: int) -> list[str]:
+        RAN.clear()
+        tune_moe.tune_moe(tiles, [SHAPE], ms=(64,), known=known, force=True, max_configs=max_configs,
+                          chain=(Tiles(),), device="cpu")
+        return list(dict.fromkeys(name.split("/")[0] for name, _ in RAN))
+
+    assert tried(table, 1) == ["big"]
+    assert tried(table, 2) == ["big", "small"]
+    assert tried({**table, "moe": [entry, other]}, 1) == ["big"], "the installed versions' row first"
+    assert tried({**table, "moe": [{**other, "shapes": {KEY: {"64": {"us": 1.0, "config": "big"}}}}]}, 1) == ["big"]
+    entry["shapes"][KEY]["64"]["config"] = None
+    assert tried(table, 2) == ["small", "big"], "without a configuration, the rule's order"
 
 
 def test_skewed_routing_loads_the_first_experts() -> None:

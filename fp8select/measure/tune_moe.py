@@ -6,8 +6,9 @@ Frobenius error below :data:`REL_ERR_MAX`; DeepGEMM's bf16 GEMM outputs cost up 
 token, far less over a batch), then timed as the whole experts op a user calls: bf16 ``x`` in, routing,
 activation quantization, both grouped GEMMs, ``silu(gate) * up`` and its quantization, the weighted sum
 (:meth:`~fp8select.backends.moe.MoeBackend.bind`). For a backend with launch configurations (Triton) its
-candidates (:meth:`~fp8select.backends.moe.MoeBackend.tuning_configs`, at most ``max_configs``) are timed
-together, interleaved, under the point's uniform routing and under skewed routing
+candidates (the configuration of the ``known`` table's row for the point first, then
+:meth:`~fp8select.backends.moe.MoeBackend.tuning_configs`; at most ``max_configs``: ``--force --max-configs 1``
+times the table's rows again as they are) are timed together, interleaved, under the point's uniform routing and under skewed routing
 (:func:`~fp8select.kernels.moe_routing.skewed_routing`; checked under both), and the one kept that loses
 least to the fastest under either: a small row tile reads a busy expert's weights once per row block,
 which uniform routing at decode does not show. Then the point's routes are timed together under CUDA graphs, their replays
@@ -93,6 +94,14 @@ def _known(table: Mapping[str, Any] | None) -> set[tuple[str, str, tuple[tuple[s
             for g in (table or {}).get("moe", ()) for shape, buckets in g["shapes"].items() for bucket in buckets}
 
 
+def _held_configs(table: Mapping[str, Any] | None, versions: Mapping[str, Mapping[str, str]]) -> dict[tuple[str, str, str, str], Any]:
+    """``(backend, layout, shape, bucket)`` -> the ``config`` of ``table``'s row there: the row of the versions
+    installed (``versions``: backend -> its versions here) where there is one, else any version's."""
+    entries = sorted((table or {}).get("moe", ()), key=lambda g: g["versions"] == versions.get(g["backend"]))
+    return {(g["backend"], g["layout"], shape, bucket): row["config"] for g in entries
+            for shape, buckets in g["shapes"].items() for bucket, row in buckets.items() if row.get("config") is not None}
+
+
 def _wanted(backend: MoeBackend, layout: str, names: Sequence[str] | None) -> bool:
     return names is None or backend.name in names or f"{backend.name}/{layout}" in names
 
@@ -118,6 +127,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
               for layout in b.layouts if _wanted(b, layout, backends)]
     versions = {b.name: backend_versions(caps, b.packages) for b, _ in routes}
     skip = set() if force else _known(known)
+    held = _held_configs(known, versions)
     table = new_table(caps.device_name or "unknown")
     entries: dict[tuple[str, str], dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
@@ -165,7 +175,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
                                  f"{MAX_MASKED_BYTES / 1e9:.0f} GB"})
                     continue
                 best = _best_config(b, lay, prepared[b.name], point, m, x, [(weights, ids), skewed], reference, caps,
-                                    replays, max_configs, rows, key)
+                                    replays, max_configs, rows, key, held.get((b.name, lay, key, str(m_bucket(m)))))
                 if best is not None:
                     found[name] = best
             errors: dict[str, str] = {}
@@ -213,15 +223,19 @@ def _calls(found: Mapping[str, tuple[list[MoeLaunch], Any]], x: torch.Tensor,
 def _best_config(backend: MoeBackend, layout: str, per_copy: list[Any], point: MoeProblem, m: int, x: torch.Tensor,
                  routings: Sequence[tuple[torch.Tensor, torch.Tensor]],
                  reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], caps: Any, replays: int,
-                 max_configs: int, rows: list[dict[str, Any]], key: str) -> tuple[list[MoeLaunch], Any] | None:
+                 max_configs: int, rows: list[dict[str, Any]], key: str, held: Any = None) -> tuple[list[MoeLaunch], Any] | None:
     """The route's launches (one per weight copy) at the configuration that loses least to the fastest under
     each of ``routings`` (uniform, then skewed: :func:`_least_loss`), among those correct under each
     (``reference(weights, ids)``: the experts op's output for ``x``), or None. The candidates are timed
     together, interleaved (:func:`fp8select.measure.timing.time_graphs`), once per routing: timed one after
-    another, the same work moves by several percent with its place in the order, as much as separates them."""
+    another, the same work moves by several percent with its place in the order, as much as separates them.
+    ``held``: the known table's row's configuration for the point, the first candidate."""
     name = f"{backend.name}/{layout}"
-    bucket = m_bucket(m)
-    configs = backend.tuning_configs(point, layout, bucket)[:max(1, max_configs)]
+    configs = backend.tuning_configs(point, layout, m_bucket(m))
+    first = backend.launch_config(held) if held is not None else None
+    if first is not None:
+        configs = [first, *(c for c in configs if c != first)]
+    configs = configs[:max(1, max_configs)]
     correct: dict[str, tuple[list[MoeLaunch], Any, dict[str, Any]]] = {}
     for config in configs:
         record: dict[str, Any] = {"shape": key, "m": m, "route": name}
