@@ -187,6 +187,7 @@ class Tiles(Clocked):
         return ["small", "big"]
 
     def launch_config(self, config: Any) -> Any:
+        assert config in ("small", "big"), "a row's configuration, never None"
         return config
 
     def bind(self, prepared: Any, layout: str, config: Any, caps: Any) -> Any:
