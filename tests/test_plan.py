@@ -771,6 +771,12 @@ def test_a_near_tie_between_two_buckets_of_one_backend_goes_to_that_backend() ->
     assert _smoothed(routes, estimates, {})[M_BUCKETS.index(32)].backend == "a"
     assert _smoothed(routes, {("a", 32): Estimate(10.0, MODEL, "")}, {})[M_BUCKETS.index(32)].backend == "b"
     assert _smoothed(routes, estimates, {("a", 32): "gated"})[M_BUCKETS.index(32)].backend == "b"
+    # At most HAIR: a lead of exactly HAIR goes too; the route takes the neighbour's row, its configuration with it.
+    at_hair = {("a", 32): Estimate(9.9 * (1 + HAIR), MEASURED, "row", {"BLOCK_M": 64}, (N, K))}
+    smoothed = _smoothed(routes, at_hair, {})[M_BUCKETS.index(32)]
+    assert (smoothed.backend, smoothed.config, smoothed.us) == ("a", {"BLOCK_M": 64}, 9.9 * (1 + HAIR))
+    assert _smoothed(routes, {("a", 32): replace(at_hair[("a", 32)], us=9.9 * (1 + HAIR) * 1.0001)},
+                     {})[M_BUCKETS.index(32)].backend == "b"
     explicit = build_plan(_problem(), [a, b], CPU, estimator(measurements(
         {"a": {(N, K): {m: 10.0 for m in M_BUCKETS}}, "b": {(N, K): b_rows({32: near})}})), explicit="a")
     assert explicit.route(32).backend == "a" and explicit.route(32).why == EXPLICIT
