@@ -68,7 +68,6 @@ MoeEstimates = Mapping[str, Mapping[int, MoeEstimate]]
 """Modelled times of one layer shape: ``"backend/layout"`` -> M bucket -> estimate."""
 
 
-
 class Timed(NamedTuple):
     """A measured route at one bucket (:func:`_timed`)."""
 
@@ -340,10 +339,10 @@ def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], acce
     return out
 
 
-def _others(ranked: Sequence[tuple[Any, ...]]) -> str:
-    """`` (others: a/x 2.0, b/y 3.0 us)``: the next three routes of a ranking ``(us, rank, backend, layout, _)``
-    after the chosen one, or nothing."""
-    others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, _, n, lay, _ in ranked[1:4])
+def _others(ranked: Sequence[tuple[float, str, str]]) -> str:
+    """`` (others: a/x 2.0, b/y 3.0 us)``: the next three routes of a ranking ``(us, backend, layout)`` after the
+    chosen one, or nothing."""
+    others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, n, lay in ranked[1:4])
     return f" (others: {others} us)" if others else ""
 
 
@@ -361,14 +360,15 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
                         b.default_config(problem, layout, bucket))
     if timed:
         best = timed[0]
-        return MoeRoute(bucket, best.backend, best.layout, MEASURED, _measured_detail(best, timed) + _others(
-            [t[1:] for t in timed]), _row_config(by_name[best.backend], best.row, problem, best.layout, bucket), best.us)
+        others = _others([(t.us, t.backend, t.layout) for t in timed])
+        return MoeRoute(bucket, best.backend, best.layout, MEASURED, _measured_detail(best, timed) + others,
+                        _row_config(by_name[best.backend], best.row, problem, best.layout, bucket), best.us)
     modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
                 if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
     if modelled:
         modelled.sort(key=lambda t: (t[0], t[1]))
         us, _, name, layout, estimate = modelled[0]
-        return MoeRoute(bucket, name, layout, MODEL, estimate.detail + _others(modelled),
+        return MoeRoute(bucket, name, layout, MODEL, estimate.detail + _others([(t, n, lay) for t, _, n, lay, _ in modelled]),
                         by_name[name].default_config(problem, layout, bucket), us)
     name = next(iter(runnable))
     b = by_name[name]
