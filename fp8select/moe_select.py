@@ -20,12 +20,12 @@ from fp8select.errors import InvalidInputError, NoBackendError
 from fp8select.guard import safe_verdict
 from fp8select.inputs import check_block_size
 from fp8select.measured.invariance import Invariance
-from fp8select.measured.moe import MoeMeasurements
+from fp8select.measured.moe import MoeMeasurements, check_moe_times
 from fp8select.measured.table import backend_versions
 from fp8select.moe_plan import MoePlan, MoeTimes, build_moe_plan
 from fp8select.verdict import Candidate
 
-__all__ = ["moe_chain", "moe_explicit", "moe_measurements", "moe_plan_for", "moe_verdicts"]
+__all__ = ["checked_times", "moe_chain", "moe_explicit", "moe_measurements", "moe_plan_for", "moe_verdicts"]
 
 
 def moe_verdicts(decision: Decision) -> tuple[tuple[MoeBackend, Candidate], ...]:
@@ -64,6 +64,14 @@ def moe_measurements(decision: Decision, chain: Sequence[MoeBackend],
     return found if found else None
 
 
+def checked_times(measured: object) -> MoeTimes | None:
+    """Rows a user gives (``prepare_moe(measured=...)``, ``moe_plan_for``) checked against every declared
+    route (:func:`~fp8select.measured.moe.check_moe_times`), as a copy; None stays None (the tables' rows)."""
+    if measured is None:
+        return None
+    return check_moe_times(measured, (f"{cls.name}/{layout}" for cls in MOE_BACKENDS for layout in cls.layouts))
+
+
 def moe_plan_for(decision: Decision, chain: Sequence[MoeBackend], experts: int, hidden: int, intermediate: int,
                  top_k: int, block_size: Sequence[int] = (128, 128), measured: MoeTimes | None = None,
                  table: MoeMeasurements | None = None, invariance: Invariance | None = None) -> MoePlan:
@@ -72,7 +80,7 @@ def moe_plan_for(decision: Decision, chain: Sequence[MoeBackend], experts: int, 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name}: expected a positive int, found {value!r}")
     problem = MoeProblem(experts, hidden, intermediate, top_k, block, None, torch.float8_e4m3fn, torch.bfloat16)
-    estimated = None
+    measured, estimated = checked_times(measured), None
     if measured is None and table is not None:
         measured = table.times(experts, hidden, intermediate, top_k)
         estimated = table.estimates(experts, hidden, intermediate, top_k)

@@ -220,8 +220,9 @@ class Selection(Decision):
         raises :class:`~fp8select.errors.BatchInvariantError`. See docs/moe.md.
         """
         from fp8select.inputs import check_block_size
-        from fp8select.moe_select import moe_chain, moe_explicit, moe_measurements
+        from fp8select.moe_select import checked_times, moe_chain, moe_explicit, moe_measurements
 
+        measured = checked_times(measured)
         chain = moe_chain(self)
         table = moe_measurements(self, chain, self.tables) if measured is None else None
         if measured is None and isinstance(w13, torch.Tensor) and w13.is_cuda and self._measures_now(tune):

@@ -8,10 +8,12 @@ import dataclasses
 from typing import Any
 
 import pytest
+import torch
+from fp64_moe_reference import random_moe, random_routing
 from matrix import MATRIX
 from test_cli_moe import DG_MOE
 
-from fp8select import BatchInvariantError, NoBackendError, UnsupportedProblemError, resolve
+from fp8select import BatchInvariantError, InvalidInputError, NoBackendError, UnsupportedProblemError, resolve
 from fp8select.backends.moe import MoeBackend, MoeProblem, ReferenceMoe, TritonMoe
 from fp8select.backends.moe_deepgemm import DeepGemmMoe
 from fp8select.buckets import M_BUCKET_MAX, M_BUCKETS
@@ -293,6 +295,48 @@ def test_rows_without_a_time_are_not_measurements() -> None:
     rows: dict[str, Any] = {"a/sorted": {1: {"error": "wrong numbers"}, 2: {"us": "fast"}, 4: {"us": None}, 8: "7.0"}}
     plan = build_moe_plan(LAYER, [_Gated("a")], CPU, measured=rows)
     assert [plan.route(m).why for m in (1, 2, 4, 8)] == [RULE] * 4
+
+
+BAD_ROWS = {
+    "not a mapping": ([{"us": 1.0}], r"measured: expected a mapping of 'backend/layout'"),
+    "unknown route": ({"triton/sortd": {1: {"us": 1.0}}}, r"no MoE backend declares route 'triton/sortd'; the routes are .*triton/sorted"),
+    "rows not a mapping": ({"triton/sorted": [{"us": 1.0}]}, r"measured\['triton/sorted'\]: expected a mapping of M buckets"),
+    "not a bucket": ({"triton/sorted": {3: {"us": 1.0}}}, r"expected M buckets 1, 2, 4, \.\.\., 8192, found 3"),
+    "bool bucket": ({"triton/sorted": {True: {"us": 1.0}}}, r"found True"),
+    "no time": ({"triton/sorted": {1: {"m": 1}}}, r"\[1\]: unknown key\(s\) 'm'"),
+    "negative": ({"deepgemm/masked": {"2": {"us": -3}}}, r"\['2'\]\.us: expected a positive finite number"),
+    "skew nan": ({"deepgemm/masked": {2: {"us": 3.0, "skewed_us": float("nan")}}}, r"\.skewed_us: expected a positive"),
+    "bad config": ({"triton/sorted": {8: {"us": 3.0, "config": {"BLOCK_M": 3}}}}, r"\[8\]\.config: MoeTritonConfig keys"),
+    "vendor config": ({"deepgemm/masked": {8: {"us": 3.0, "config": {}}}}, r"expected no configuration for backend 'deepgemm'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_rows_a_user_gives_are_checked_as_a_tables_rows(case: str) -> None:
+    """``moe_plan_for(measured=...)`` and ``prepare_moe(measured=...)`` say what is wrong with rows given to
+    them, where the plan would have read such a row as no measurement and planned by the rule silently."""
+    rows, message = BAD_ROWS[case]
+    with pytest.raises(InvalidInputError, match=message):
+        resolve(DG_MOE, plugins=False, verify=False).moe_plan_for(32, 7168, 2048, 8, measured=rows)
+    with pytest.raises(InvalidInputError, match=message):
+        resolve(CPU, plugins=False).prepare_moe(*random_moe(E, H, INTER, seed=0).weights(), top_k=K, measured=rows)
+
+
+def test_rows_a_user_gives_are_planned_from_a_copy() -> None:
+    """String and int buckets plan alike, a route this machine does not run is kept and never read, and
+    rows changed after ``prepare_moe`` do not change the plans it makes later (for another top-k)."""
+    plan = resolve(DG_MOE, plugins=False, verify=False).moe_plan_for(
+        32, 7168, 2048, 8, measured={"triton/sorted": {"1": {"us": 10.0}}, "deepgemm/masked": {1: {"us": 12.0}},
+                                     "aiter/fused": {1: {"us": 1.0}}})
+    assert (plan.route(1).backend, plan.route(1).why, plan.route(2).why) == ("triton", MEASURED, RULE)
+    rows: dict[str, Any] = {"reference/sorted": {1: {"us": 5.0}}}
+    moe = resolve(CPU, plugins=False).prepare_moe(*random_moe(E, H, INTER, seed=0).weights(), top_k=K, measured=rows)
+    rows["reference/sorted"][1]["us"] = 7.0
+    rows["reference/sorted"][2] = {"us": 9.0}
+    w, ids = random_routing(2, 1, E, seed=1)
+    moe(torch.randn(2, H).to(torch.bfloat16), w, ids)
+    later = moe.plans[(torch.bfloat16, 1)]
+    assert (later.route(1).detail, later.route(2).why) == ("measured 5.0 us", RULE)
 
 
 def test_the_rule_and_the_explicit_choice_take_the_layouts_that_run_the_bucket() -> None:

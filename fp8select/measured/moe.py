@@ -26,9 +26,9 @@ from typing import Any
 from fp8select.buckets import M_BUCKETS
 from fp8select.errors import InvalidInputError
 from fp8select.measured.moe_model import MoeEstimate, MoeModel, MoeShape
-from fp8select.measured.table import used_versions, versions_text
+from fp8select.measured.table import row_problem, used_versions, versions_text
 
-__all__ = ["MOE_SHAPES", "MoeMeasurements", "moe_shape_key", "parse_moe_shape", "parse_moe_shapes"]
+__all__ = ["MOE_SHAPES", "MoeMeasurements", "check_moe_times", "moe_shape_key", "parse_moe_shape", "parse_moe_shapes"]
 
 MOE_SHAPES: dict[str, MoeShape] = {
     "deepseek-v3-e8": (8, 7168, 2048, 8),
@@ -80,6 +80,37 @@ def parse_moe_shapes(text: str, what: str = "--moe") -> list[MoeShape]:
     if not shapes:
         raise InvalidInputError(f"{what}: expected MoE shapes (E,H,I,k or {', '.join(MOE_SHAPES)}, all), found {text!r}")
     return list(dict.fromkeys(shapes))
+
+
+def check_moe_times(measured: object, routes: Iterable[str]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Rows of one layer shape given to ``prepare_moe(measured=...)`` (``"backend/layout"`` -> M bucket ->
+    row), checked as a table's MoE rows are, as a copy keyed by int buckets; :class:`InvalidInputError`
+    naming the first bad place otherwise. ``routes``: the routes some MoE backend declares (a row of one
+    this machine does not run is kept, and never read; a name no backend declares is a mistake)."""
+    if not isinstance(measured, Mapping):
+        raise InvalidInputError(f"measured: expected a mapping of 'backend/layout' to M buckets, found "
+                                f"{type(measured).__name__}")
+    known = sorted(routes)
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for route, buckets in measured.items():
+        if route not in known:
+            raise InvalidInputError(f"measured: no MoE backend declares route {route!r}; the routes are "
+                                    f"{', '.join(known)}")
+        if not isinstance(buckets, Mapping):
+            raise InvalidInputError(f"measured[{route!r}]: expected a mapping of M buckets to rows, found "
+                                    f"{type(buckets).__name__}")
+        rows = out[route] = {}
+        for bucket, row in buckets.items():
+            m = int(bucket) if isinstance(bucket, str) and bucket.isascii() and bucket.isdigit() else bucket
+            if isinstance(m, bool) or not isinstance(m, int) or m not in M_BUCKETS:
+                raise InvalidInputError(f"measured[{route!r}]: expected M buckets 1, 2, 4, ..., {M_BUCKETS[-1]}, "
+                                        f"found {bucket!r}")
+            problem = row_problem(route.split("/", 1)[0], row, moe=True)
+            if problem is not None:
+                raise InvalidInputError(f"measured[{route!r}][{bucket!r}]{problem}")
+            assert isinstance(row, dict)  # (row_problem says so)
+            rows[m] = dict(row)
+    return out
 
 
 @dataclass(frozen=True)

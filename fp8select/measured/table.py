@@ -176,7 +176,7 @@ def _positive_int(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0
 
 
-def _row_problem(backend: str, row: object, moe: bool = False) -> str | None:
+def row_problem(backend: str, row: object, moe: bool = False) -> str | None:
     """Why ``row`` is not a measurement, as the end of a message the caller begins with the row's place."""
     if not isinstance(row, dict):
         return f": expected an object, found {type(row).__name__}"
@@ -253,7 +253,7 @@ def _check_group(where: str, group: object, moe: bool = False) -> str | None:
         for bucket, row in buckets.items():
             if bucket not in _BUCKETS:
                 return f"{where}.shapes[{shape!r}]: expected M buckets 1, 2, 4, ..., 8192, found {bucket!r}"
-            problem = _row_problem(backend, row, moe)
+            problem = row_problem(backend, row, moe)
             if problem is not None:
                 return f"{where}.shapes[{shape!r}][{bucket!r}]{problem}"
     return None
