@@ -55,7 +55,7 @@ from fp8select.plan import HAIR, neighbours, neighbours_share
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "INVARIANT", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute",
-           "MoeTimes", "build_moe_plan", "route_name"]
+           "MoeTimes", "build_moe_plan", "rank_routes", "route_name"]
 
 EXPLICIT, MEASURED, MODEL, RULE, GATE, INVARIANT = "explicit", "measured", "model", "rule", "gate", "invariant"
 MASKED_MAX_M = 64
@@ -69,7 +69,7 @@ MoeEstimates = Mapping[str, Mapping[int, MoeEstimate]]
 
 
 class Timed(NamedTuple):
-    """A measured route at one bucket (:func:`_timed`)."""
+    """A measured route at one bucket (:func:`rank_routes`)."""
 
     loss: float
     us: float
@@ -215,7 +215,7 @@ def build_moe_plan(problem: MoeProblem, backends: Sequence[MoeBackend], caps: Ca
     explicit = explicit if explicit in layouts else None
     if invariance is not None:
         return _invariant_plan(problem, accepted, layouts, tuple(candidates), buckets, measured, explicit, invariance)
-    timed = [_timed(bucket, runnable, measured) for bucket, runnable, _, _ in buckets]
+    timed = [rank_routes(bucket, runnable, measured) for bucket, runnable, _, _ in buckets]
     routes = [_route(bucket, accepted, runnable, rejected, problem, ranked, estimated, explicit)
               for (bucket, runnable, rejected, _), ranked in zip(buckets, timed, strict=True)]
     return MoePlan(replace(problem, m=None), tuple(_smoothed(routes, timed, accepted, problem)), tuple(candidates),
@@ -284,7 +284,7 @@ def _row_config(backend: MoeBackend, row: Mapping[str, Any], problem: MoeProblem
     return backend.default_config(problem, layout, bucket)
 
 
-def _timed(bucket: int, runnable: Mapping[str, Sequence[str]], measured: MoeTimes) -> list[Timed]:
+def rank_routes(bucket: int, runnable: Mapping[str, Sequence[str]], measured: MoeTimes) -> list[Timed]:
     """The routes that run ``bucket`` and have a measured row there, best first: by least loss, then time under
     uniform routing, then priority and layout order. A route's loss is its worst ratio to the fastest route over
     the routings every route was timed under: uniform routing (``us``), and skewed (``skewed_us``,
@@ -317,7 +317,7 @@ def _measured_detail(chosen: Timed, ranked: Sequence[Timed]) -> str:
 def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], accepted: Sequence[MoeBackend],
               problem: MoeProblem) -> list[MoeRoute]:
     """``routes`` with each measured bucket whose winner leads, by at most :data:`~fp8select.plan.HAIR` in loss
-    (:func:`_timed`; under uniform routing alone, in time), the route (backend and layout) that runs the buckets
+    (:func:`rank_routes`; under uniform routing alone, in time), the route (backend and layout) that runs the buckets
     on both sides of it (the one below as already smoothed; the one next to the first or last bucket), where that
     route runs this bucket and was measured there, given to that route. As :func:`fp8select.plan._smoothed` does
     for the dense plans, and for its reason: within the margin which route leads is the timings' noise, and the

@@ -35,7 +35,7 @@ NEEDS_CUDA = {
     "moe_peer": ["--out", "OUT/peer"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
-ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check", "moe_model_check")
+ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check", "moe_model_check", "moe_routes")
 
 
 def _tools() -> list[str]:
@@ -268,3 +268,38 @@ def test_moe_host_split_counts_each_wrapped_step_and_puts_every_attribute_back()
     steps.add("a", 0.002)
     steps.add("b", 0.008)
     assert steps.per_call(4) == {"split_us": {"b": 2000.0, "a": 1000.0}, "calls": {"b": 0.25, "a": 0.5}}
+
+
+def _moe_run(rows: dict[str, dict[int, tuple[float, float]]], errors: dict[str, float], shape: str = "32,7168,2048,8",
+             ) -> dict[str, object]:
+    """A ``tune --moe --json`` file's content: the table's MoE rows (route -> m -> (us, skewed_us)), the checks."""
+    moe = [{"backend": r.split("/")[0], "layout": r.split("/")[1], "versions": {},
+            "shapes": {shape: {str(m): {"us": u, "skewed_us": s} for m, (u, s) in by_m.items()}}}
+           for r, by_m in rows.items()]
+    return {"environment": {"device": "NVIDIA H100 80GB HBM3"}, "table": {"moe": moe},
+            "rows": [{"shape": shape, "m": 1, "route": r, "rel_err": e} for r, e in errors.items()]}
+
+
+def test_moe_routes_ranks_each_point_as_the_plan_does_and_later_runs_win(tmp_path: Path) -> None:
+    from benchmarks import moe_routes
+
+    first = _moe_run({"triton/sorted": {128: (100.0, 200.0), 1024: (500.0, 500.0)},
+                      "deepgemm/masked": {128: (102.0, 150.0)}, "deepgemm/contiguous": {1024: (300.0, 300.0)}},
+                     {"triton/sorted": 0.004, "deepgemm/masked": 0.02})
+    second = _moe_run({"triton/sorted": {1024: (360.0, 360.0)}}, {"triton/sorted": 0.006})
+    report = moe_routes.distil([first, second], "tune ...")
+    by_m = {p["m"]: p for p in report["points"]}
+    # M 128: Triton 2% ahead uniform, 33% behind skewed: the ranking runs DeepGEMM masked, as the plan would
+    assert (by_m[128]["fastest_uniform"], by_m[128]["ranked_first"]) == ("triton/sorted", "deepgemm/masked")
+    assert by_m[1024]["us"]["triton/sorted"] == [360.0, 360.0]  # the second run's row
+    summary = report["summary"]
+    assert summary["moved_by_skew"] == ["32,7168,2048,8 M 128: triton/sorted -> deepgemm/masked"]
+    assert summary["triton_speed_over_deepgemm_contiguous"] == {"32,7168,2048,8 M 1024": 0.833}
+    assert summary["triton_at_least_0.8x"] == "1 of 1" and report["device"] == "NVIDIA H100 80GB HBM3"
+    assert report["rel_err_worst"]["32,7168,2048,8"] == {"triton/sorted": 0.006, "deepgemm/masked": 0.02}
+    runs = []
+    for i, run in enumerate((first, second)):
+        runs.append(tmp_path / f"run{i}.json")
+        runs[-1].write_text(json.dumps(run))
+    moe_routes.main([*map(str, runs), "--out", str(tmp_path / "out.json"), "--command", "tune ..."])
+    assert json.loads((tmp_path / "out.json").read_text()) == json.loads(json.dumps(report))

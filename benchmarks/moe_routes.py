@@ -1,0 +1,97 @@
+"""Every MoE route of a point side by side, from ``tune --moe --json`` runs: what the plan's ranking picks.
+
+    python -m fp8select tune --moe all --m 1,4,...,8192 --force --max-configs 1 --out T.json --json ROWS.json
+    python -m benchmarks.moe_routes ROWS.json [ROWS.json ...] --out benchmarks/results/moe_routes_h100.json
+
+``tune --moe`` times every route of a point together, under uniform and then skewed routing (a row's
+``us`` and ``skewed_us``), and checks each against the reference first (``rel_err``). This distils the
+runs (later files winning on equal points) into a point per line: each route's ``[uniform, skewed]``
+time, the route that is fastest under uniform routing alone and the one
+:func:`fp8select.moe_plan.rank_routes` ranks first with both (the plan's measured pick, before its
+smoothing of near ties), each route's worst ``rel_err`` per shape, and Triton's speed over DeepGEMM
+contiguous's from M 1024 (the MoE target: at least 0.8x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from benchmarks.distill_limits import json_lines
+from fp8select.backends.moe_builtin import MOE_BACKENDS
+from fp8select.moe_plan import rank_routes
+
+TRITON, CONTIGUOUS = "triton/sorted", "deepgemm/contiguous"
+FROM_M = 1024
+
+
+def _merged(runs: Iterable[Mapping[str, Any]]) -> tuple[dict[str, dict[int, dict[str, dict[str, Any]]]], dict[str, dict[str, float]]]:
+    """``shape -> m -> route -> row`` of the runs' tables, and ``shape -> route -> worst rel_err``."""
+    points: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
+    errors: dict[str, dict[str, float]] = {}
+    for run in runs:
+        for entry in run["table"].get("moe", ()):
+            route = f"{entry['backend']}/{entry['layout']}"
+            for shape, buckets in entry["shapes"].items():
+                for m, row in buckets.items():
+                    points.setdefault(shape, {}).setdefault(int(m), {})[route] = row
+        for row in run["rows"]:
+            if "rel_err" in row:
+                worst = errors.setdefault(row["shape"], {})
+                worst[row["route"]] = max(worst.get(row["route"], 0.0), round(row["rel_err"], 4))
+    return points, errors
+
+
+def _point(m: int, rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    runnable: dict[str, list[str]] = {}
+    for cls in MOE_BACKENDS:  # priority order: the ranking's tie-break
+        runnable[cls.name] = [lay for lay in cls.layouts if f"{cls.name}/{lay}" in rows]
+    ranked = rank_routes(m, {k: v for k, v in runnable.items() if v}, {r: {m: row} for r, row in rows.items()})
+    return {"m": m, "us": {r: [row["us"], row.get("skewed_us")] for r, row in rows.items()},
+            "fastest_uniform": min(rows, key=lambda r: rows[r]["us"]),
+            "ranked_first": f"{ranked[0].backend}/{ranked[0].layout}"}
+
+
+def distil(runs: list[Mapping[str, Any]], command: str) -> dict[str, Any]:
+    """The report (``--out``'s content as a dict): a header, then ``points`` (each with its ``shape``)."""
+    points, errors = _merged(runs)
+    rows = [{"shape": shape, **_point(m, by_m[m])} for shape, by_m in points.items() for m in sorted(by_m)]
+    ratios = {p["shape"] + f" M {p['m']}": round(p["us"][CONTIGUOUS][0] / p["us"][TRITON][0], 3) for p in rows
+              if p["m"] >= FROM_M and TRITON in p["us"] and CONTIGUOUS in p["us"]}
+    moved = [f"{p['shape']} M {p['m']}: {p['fastest_uniform']} -> {p['ranked_first']}" for p in rows
+             if p["fastest_uniform"] != p["ranked_first"]]
+    devices = sorted({run["environment"].get("device", "?") for run in runs})
+    summary = {"points": len(rows), "moved_by_skew": moved,
+               "triton_speed_over_deepgemm_contiguous": ratios,
+               "triton_at_least_0.8x": f"{sum(v >= 0.8 for v in ratios.values())} of {len(ratios)}",
+               "first_by_ranking": {r: sum(p["ranked_first"] == r for p in rows)
+                                    for r in sorted({p["ranked_first"] for p in rows})}}
+    return {"what": "every MoE route of a point timed together as the whole experts op (interleaved CUDA-graph "
+                    "replays, weights rotated past the L2), under uniform and then skewed routing",
+            "device": devices[0] if len(devices) == 1 else devices,
+            "environment": [run["environment"] for run in runs], "command": command,
+            "us": "per route [uniform, skewed] median us; fastest_uniform: the least uniform time; ranked_first: "
+                  "moe_plan.rank_routes's first (by the worse of a route's two ratios to the fastest)",
+            "rel_err_worst": errors, "summary": summary, "points": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.moe_routes", description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="tune --moe --json files")
+    parser.add_argument("--out", required=True, help="the distilled report")
+    parser.add_argument("--command", default="python -m fp8select tune --moe ... --force --max-configs 1 --json ROWS.json",
+                        help="the tune command the runs came from, as the report says it")
+    args = parser.parse_args(argv)
+    report = distil([json.loads(Path(p).read_text()) for p in args.runs], args.command)
+    head = {k: v for k, v in report.items() if k != "points"}
+    Path(args.out).write_text(json_lines(head, {"points": report["points"]}), encoding="utf-8")
+    s = report["summary"]
+    print(f"moe_routes: {s['points']} points, {len(s['moved_by_skew'])} moved by skew, "
+          f"Triton at least 0.8x DeepGEMM contiguous at {s['triton_at_least_0.8x']}")
+
+
+if __name__ == "__main__":
+    main()
