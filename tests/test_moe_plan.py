@@ -298,9 +298,11 @@ def test_rows_without_a_time_are_not_measurements() -> None:
 
 
 BAD_ROWS = {
-    "not a mapping": ([{"us": 1.0}], r"measured: expected a mapping of 'backend/layout'"),
-    "unknown route": ({"triton/sortd": {1: {"us": 1.0}}}, r"no MoE backend declares route 'triton/sortd'; the routes are .*triton/sorted"),
-    "rows not a mapping": ({"triton/sorted": [{"us": 1.0}]}, r"measured\['triton/sorted'\]: expected a mapping of M buckets"),
+    "not a mapping": ([{"us": 1.0}], r"measured: expected a mapping of 'backend/layout' to M buckets, found list"),
+    "unknown route": ({"triton/sortd": {1: {"us": 1.0}}},
+                      r"no MoE backend declares route 'triton/sortd'; the routes are aiter/fused, cuda-scaled-grouped-mm/sorted, "),
+    "rows not a mapping": ({"triton/sorted": ({"us": 1.0},)}, r"measured\['triton/sorted'\]: expected a mapping of M buckets to "
+                                                              r"rows, found tuple"),
     "not a bucket": ({"triton/sorted": {3: {"us": 1.0}}}, r"expected M buckets 1, 2, 4, \.\.\., 8192, found 3"),
     "bool bucket": ({"triton/sorted": {True: {"us": 1.0}}}, r"found True"),
     "no time": ({"triton/sorted": {1: {"m": 1}}}, r"\[1\]: unknown key\(s\) 'm'"),
