@@ -2,6 +2,8 @@
 
     python -m benchmarks.moe_model_check                   # the shipped H200 table
     python -m benchmarks.moe_model_check --out benchmarks/results/moe_model_check.json
+    python -m benchmarks.moe_model_check --routes benchmarks/results/moe_routes_h100.json \
+        --out benchmarks/results/moe_model_check_h100.json    # another device's rows (benchmarks.moe_routes)
 
 Each MoE shape of ``--table`` is left out in turn and its routes estimated from the other shapes'
 rows (:meth:`fp8select.measured.moe.MoeMeasurements.estimates`, what the plan's ``model`` reason
@@ -24,11 +26,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks import moe_routes
 from benchmarks._stats import geomean
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.table import SHIPPED_DIR
 from fp8select.moe_plan import MASKED_MAX_M
 
+RESULTS = Path(__file__).resolve().parent / "results"
 Shape = tuple[int, int, int, int]
 Truth = dict[tuple[Shape, int], dict[str, float]]
 SCORED = ("model", "rule", "always")
@@ -158,14 +162,18 @@ def write_compact(path: str, report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", default=str(SHIPPED_DIR / "tuning-nvidia-h200.json"))
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--table", default=str(SHIPPED_DIR / "tuning-nvidia-h200.json"))
+    source.add_argument("--routes", help="a benchmarks.moe_routes report instead of a table (its uniform times)")
     parser.add_argument("--always", default="cutlass/offsets", help="the one route to compare with (backend/layout)")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
-    table = json.loads(Path(args.table).read_text(encoding="utf-8"))
-    shipped = Path(args.table).resolve().parent == SHIPPED_DIR.resolve()
+    path = Path(args.routes or args.table)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    table = moe_routes.as_table(data) if args.routes else data
+    kept = {SHIPPED_DIR.resolve(): "fp8select/data", RESULTS.resolve(): "benchmarks/results"}.get(path.resolve().parent)
     report: dict[str, Any] = {
-        "tool": "benchmarks.moe_model_check", "table": f"fp8select/data/{Path(args.table).name}" if shipped else Path(args.table).name,
+        "tool": "benchmarks.moe_model_check", ("routes" if args.routes else "table"): f"{kept}/{path.name}" if kept else path.name,
         "device_name": table.get("device_name"), "always": args.always,
         "versions": {f"{e['backend']}/{e['layout']}": e["versions"] for e in table.get("moe", ())},
         **cross_validation(table, args.always)}

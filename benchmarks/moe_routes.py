@@ -78,6 +78,19 @@ def distil(runs: list[Mapping[str, Any]], command: str) -> dict[str, Any]:
             "rel_err_worst": errors, "summary": summary, "points": rows}
 
 
+def as_table(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A report's uniform times as a tuning table's MoE rows (no versions: the report keeps the runs'
+    environments instead), for :mod:`benchmarks.moe_model_check` to cross-validate the model on them."""
+    entries: dict[str, dict[str, Any]] = {}
+    for point in report["points"]:
+        for route, (us, _) in point["us"].items():
+            backend, layout = route.split("/", 1)
+            entry = entries.setdefault(route, {"backend": backend, "layout": layout, "versions": {}, "shapes": {}})
+            entry["shapes"].setdefault(point["shape"], {})[str(point["m"])] = {"us": us}
+    device = report["device"]
+    return {"device_name": device if isinstance(device, str) else ", ".join(device), "moe": list(entries.values())}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.moe_routes", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="tune --moe --json files")

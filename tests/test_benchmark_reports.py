@@ -334,6 +334,24 @@ def test_moe_model_check_on_the_shipped_table_beats_the_rule_and_is_the_kept_res
     assert kept == report  # the kept result is what the tool computes from the shipped table today
 
 
+def test_moe_model_check_on_another_devices_routes_is_the_kept_result(tmp_path: Path) -> None:
+    """``--routes``: the H100's distilled route times (benchmarks.moe_routes) as the table, every point of the
+    report a point of the cross-validation, and the kept figures what the tool computes from them today."""
+    from benchmarks import moe_model_check, moe_routes
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    routes = json.loads((results / "moe_routes_h100.json").read_text())
+    truth = moe_model_check.table_truth(moe_routes.as_table(routes))
+    assert len(truth) == len(routes["points"]) and all(
+        truth[(tuple(int(v) for v in p["shape"].split(",")), p["m"])] == {r: t[0] for r, t in p["us"].items()}
+        for p in routes["points"])
+    out = tmp_path / "check.json"
+    assert moe_model_check.main(["--routes", str(results / "moe_routes_h100.json"), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["routes"] == "benchmarks/results/moe_routes_h100.json" and "table" not in report
+    assert report == json.loads((results / "moe_model_check_h100.json").read_text())
+
+
 def test_regret_ties_names_the_points_whose_two_fastest_rows_are_within_the_margin() -> None:
     """--ties times the points one timing orders by chance: the two fastest of the machine's backends within the margin."""
     from benchmarks.regret import near_ties
