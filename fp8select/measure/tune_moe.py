@@ -180,7 +180,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
                     found[name] = best
             errors: dict[str, str] = {}
             times = timing.time_graphs(_calls(found, x, (weights, ids), errors), replays, errors=errors)
-            # a choice to make: the routes timed under skewed routing too, which the plan weighs (moe_plan._timed)
+            # a choice to make: the routes timed under skewed routing too, which the plan weighs (moe_plan.rank_routes)
             skewed_times = timing.time_graphs(_calls(found, x, skewed, errors), replays, errors=errors) \
                 if len(times) > 1 else {}
             for (b, lay) in wanted:
