@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--m", default=",".join(str(m) for m in DEFAULT_M), help="comma list of M (one per bucket is enough)")
     tu.add_argument("--out", metavar="FILE", help="write the table here instead of the cache directory")
     tu.add_argument("--force", action="store_true", help="measure again what the tables already hold for these versions")
+    tu.add_argument("--resume", action="store_true",
+                    help="with --force: measure again only what the output table does not hold yet "
+                         "(a forced run cut short goes on where it stopped)")
     tu.add_argument("--backends", default="", help="comma list of backends to measure (default: the chain but reference)")
     tu.add_argument("--json", metavar="FILE", help="also write every timing measured")
     tu.add_argument("--replays", type=int, default=30, help="CUDA-graph replays per timing")
@@ -299,6 +302,9 @@ def _tune(args: argparse.Namespace) -> int:
     if args.replays < 1 or args.max_configs < 1:
         raise Fp8SelectError(f"--replays/--max-configs: expected positive integers, found {args.replays}/{args.max_configs}")
     _check_budget(args)
+    if args.resume and not args.force:
+        raise Fp8SelectError("--resume: only with --force (without it, tune measures only what the tables lack, "
+                             "the output table's rows included)")
     # Where the results go is checked before anything is measured (a measurement can take long).
     if args.out:
         check_writable(args.out, "the tuning table (--out)")
@@ -320,6 +326,7 @@ def _tune(args: argparse.Namespace) -> int:
     existing = load_table(path, device)
     if existing is not None:  # what the output file holds is known too: a run cut short by --budget-s goes on
         known = merge_tables(known, existing)
+    done = existing if args.resume else None  # ... and with --force --resume, a forced run too
 
     def merged(measured: dict[str, Any]) -> dict[str, Any]:
         return merge_tables(existing, measured) if existing is not None else measured
@@ -330,13 +337,14 @@ def _tune(args: argparse.Namespace) -> int:
 
     table, rows = new_table(device), list[dict[str, Any]]()
     if shapes:
-        table, rows = tune(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
+        table, rows = tune(selection, shapes, ms, known=known, force=args.force, done=done, replays=args.replays,
                            max_configs=args.max_configs, budget_s=args.budget_s,
                            backends=parse_names(args.backends) or None,
                            progress=lambda line: print(line, flush=True), on_shape=save_so_far)
     if args.moe:
         dense = table
-        table, moe_rows = tune_moe_command(args, selection, known, lambda moe: save_so_far(merge_tables(dense, moe)))
+        table, moe_rows = tune_moe_command(args, selection, known, done,
+                                           lambda moe: save_so_far(merge_tables(dense, moe)))
         table, rows = merge_tables(dense, table), rows + moe_rows
     final = merged(table)
     saved = save_or_rescue(path, lambda target: save_table(target, final), final, "tuning table")

@@ -74,7 +74,7 @@ def explain_moe(selection: Selection, shapes: Sequence[tuple[int, int, int, int]
     return "\n\n".join(["\n".join(lines), *texts]), data
 
 
-def tune_moe_command(args: argparse.Namespace, selection: Selection, known: dict[str, Any],
+def tune_moe_command(args: argparse.Namespace, selection: Selection, known: dict[str, Any], done: dict[str, Any] | None,
                      save_so_far: Callable[[dict[str, Any]], None]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``tune --moe``: measure the MoE shapes the tables lack (:func:`fp8select.measure.tune_moe.tune_moe`)."""
     from fp8select.measure.bench import parse_ms
@@ -83,7 +83,7 @@ def tune_moe_command(args: argparse.Namespace, selection: Selection, known: dict
     shapes = parse_moe_shapes(args.moe)
     ms = parse_ms(args.m)
     try:
-        return tune_moe(selection, shapes, ms, known=known, force=args.force, replays=args.replays,
+        return tune_moe(selection, shapes, ms, known=known, force=args.force, done=done, replays=args.replays,
                         max_configs=args.max_configs, budget_s=args.budget_s,
                         backends=[n.strip() for n in args.backends.split(",") if n.strip()] or None,
                         progress=lambda line: print(line, flush=True), on_shape=save_so_far)

@@ -420,6 +420,7 @@ CLI_CASES: dict[str, tuple[list[str], int, str]] = {
     "cli-empty-capabilities-name": (["--capabilities", ""], 2, "--capabilities: expected a file name"),
     "cli-bench-budget-nan": (["bench", "--budget-s", "nan"], 2, "--budget-s: expected a non-negative number of seconds"),
     "cli-bench-json-under-a-file": (["bench", "--json", "{tmp}/list.json/rows.json"], 2, "list.json' is not a directory"),
+    "cli-tune-resume-without-force": (["tune", "--resume"], 2, "--resume: only with --force"),
     "cli-tune-out-is-a-directory": (["tune", "--out", "{tmp}"], 2, "cannot write the tuning table (--out)"),
     "cli-tune-out-not-a-regular-file": (["tune", "--out", os.devnull], 2, "it is not a regular file"),
     "cli-tune-out-under-a-file": (["tune", "--out", "{tmp}/list.json/table.json"], 2, "list.json' is not a directory"),

@@ -84,6 +84,9 @@ def test_tune_measures_every_backend_but_reference_and_only_what_is_missing(cloc
     assert {g["backend"]: list(g["shapes"][f"{N},{K}"]) for g in more["groups"]} == {"small": ["512"], "large": ["512"]}
     forced, _ = tune(clocked, [(N, K)], ms=(1,), known=table, force=True, device="cpu")
     assert len(forced["groups"]) == 2
+    resumed, _ = tune(clocked, [(N, K)], ms=(1, 512), known=table, force=True, done=forced, device="cpu")
+    assert {g["backend"]: list(g["shapes"][f"{N},{K}"]) for g in resumed["groups"]} == {"small": ["512"], "large": ["512"]}, \
+        "with force, what done holds is not measured again"
 
 
 def test_a_tuned_table_makes_the_plan_pick_the_measured_winner(clocked: Any) -> None:

@@ -373,6 +373,14 @@ def test_the_tune_command_writes_moe_rows_and_merges(clocked: Any, monkeypatch: 
     RAN.clear()
     assert cli.main(["tune", "--moe", KEY, "--m", "1,64,128", "--out", str(out)]) == 0
     assert {m for _, m in RAN} == {128}, "what the output file holds is not measured again"
+    RAN.clear()
+    assert cli.main(["tune", "--moe", KEY, "--m", "1,64,128,256", "--out", str(out), "--force", "--budget-s", "0"]) == 0
+    assert RAN == [], "a forced run cut short before its first point"
+    assert cli.main(["tune", "--moe", KEY, "--m", "1,64,128,256", "--out", str(out), "--force", "--resume"]) == 0
+    assert {m for _, m in RAN} == {256}, "a forced run resumed measures only what the output file lacks"
+    RAN.clear()
+    assert cli.main(["tune", "--moe", KEY, "--m", "1,256", "--out", str(out), "--force"]) == 0
+    assert {m for _, m in RAN} == {1, 256}, "a forced run measures everything again"
     assert cli.main(["tune", "--moe", "4,256"]) == 2
 
 

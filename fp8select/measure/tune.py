@@ -10,7 +10,8 @@ included), CUDA-graph replay with the weights rotated past the L2, their replays
 (:func:`fp8select.measure.timing.time_graphs`): those times are the table's. A row goes into the
 group of its backend at the versions installed here (:func:`~fp8select.measured.table.backend_versions`);
 rows the ``known`` table has for the same backend, versions, shape and bucket are skipped
-unless ``force``: ``tune`` measures only what is missing.
+unless ``force``: ``tune`` measures only what is missing; rows the ``done`` table has are skipped even with
+``force`` (what a forced run cut short measured already: ``tune --force --resume``).
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ def _known_rows(table: Mapping[str, Any] | None) -> set[tuple[str, tuple[tuple[s
 
 
 def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = DEFAULT_TUNE_M, *,
-         known: Mapping[str, Any] | None = None, force: bool = False, replays: int = 30, max_configs: int = 10,
-         budget_s: float = math.inf, backends: Sequence[str] | None = None,
+         known: Mapping[str, Any] | None = None, force: bool = False, done: Mapping[str, Any] | None = None,
+         replays: int = 30, max_configs: int = 10, budget_s: float = math.inf, backends: Sequence[str] | None = None,
          progress: Callable[[str], None] | None = None,
          on_shape: Callable[[dict[str, Any]], None] | None = None, only: Callable[[str, int], bool] | None = None,
          device: torch.device | str = "cuda") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``.
+    """Measure what ``known`` lacks (everything with ``force``) but what ``done`` holds, and return
+    ``(table, rows)``.
 
     ``table`` holds only the new measurements (merge it into the cache's with
     :func:`~fp8select.measured.table.merge_tables`); ``rows`` every timing for the record.
@@ -70,7 +72,7 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
                             and (backends is None or b.name in backends)]
     table = new_table(caps.device_name or "unknown")
     groups: dict[str, dict[str, Any]] = {}
-    skip = set() if force else _known_rows(known)
+    skip = _known_rows(done) | (set() if force else _known_rows(known))
     versions = {b.name: backend_versions(caps, b.packages) for b in chain}
     seeds = selection.measurements or (Measurements(caps.device_name or "", [known], versions) if known else None)
     device = torch.device(device)
@@ -136,8 +138,8 @@ def tune(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence[int] = 
                     table["groups"].append(group)
                 group["shapes"].setdefault(shape_key(n, k), {})[str(m_bucket(m))] = row
             if progress is not None:
-                done = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("final")]
-                progress(f"N={n} K={k} M={m}: " + ", ".join(f"{r['backend']} {r['us']:.1f}us" for r in done))
+                timed = [r for r in rows if r.get("n") == n and r.get("k") == k and r.get("m") == m and r.get("final")]
+                progress(f"N={n} K={k} M={m}: " + ", ".join(f"{r['backend']} {r['us']:.1f}us" for r in timed))
         del prepared, weights, reference
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -26,7 +26,8 @@ three times (:func:`weight_copies`). DeepGEMM's ``masked`` layout holds
 ``masked`` up to M 64 only).
 
 Rows go into the table's ``moe`` list (:mod:`fp8select.measured.moe`) per backend, layout and that
-backend's versions here; rows ``known`` already holds are skipped unless ``force``.
+backend's versions here; rows ``known`` already holds are skipped unless ``force``, rows ``done`` holds
+even then (``tune --force --resume``).
 """
 
 from __future__ import annotations
@@ -107,13 +108,13 @@ def _wanted(backend: MoeBackend, layout: str, names: Sequence[str] | None) -> bo
 
 
 def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Sequence[int], *,
-             known: Mapping[str, Any] | None = None, force: bool = False, replays: int = 30, max_configs: int = 4,
-             budget_s: float = math.inf, backends: Sequence[str] | None = None,
+             known: Mapping[str, Any] | None = None, force: bool = False, done: Mapping[str, Any] | None = None,
+             replays: int = 30, max_configs: int = 4, budget_s: float = math.inf, backends: Sequence[str] | None = None,
              chain: Sequence[MoeBackend] | None = None, progress: Callable[[str], None] | None = None,
              on_shape: Callable[[dict[str, Any]], None] | None = None,
              device: torch.device | str = "cuda", experts: Experts | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Measure what ``known`` lacks (everything with ``force``) and return ``(table, rows)``: ``table`` holds
-    only the new ``moe`` rows; ``rows`` every timing for the record. ``backends``: names or
+    """Measure what ``known`` lacks (everything with ``force``) but what ``done`` holds, and return
+    ``(table, rows)``: ``table`` holds only the new ``moe`` rows; ``rows`` every timing for the record. ``backends``: names or
     ``backend/layout`` routes to measure (default: the MoE chain but ``reference``). No new point starts
     after ``budget_s`` seconds; ``on_shape(table)`` is called after each shape. ``experts``: a layer's own
     weights, the first of the copies rotated through (one shape: load-time measurement, which then
@@ -126,7 +127,7 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
     routes = [(b, layout) for b in (chain if chain is not None else moe_chain(selection)) if b.name != "reference"
               for layout in b.layouts if _wanted(b, layout, backends)]
     versions = {b.name: backend_versions(caps, b.packages) for b, _ in routes}
-    skip = set() if force else _known(known)
+    skip = _known(done) | (set() if force else _known(known))
     held = _held_configs(known, versions)
     table = new_table(caps.device_name or "unknown")
     entries: dict[tuple[str, str], dict[str, Any]] = {}
@@ -203,8 +204,8 @@ def tune_moe(selection: Any, shapes: Sequence[tuple[int, int, int, int]], ms: Se
                     table.setdefault("moe", []).append(entry)
                 entry["shapes"].setdefault(key, {})[str(m_bucket(m))] = row
             if progress is not None:
-                done = [r for r in rows if r.get("shape") == key and r.get("m") == m and r.get("final")]
-                progress(f"MoE E={e} H={h} I={i} k={k} M={m}: " + ", ".join(f"{r['route']} {r['us']:.1f}us" for r in done))
+                timed = [r for r in rows if r.get("shape") == key and r.get("m") == m and r.get("final")]
+                progress(f"MoE E={e} H={h} I={i} k={k} M={m}: " + ", ".join(f"{r['route']} {r['us']:.1f}us" for r in timed))
         del prepared, sets
         if device.type == "cuda":
             torch.cuda.empty_cache()
