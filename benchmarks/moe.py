@@ -4,7 +4,8 @@ Usage (repository root): ``python -m benchmarks.moe --out DIR [--quick] [--shape
 writes ``DIR/moe.json``. ``--shapes`` (names of :data:`fp8select.measured.moe.MOE_SHAPES`, comma-separated) and ``--m``
 replace the shapes and M values (``--quick``'s, or every one).
 ``--anatomy``: only where decode calls' GPU time goes, per column and kernel (``DIR/moe_anatomy.json``).
-``--pdl``: only the Triton op at decode with and without programmatic dependent launch (``DIR/moe_pdl.json``).
+``--pdl``: only the Triton op at decode with and without programmatic dependent launch (``DIR/moe_pdl.json``, a
+point per line: :func:`pdl_points`).
 
 * **numerics**: each accepted MoE backend and layout (the reference included) on small M, uniform and
   skewed routing, all tokens on the same k experts, a third of the ids -1, and M 0 through the layer,
@@ -331,6 +332,24 @@ def pdl_ab(name: str, shape: tuple[int, int, int, int], ms: tuple[int, ...] = PD
     return rows
 
 
+def pdl_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`pdl_ab`'s rows as kept, a line per point (shape, M, routing, configuration): ``off``'s median
+    time, each PDL column's time over it, each column's fraction of the HBM floor, whether every output
+    was ``off``'s bit for bit."""
+    points: dict[tuple[str, int, str, str], dict[str, Any]] = {}
+    for r in rows:
+        point = points.setdefault((r["shape"], r["m"], r["routing"], r["config"]), {
+            "shape": r["shape"], "m": r["m"], "routing": r["routing"], "config": r["config"], "off_us": None,
+            "vs_off": {}, "hbm_fraction": {}, "same_bits": True})
+        if r["column"] == "off":
+            point["off_us"] = r["median_us"]
+        else:
+            point["vs_off"][r["column"]] = r["vs_off"]
+        point["hbm_fraction"][r["column"]] = r["hbm_fraction"]
+        point["same_bits"] = point["same_bits"] and r["same_bits"]
+    return list(points.values())
+
+
 def pdl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per PDL column, shape and gate-up structure (plain or fused), its time over ``off``'s: geometric mean,
     least and most over the points; and whether every output was ``off``'s bit for bit."""
@@ -437,8 +456,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.pdl:
         rows = [row for name in QUICK_SHAPES for row in pdl_ab(name, SHAPES[name])]
         head["hbm_fraction"] = f"of the floor at {HBM_BYTES_PER_S / 1e12:.1f} TB/s, the H200's copy rate, on every device"
-        (Path(args.out) / "moe_pdl.json").write_text(json_lines({**head, "summary": pdl_summary(rows)}, {"pdl": rows}),
-                                                   encoding="utf-8")
+        (Path(args.out) / "moe_pdl.json").write_text(
+            json_lines({**head, "summary": pdl_summary(rows)}, {"pdl": pdl_points(rows)}), encoding="utf-8")
         return
     for name, shape in shapes.items():
         report["moe_plans"][name] = selection.moe_plan_for(*shape).describe()

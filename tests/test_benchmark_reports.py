@@ -415,3 +415,19 @@ def test_the_kept_moe_report_is_what_the_tool_writes() -> None:
     assert kept["summary"] == moe.summarize(kept["timing"])
     assert set(kept) == {"device", "torch", "triton", "packages", "command", "moe_plans", "notes", "numerics_worst",
                          "m0_ok", "summary", "seconds", "timing"}
+
+
+def test_the_kept_pdl_points_are_the_rows_their_summary_was_made_from() -> None:
+    """moe_pdl.json keeps a point per line (benchmarks.moe.pdl_points); the flat rows they stand for give its
+    summary back."""
+    from benchmarks import moe
+
+    kept = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "moe_pdl.json").read_text())
+    rows = [{"shape": p["shape"], "m": p["m"], "routing": p["routing"], "config": p["config"], "column": column,
+             "median_us": p["off_us"] if column == "off" else p["off_us"] * p["vs_off"][column],
+             "vs_off": p["vs_off"].get(column, 1.0), "hbm_fraction": fraction, "same_bits": p["same_bits"]}
+            for p in kept["pdl"] for column, fraction in p["hbm_fraction"].items()]
+    assert moe.pdl_summary(rows) == kept["summary"]
+    assert moe.pdl_points(rows) == kept["pdl"]
+    assert len(kept["pdl"]) == 2 * len(moe.PDL_M) * 2 * 2  # shapes, M, two structures, two routings
+
