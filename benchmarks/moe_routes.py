@@ -2,6 +2,11 @@
 
     python -m fp8select tune --moe all --m 1,4,...,8192 --force --max-configs 1 --out T.json --json ROWS.json
     python -m benchmarks.moe_routes ROWS.json [ROWS.json ...] --out benchmarks/results/moe_routes_h100.json
+    python -m benchmarks.moe_routes --table fp8select/data/tuning-nvidia-h200.json
+
+``--table``: a tuning table's MoE rows instead, where every route of a point was timed together (the
+shipped H200 table's: `tune --moe all --force --max-configs 1`, merged with ``merge_tuning --all``); the
+table keeps no ``rel_err``, and the report is printed (the table is the kept data), or written to ``--out``.
 
 ``tune --moe`` times every route of a point together, under uniform and then skewed routing (a row's
 ``us`` and ``skewed_us``), and checks each against the reference first (``rel_err``). This distils the
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +60,7 @@ def _point(m: int, rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "ranked_first": f"{ranked[0].backend}/{ranked[0].layout}"}
 
 
-def distil(runs: list[Mapping[str, Any]], command: str) -> dict[str, Any]:
+def distil(runs: Sequence[Mapping[str, Any]], command: str) -> dict[str, Any]:
     """The report (``--out``'s content as a dict): a header, then ``points`` (each with its ``shape``)."""
     points, errors = _merged(runs)
     rows = [{"shape": shape, **_point(m, by_m[m])} for shape, by_m in points.items() for m in sorted(by_m)]
@@ -93,14 +98,26 @@ def as_table(report: Mapping[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.moe_routes", description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", help="tune --moe --json files")
-    parser.add_argument("--out", required=True, help="the distilled report")
+    parser.add_argument("runs", nargs="*", help="tune --moe --json files")
+    parser.add_argument("--table", help="a tuning table whose MoE rows are one run's (instead of runs)")
+    parser.add_argument("--out", help="the distilled report (required with runs)")
     parser.add_argument("--command", default="python -m fp8select tune --moe ... --force --max-configs 1 --json ROWS.json",
                         help="the tune command the runs came from, as the report says it")
     args = parser.parse_args(argv)
-    report = distil([json.loads(Path(p).read_text()) for p in args.runs], args.command)
+    if bool(args.runs) == bool(args.table) or (args.runs and not args.out):
+        parser.error("give tune --moe --json files and --out, or --table")
+    if args.table:
+        table = json.loads(Path(args.table).read_text())
+        runs = [{"environment": {"device": table["device_name"]}, "table": table, "rows": []}]
+    else:
+        runs = [json.loads(Path(p).read_text()) for p in args.runs]
+    report = distil(runs, f"the MoE rows of {args.table}" if args.table else args.command)
     head = {k: v for k, v in report.items() if k != "points"}
-    Path(args.out).write_text(json_lines(head, {"points": report["points"]}), encoding="utf-8")
+    text = json_lines(head, {"points": report["points"]})
+    if not args.out:
+        print(text, end="")
+        return
+    Path(args.out).write_text(text, encoding="utf-8")
     s = report["summary"]
     print(f"moe_routes: {s['points']} points, {len(s['moved_by_skew'])} moved by skew, "
           f"Triton at least 0.8x DeepGEMM contiguous at {s['triton_at_least_0.8x']}")

@@ -35,7 +35,7 @@ NEEDS_CUDA = {
     "moe_peer": ["--out", "OUT/peer"],
     "sweep_triton": ["--out", "OUT/sweep.json"],
 }
-ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check", "moe_model_check", "moe_routes")
+ON_CPU = ("summarize_regret", "distill_limits", "merge_tuning", "model_check", "moe_model_check", "moe_routes", "moe_brief")
 
 
 def _tools() -> list[str]:
@@ -303,3 +303,44 @@ def test_moe_routes_ranks_each_point_as_the_plan_does_and_later_runs_win(tmp_pat
         runs[-1].write_text(json.dumps(run))
     moe_routes.main([*map(str, runs), "--out", str(tmp_path / "out.json"), "--command", "tune ..."])
     assert json.loads((tmp_path / "out.json").read_text()) == json.loads(json.dumps(report))
+
+
+def test_moe_routes_reads_a_tables_rows_as_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import moe_routes
+
+    run = _moe_run({"triton/sorted": {128: (100.0, 200.0)}, "deepgemm/masked": {128: (102.0, 150.0)}}, {})
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"device_name": "NVIDIA H200", **run["table"]}))  # type: ignore[dict-item]
+    moe_routes.main(["--table", str(table)])
+    report = json.loads(capsys.readouterr().out)
+    assert report["points"] == moe_routes.distil([run], "")["points"] and report["device"] == "NVIDIA H200"
+    assert report["rel_err_worst"] == {} and report["command"] == f"the MoE rows of {table}"
+    for argv in ([], ["--table", str(table), str(table)], [str(table)]):  # neither, both, runs without --out
+        with pytest.raises(SystemExit):
+            moe_routes.main(argv)
+
+
+def test_moe_brief_keeps_a_line_per_shape_of_a_whole_run() -> None:
+    from benchmarks import moe_brief
+
+    def timing(shape: str, m: int, routing: str, column: str, fraction: float | None) -> dict[str, object]:
+        return {"shape": shape, "m": m, "routing": routing, "column": column, "median_us": 1.0, "hbm_fraction": fraction}
+
+    points = [{"shape": "a", "m": 1, "routing": "uniform", "fastest": "triton/sorted", "auto_ratio": 1.0},
+              {"shape": "a", "m": 1, "routing": "skewed", "fastest": "triton/sorted", "auto_ratio": 1.21},
+              {"shape": "a", "m": 4096, "routing": "uniform", "fastest": "cutlass/offsets", "auto_ratio": 1.0},
+              {"shape": "b", "m": 1, "routing": "uniform", "fastest": "deepgemm/masked", "auto_ratio": 0.9}]
+    report = {"device": "NVIDIA H200", "command": "python -m benchmarks.moe --out DIR", "m0_ok": True,
+              "summary": {"auto_vs_fastest_geomean": 1.0, "auto_vs_fastest_worst": 1.21, "points": points},
+              "timing": [timing("a", 1, "uniform", "auto", 0.8), timing("a", 1, "skewed", "auto", 0.7),
+                         timing("a", 1, "uniform", "cutlass/offsets", 0.5), timing("a", 4096, "uniform", "auto", None),
+                         timing("b", 1, "skewed", "triton/sorted", 0.6)]}
+    kept = json.loads(moe_brief.brief(report))
+    assert kept["summary"] == {"points": 4, "auto_vs_fastest_geomean": 1.0, "auto_vs_fastest_worst": 1.21}
+    assert "timing" not in kept and kept["command"] == report["command"]
+    a, b = kept["shapes"]
+    assert (a["shape"], a["points"], a["auto_vs_fastest_geomean"], a["auto_vs_fastest_worst"]) == ("a", 3, 1.0656, 1.21)
+    assert a["worst_point"] == "M 1 skewed, fastest triton/sorted"
+    assert a["fastest"] == {"triton/sorted": 2, "cutlass/offsets": 1}
+    assert a["decode_hbm_fraction"] == {"auto": {"1": [0.8, 0.7]}}  # only auto and Triton, only where a floor is
+    assert b["decode_hbm_fraction"] == {"triton/sorted": {"1": [None, 0.6]}}
