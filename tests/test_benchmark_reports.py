@@ -431,3 +431,27 @@ def test_the_kept_pdl_points_are_the_rows_their_summary_was_made_from() -> None:
     assert moe.pdl_points(rows) == kept["pdl"]
     assert len(kept["pdl"]) == 2 * len(moe.PDL_M) * 2 * 2  # shapes, M, two structures, two routings
 
+
+def test_the_shipped_moe_rows_are_one_timing_of_every_route_under_both_routings() -> None:
+    """Every MoE row of the H200 table holds its skewed time (the plan ranks by both); moe-measurements.md and
+    moe.md quote what benchmarks.moe_routes makes of them, and moe.md the whole run's figures (moe_all.json)."""
+    from benchmarks import moe_routes
+
+    root = Path(__file__).resolve().parent.parent
+    table = json.loads((root / "fp8select" / "data" / "tuning-nvidia-h200.json").read_text())
+    rows = [row for g in table["moe"] for buckets in g["shapes"].values() for row in buckets.values()]
+    assert len(rows) == 272 and all(row["skewed_us"] > 0 for row in rows)
+    summary = moe_routes.distil([{"environment": {}, "table": table, "rows": []}], "")["summary"]
+    docs = (root / "docs" / "moe-measurements.md").read_text(encoding="utf-8")
+    moe = (root / "docs" / "moe.md").read_text(encoding="utf-8")
+    first = summary["first_by_ranking"]
+    assert (f"Triton first at {first['triton/sorted']} of the {summary['points']} points, CUTLASS at "
+            f"{first['cutlass/offsets']}, DeepGEMM masked\n  at {first['deepgemm/masked']}, DeepGEMM contiguous at "
+            f"{first['deepgemm/contiguous']}") in docs
+    assert f"{len(summary['moved_by_skew'])} of the 70 points" in docs
+    ratios = summary["triton_speed_over_deepgemm_contiguous"]
+    assert f"{summary['triton_at_least_0.8x']} points; the misses at M 8192: {ratios['32,7168,2048,8 M 8192']:.3f} (32 " \
+           f"experts) and {ratios['8,7168,2048,8 M 8192']:.3f} (8 experts)" in moe
+    whole = json.loads((root / "benchmarks" / "results" / "moe_all.json").read_text())["summary"]
+    assert whole["points"] == 140
+    assert f"**{whole['auto_vs_fastest_geomean']:.3f} / {whole['auto_vs_fastest_worst']:.3f}** over the 140" in moe
