@@ -9,9 +9,11 @@ Each MoE shape of ``--table`` is left out in turn and its routes estimated from 
 rows (:meth:`fp8select.measured.moe.MoeMeasurements.estimates`, what the plan's ``model`` reason
 reads); leave-one-model-out leaves out together the shapes of one model's experts where there are
 several (equal ``H, I, k``: DeepSeek-V3's at 8, 32 and 256 local experts), the harder question of a
-model none of whose experts were measured. At each left-out point the pick is the route with the
-least estimate among those with a measured time there, scored by that time over the fastest measured
-route's (``geomean``, ``worst``, ``over_8pct``), next to what the plan did before the model: the rule
+model none of whose experts were measured. At each left-out point the pick is the route the plan's
+ranking puts first (:func:`fp8select.moe_plan.rank_routes` over the estimates: under uniform and skewed
+routing where the rows hold both) among those with a measured time there, scored by that time over the
+fastest measured route's (``model``: ``geomean``, ``worst``, ``over_8pct``; ``model_skewed``: the same
+under skewed routing, where the rows hold it), next to what the plan did before the model: the rule
 (DeepGEMM masked up to M :data:`fp8select.moe_plan.MASKED_MAX_M`, contiguous above: the first backend
 in priority order where every route's gate accepts, as on the H200) and always running one route
 (``--always``, default ``cutlass/offsets``, the fastest at most measured points). ``time_error``: the
@@ -30,23 +32,25 @@ from benchmarks import moe_routes
 from benchmarks._stats import geomean
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.table import SHIPPED_DIR
-from fp8select.moe_plan import MASKED_MAX_M
+from fp8select.moe_plan import MASKED_MAX_M, rank_routes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Shape = tuple[int, int, int, int]
 Truth = dict[tuple[Shape, int], dict[str, float]]
-SCORED = ("model", "rule", "always")
+SCORED = ("model", "model_skewed", "rule", "always")
 
 
-def table_truth(table: dict[str, Any]) -> Truth:
-    """``(shape, bucket) -> route -> us`` of the table's MoE rows (later entries winning)."""
+def table_truth(table: dict[str, Any], key: str = "us") -> Truth:
+    """``(shape, bucket) -> route -> us`` of the table's MoE rows (later entries winning); ``key="skewed_us"``:
+    their times under skewed routing, where they hold one."""
     truth: Truth = {}
     for entry in table.get("moe", ()):
         route = f"{entry['backend']}/{entry['layout']}"
-        for key, buckets in entry["shapes"].items():
-            e, h, i, k = (int(v) for v in key.split(","))
+        for shape, buckets in entry["shapes"].items():
+            e, h, i, k = (int(v) for v in shape.split(","))
             for bucket, row in buckets.items():
-                truth.setdefault(((e, h, i, k), int(bucket)), {})[route] = float(row["us"])
+                if key in row:
+                    truth.setdefault(((e, h, i, k), int(bucket)), {})[route] = float(row[key])
     return truth
 
 
@@ -62,8 +66,10 @@ def rule_route(bucket: int) -> str:
     return "deepgemm/masked" if bucket <= MASKED_MAX_M else "deepgemm/contiguous"
 
 
-def fold_points(table: dict[str, Any], truth: Truth, held: set[Shape], always: str) -> list[dict[str, Any]]:
-    """Per left-out point: the model's pick and each chooser's time over the fastest."""
+def fold_points(table: dict[str, Any], truth: Truth, held: set[Shape], always: str,
+                skewed: Truth | None = None) -> list[dict[str, Any]]:
+    """Per left-out point: the model's pick and each chooser's time over the fastest (``skewed``: the times
+    under skewed routing, where every route of the point has one)."""
     measurements = without(table, held)
     out = []
     for shape in sorted(held):
@@ -74,10 +80,14 @@ def fold_points(table: dict[str, Any], truth: Truth, held: set[Shape], always: s
             est = {r: e[bucket] for r, e in estimates.items() if r in times and bucket in e}
             if not est:
                 continue
-            pick = min(sorted(est), key=lambda r: est[r].us)
+            ranked = rank_routes(bucket, moe_routes.runnable(est), {r: {bucket: e.row()} for r, e in est.items()})
+            pick = f"{ranked[0].backend}/{ranked[0].layout}"
             best = min(times.values())
             point = {"shape": shape, "m": bucket, "pick": pick, "best": min(times, key=lambda r: times[r]),
                      "model": times[pick] / best, "error": max(est[pick].us, times[pick]) / min(est[pick].us, times[pick])}
+            under_skew = (skewed or {}).get((s, bucket), {})
+            if set(under_skew) == set(times):
+                point["model_skewed"] = under_skew[pick] / min(under_skew.values())
             for name, route in (("rule", rule_route(bucket)), ("always", always)):
                 if route in times:
                     point[name] = times[route] / best
@@ -107,7 +117,7 @@ def _where(point: dict[str, Any]) -> str:
 
 def cross_validation(table: dict[str, Any], always: str = "cutlass/offsets") -> dict[str, Any]:
     """Leave-one-shape-out and leave-one-model-out: per fold its summary and picks, and the summary of each."""
-    truth = table_truth(table)
+    truth, skewed = table_truth(table), table_truth(table, "skewed_us")
     shapes = sorted({s for s, _ in truth})
     models: dict[tuple[int, int, int], set[Shape]] = {}
     for s in shapes:
@@ -118,7 +128,7 @@ def cross_validation(table: dict[str, Any], always: str = "cutlass/offsets") -> 
         every: list[dict[str, Any]] = []
         rows = []
         for held in folds:
-            points = fold_points(table, truth, held, always)
+            points = fold_points(table, truth, held, always, skewed)
             every.extend(points)
             rows.append({"held": [",".join(map(str, s)) for s in sorted(held)], **summary(points),
                          "picks": {f"{','.join(map(str, p['shape']))} M {p['m']}": [p["pick"], round(p["model"], 4)]
@@ -164,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--table", default=str(SHIPPED_DIR / "tuning-nvidia-h200.json"))
-    source.add_argument("--routes", help="a benchmarks.moe_routes report instead of a table (its uniform times)")
+    source.add_argument("--routes", help="a benchmarks.moe_routes report instead of a table")
     parser.add_argument("--always", default="cutlass/offsets", help="the one route to compare with (backend/layout)")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)

@@ -50,11 +50,16 @@ def _merged(runs: Iterable[Mapping[str, Any]]) -> tuple[dict[str, dict[int, dict
     return points, errors
 
 
+def runnable(routes: Iterable[str]) -> dict[str, list[str]]:
+    """``backend -> layouts`` of ``routes`` (``backend/layout`` names) in priority order, as a plan passes them to
+    :func:`fp8select.moe_plan.rank_routes` (its tie-break)."""
+    names = set(routes)
+    found = {cls.name: [lay for lay in cls.layouts if f"{cls.name}/{lay}" in names] for cls in MOE_BACKENDS}
+    return {name: layouts for name, layouts in found.items() if layouts}
+
+
 def _point(m: int, rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    runnable: dict[str, list[str]] = {}
-    for cls in MOE_BACKENDS:  # priority order: the ranking's tie-break
-        runnable[cls.name] = [lay for lay in cls.layouts if f"{cls.name}/{lay}" in rows]
-    ranked = rank_routes(m, {k: v for k, v in runnable.items() if v}, {r: {m: row} for r, row in rows.items()})
+    ranked = rank_routes(m, runnable(rows), {r: {m: row} for r, row in rows.items()})
     return {"m": m, "us": {r: [row["us"], row.get("skewed_us")] for r, row in rows.items()},
             "fastest_uniform": min(rows, key=lambda r: rows[r]["us"]),
             "ranked_first": f"{ranked[0].backend}/{ranked[0].layout}"}
@@ -84,14 +89,16 @@ def distil(runs: Sequence[Mapping[str, Any]], command: str) -> dict[str, Any]:
 
 
 def as_table(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A report's uniform times as a tuning table's MoE rows (no versions: the report keeps the runs'
-    environments instead), for :mod:`benchmarks.moe_model_check` to cross-validate the model on them."""
+    """A report's times as a tuning table's MoE rows (``us``, and ``skewed_us`` where timed; no versions: the
+    report keeps the runs' environments instead), for :mod:`benchmarks.moe_model_check` to cross-validate the
+    model on them."""
     entries: dict[str, dict[str, Any]] = {}
     for point in report["points"]:
-        for route, (us, _) in point["us"].items():
+        for route, (us, skewed) in point["us"].items():
             backend, layout = route.split("/", 1)
             entry = entries.setdefault(route, {"backend": backend, "layout": layout, "versions": {}, "shapes": {}})
-            entry["shapes"].setdefault(point["shape"], {})[str(point["m"])] = {"us": us}
+            row = {"us": us} if skewed is None else {"us": us, "skewed_us": skewed}
+            entry["shapes"].setdefault(point["shape"], {})[str(point["m"])] = row
     device = report["device"]
     return {"device_name": device if isinstance(device, str) else ", ".join(device), "moe": list(entries.values())}
 

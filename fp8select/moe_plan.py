@@ -11,10 +11,12 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
   route that runs the buckets on both sides of it (the one bucket next to an end), measured there too,
   goes to that route: within that margin which route leads is the timings' noise;
 * **model** (where no route is measured at this bucket, for a shape no table holds or a bucket its
-  rows lack): the route with the least estimate among those whose gate accepts, each estimate
-  modelled from the measured shapes (:mod:`fp8select.measured.moe_model`; the detail names them), in
-  its default launch configuration (a measured one belongs to another shape). A route measured at no
-  shape on this device has no estimate and is not chosen here;
+  rows lack): among the routes whose gate accepts, the one the estimates rank first as measured rows are
+  ranked (:func:`rank_routes`: the least estimate, or where every route's estimate has one under skewed
+  routing too, the least worse ratio to the fastest under the two), each estimate modelled from the
+  measured shapes (:mod:`fp8select.measured.moe_model`; the detail names them), in its default launch
+  configuration (a measured one belongs to another shape). A route measured at no shape on this device
+  has no estimate and is not chosen here;
 * **rule** (where nothing is measured or estimated): the first backend in priority order, in its first layout,
   except that DeepGEMM runs ``masked`` up to :data:`MASKED_MAX_M` tokens (decode, CUDA graphs: FACTS.md
   measured its masked kernel at 0.83-0.94 of the HBM floor there) and ``contiguous`` above (its masked
@@ -363,13 +365,13 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         others = _others([(t.us, t.backend, t.layout) for t in timed])
         return MoeRoute(bucket, best.backend, best.layout, MEASURED, _measured_detail(best, timed) + others,
                         _row_config(by_name[best.backend], best.row, problem, best.layout, bucket), best.us)
-    modelled = [(e.us, rank, name, layout, e) for rank, name in enumerate(runnable) for layout in runnable[name]
-                if (e := estimated.get(route_name(name, layout), {}).get(bucket)) is not None]
-    if modelled:
-        modelled.sort(key=lambda t: (t[0], t[1]))
-        us, _, name, layout, estimate = modelled[0]
-        return MoeRoute(bucket, name, layout, MODEL, estimate.detail + _others([(t, n, lay) for t, _, n, lay, _ in modelled]),
-                        by_name[name].default_config(problem, layout, bucket), us)
+    modelled = {route: e for route, by_bucket in estimated.items() if (e := by_bucket.get(bucket)) is not None}
+    if ranked := rank_routes(bucket, runnable, {route: {bucket: e.row()} for route, e in modelled.items()}):
+        best = ranked[0]
+        estimate = modelled[route_name(best.backend, best.layout)]
+        return MoeRoute(bucket, best.backend, best.layout, MODEL,
+                        estimate.detail + _others([(t.us, t.backend, t.layout) for t in ranked]),
+                        by_name[best.backend].default_config(problem, best.layout, bucket), best.us)
     name = next(iter(runnable))
     b = by_name[name]
     layout = _rule_layout(runnable[name], bucket)

@@ -313,7 +313,18 @@ def test_moe_model_check_scores_the_model_the_rule_and_one_route_by_measured_tim
     # the rule: masked at M 1 (2x at E 8 and 16), contiguous at M 128 (3x, 3x, 3x)
     assert by_shape["rule"]["geomean"] == pytest.approx((2 * 2 * 1 * 3 * 3 * 3) ** (1 / 6), abs=1e-4)
     assert by_shape["always"]["worst"] == 2.0 and by_shape["always"]["over_8pct"] == 2
+    assert "model_skewed" not in by_shape  # no row has a skewed time
     assert report["leave_one_model_out"]["summary"] == {"points": 0}
+    # with skewed times where DeepGEMM masked is 4x faster than CUTLASS at E 8 and 16: ranked by both (2x behind
+    # uniform is less than 4x behind skewed), E 8 and 16 run masked: right under skew, 2x the fastest uniform
+    for entry in entries:
+        for e, buckets in entry["shapes"].items():
+            for row in buckets.values():
+                row["skewed_us"] = row["us"] / 8 if entry["layout"] == "masked" and not e.startswith("64,") else row["us"]
+    by_shape = moe_model_check.cross_validation({"device_name": "gpu", "moe": entries})["leave_one_shape_out"]["summary"]
+    assert by_shape["model_skewed"]["points"] == 6 and by_shape["model"]["worst_at"] == "8,1024,512,8 M 1"
+    assert by_shape["model"]["worst"] == 2.0 and by_shape["model"]["over_8pct"] == 4
+    assert by_shape["model_skewed"]["worst"] == 1.0
 
 
 def test_moe_model_check_on_the_shipped_table_beats_the_rule_and_is_the_kept_result(

@@ -79,6 +79,31 @@ def test_plan_models_the_buckets_no_row_measures() -> None:
     assert plan.backends == ("deepgemm",) and {r.why for r in plan.routes} == {EXPLICIT}
 
 
+def test_the_model_ranks_by_skewed_routing_too_where_the_rows_hold_it() -> None:
+    """Triton 5% ahead under uniform routing but 40% behind under skew at the measured shapes: modelled from
+    rows with both times, the plan runs DeepGEMM masked, as it would at a measured bucket; from the uniform
+    times alone (or where a route has no skewed time), Triton."""
+    chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
+    shapes = ("8,7168,2048,8", "32,7168,2048,8")
+    times = {"deepgemm/masked": (105.0, 50.0), "triton/sorted": (100.0, 70.0)}
+
+    def table(skewed: set[str]) -> MoeMeasurements:
+        rows = {route: {s: {"1": {"us": u, **({"skewed_us": k} if route in skewed else {})}} for s in shapes}
+                for route, (u, k) in times.items()}
+        return MoeMeasurements([{"moe": [{"backend": r.split("/")[0], "layout": r.split("/")[1], "versions": {},
+                                          "shapes": by_shape} for r, by_shape in rows.items()]}], {})
+
+    problem = MoeProblem(16, 7168, 2048, 8)
+    both = table(set(times)).estimates(16, 7168, 2048, 8)
+    assert both["triton/sorted"][1].skewed_us == pytest.approx(70.0 * both["triton/sorted"][1].us / 100.0, rel=0.01)
+    assert "; under skewed routing " in both["triton/sorted"][1].detail
+    route = build_moe_plan(problem, chain, DG_MOE, estimated=both).route(1)
+    assert (route.backend, route.layout, route.why) == ("deepgemm", "masked", MODEL)
+    for skewed in (set(), {"deepgemm/masked"}):
+        estimated = table(skewed).estimates(16, 7168, 2048, 8)
+        assert (build_moe_plan(problem, chain, DG_MOE, estimated=estimated).route(1).backend) == "triton"
+
+
 def test_the_model_chooses_among_the_routes_the_gates_accept() -> None:
     chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
     table = _table({"deepgemm/masked": 50.0, "deepgemm/contiguous": 60.0, "triton/sorted": 100.0})

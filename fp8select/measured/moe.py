@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fp8select.buckets import M_BUCKETS
@@ -120,6 +120,12 @@ class _RouteRows:
     shapes: Mapping[str, Mapping[int, Mapping[str, Any]]]
 
 
+def _with_skewed(uniform: MoeEstimate, skewed: MoeEstimate | None) -> MoeEstimate:
+    if skewed is None:
+        return uniform
+    return replace(uniform, skewed_us=skewed.us, detail=f"{uniform.detail}; under skewed routing {skewed.us:.1f} us")
+
+
 class MoeMeasurements:
     """The MoE rows of one device's tables, per ``backend/layout`` (immutable once built)."""
 
@@ -137,8 +143,9 @@ class MoeMeasurements:
         for route, by_versions in groups.items():
             key, exact = used_versions(by_versions, installed.get(route.split("/", 1)[0], {}))
             self._rows[route] = _RouteRows(dict(key), exact, by_versions[key])
-        self._model = MoeModel({route: {_shape_of(s): {b: float(r["us"]) for b, r in buckets.items()}
-                                        for s, buckets in rows.shapes.items()} for route, rows in self._rows.items()})
+        self._model, self._skewed = (MoeModel({route: {_shape_of(s): {b: float(r[key]) for b, r in buckets.items() if key in r}
+                                                       for s, buckets in rows.shapes.items()}
+                                               for route, rows in self._rows.items()}) for key in ("us", "skewed_us"))
 
     def __bool__(self) -> bool:
         return bool(self._rows)
@@ -154,12 +161,14 @@ class MoeMeasurements:
 
     def estimates(self, experts: int, hidden: int, intermediate: int, top_k: int) -> dict[str, dict[int, MoeEstimate]]:
         """Per route and M bucket, the modelled time of one layer shape from the measured shapes (routes
-        measured at no shape at a bucket have no estimate there). The plan reads them only for buckets
-        with no measured row."""
+        measured at no shape at a bucket have no estimate there), and under skewed routing from the rows
+        that hold that time (``skewed_us``, where there are any). The plan reads them only for buckets with
+        no measured row, and ranks them as it ranks measured rows."""
         shape = (experts, hidden, intermediate, top_k)
         out: dict[str, dict[int, MoeEstimate]] = {}
         for route in self._rows:
-            found = {b: e for b in M_BUCKETS if (e := self._model.estimate(route, shape, b)) is not None}
+            found = {b: _with_skewed(e, self._skewed.estimate(route, shape, b)) for b in M_BUCKETS
+                     if (e := self._model.estimate(route, shape, b)) is not None}
             if found:
                 out[route] = found
         return out

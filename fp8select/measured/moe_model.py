@@ -13,7 +13,9 @@ form :mod:`fp8select.measured.model` uses for the dense layers::
     w = 1 / (d + 0.5)**2,   d = Euclidean distance between the positions
 
 ``best`` is the fastest route's time at a point; ``t / best`` a route's *standing* there, which is
-what the plan's choice depends on (the route with the least standing has the least estimate).
+what the plan's choice depends on (the route with the least standing has the least estimate). Where the
+rows hold times under skewed routing too, :class:`~fp8select.measured.moe.MoeMeasurements` builds a second
+model from those (an estimate's ``skewed_us``), and the plan ranks the two as it ranks measured rows.
 ``ref`` (:func:`moe_reference_us`) only sets the level of the times shown: the larger of the HBM floor
 of the experts a uniform batch touches and the FP8 compute floor, plus :data:`FIXED_US` of launches.
 
@@ -65,11 +67,17 @@ def _shape_text(shape: MoeShape) -> str:
 
 @dataclass(frozen=True)
 class MoeEstimate:
-    """A route's modelled time at one shape and M bucket, and the measured shapes it came from."""
+    """A route's modelled time at one shape and M bucket, and the measured shapes it came from; ``skewed_us``
+    its modelled time under skewed routing, where measured shapes have that time too."""
 
     us: float
     detail: str
     sources: tuple[tuple[MoeShape, float], ...]  # measured shapes and their share of the weight, largest first
+    skewed_us: float | None = None
+
+    def row(self) -> dict[str, float]:
+        """As a measured row reads (``us``, and ``skewed_us`` where modelled), for the plan to rank alike."""
+        return {"us": self.us} if self.skewed_us is None else {"us": self.us, "skewed_us": self.skewed_us}
 
 
 def _position(shape: MoeShape, bucket: int) -> tuple[float, float]:
