@@ -341,11 +341,13 @@ def _smoothed(routes: Sequence[MoeRoute], timed: Sequence[Sequence[Timed]], acce
     return out
 
 
-def _others(ranked: Sequence[tuple[float, str, str]]) -> str:
-    """`` (others: a/x 2.0, b/y 3.0 us)``: the next three routes of a ranking ``(us, backend, layout)`` after the
-    chosen one, or nothing."""
-    others = ", ".join(f"{route_name(n, lay)} {t:.1f}" for t, n, lay in ranked[1:4])
-    return f" (others: {others} us)" if others else ""
+def _others(ranked: Sequence[Timed]) -> str:
+    """`` (others: a/x 2.0, b/y 3.0 us)``: the next three routes of a ranking after the chosen one, or nothing;
+    ranked under skewed routing too, each with both times (`` (others: a/x 2.0/1.5 us uniform/skewed)``)."""
+    both = _all_skewed([t.row for t in ranked])
+    others = ", ".join(f"{route_name(t.backend, t.layout)} {t.us:.1f}" + (f"/{float(t.row['skewed_us']):.1f}" if both else "")
+                       for t in ranked[1:4])
+    return f" (others: {others} us{' uniform/skewed' if both else ''})" if others else ""
 
 
 def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, Sequence[str]],
@@ -362,7 +364,7 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
                         b.default_config(problem, layout, bucket))
     if timed:
         best = timed[0]
-        others = _others([(t.us, t.backend, t.layout) for t in timed])
+        others = _others(timed)
         return MoeRoute(bucket, best.backend, best.layout, MEASURED, _measured_detail(best, timed) + others,
                         _row_config(by_name[best.backend], best.row, problem, best.layout, bucket), best.us)
     modelled = {route: e for route, by_bucket in estimated.items() if (e := by_bucket.get(bucket)) is not None}
@@ -370,7 +372,7 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         best = ranked[0]
         estimate = modelled[route_name(best.backend, best.layout)]
         return MoeRoute(bucket, best.backend, best.layout, MODEL,
-                        estimate.detail + _others([(t.us, t.backend, t.layout) for t in ranked]),
+                        estimate.detail + _others(ranked),
                         by_name[best.backend].default_config(problem, best.layout, bucket), best.us)
     name = next(iter(runnable))
     b = by_name[name]

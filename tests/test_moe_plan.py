@@ -286,7 +286,7 @@ def test_routes_timed_under_skew_too_rank_by_the_worse_standing() -> None:
     plan = build_moe_plan(LAYER, chain, CPU, measured=rows)
     first = plan.route(1)  # a/x 2.7x behind under skew, a/y 1.09x, b/sorted 1.1x under uniform routing
     assert (first.backend, first.layout, first.us) == ("a", "y", 10.3)
-    assert first.detail == "measured 10.3 us, 12.0 us skewed (others: b/sorted 11.0, a/x 10.0 us)"
+    assert first.detail == "measured 10.3 us, 12.0 us skewed (others: b/sorted 11.0/11.0, a/x 10.0/30.0 us uniform/skewed)"
     second = plan.route(2)  # b/sorted has no skewed time there
     assert (second.backend, second.layout, second.detail) == ("a", "x", "measured 10.0 us (others: a/y 10.3, b/sorted 11.0 us)")
     # equal standings: the faster under uniform routing, then the priority and layout order

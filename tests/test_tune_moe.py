@@ -146,7 +146,7 @@ def test_a_point_of_several_routes_is_timed_under_skew_too_and_the_plan_weighs_b
     rows = MoeMeasurements([table], {}).times(*SHAPE)
     route = build_moe_plan(MoeProblem(*SHAPE), list(CHAIN), CPU, measured=rows).route(4)
     assert (route.backend, route.layout, route.us) == ("fast", "b", 1.02)
-    assert route.detail == "measured 1.0 us, 1.1 us skewed (others: fast/a 1.0, slow/sorted 5.0 us)"
+    assert route.detail == "measured 1.0 us, 1.1 us skewed (others: fast/a 1.0/3.0, slow/sorted 5.0/5.0 us uniform/skewed)"
     # wrong under skewed routing only: recorded, and left out
     monkeypatch.setattr(Clocked, "skew_broken", "fast/b")
     table, rows = tune_moe.tune_moe(clocked, [SHAPE], ms=(4,), chain=CHAIN, device="cpu")
