@@ -412,14 +412,17 @@ def test_load_time_tuning_of_a_moe_layer_measures_only_its_open_buckets(clocked:
     from fp8select.moe_select import moe_measurements
 
     known, _ = tune_moe.tune_moe(clocked, [SHAPE], ms=tuple(2**i for i in range(14)), chain=CHAIN, device="cpu")
-    for group in known["moe"]:
-        if (group["backend"], group["layout"]) == ("fast", "a"):
-            group["shapes"][KEY]["16"]["us"] = 2.2  # within 1.25x of fast/b's 2.0 there: a choice to make
+    rows_at_16 = {(g["backend"], g["layout"]): g["shapes"][KEY]["16"] for g in known["moe"]}
+    rows_at_16[("fast", "a")]["us"] = 2.2  # within 1.25x of fast/b's 2.0 there, under uniform routing
     caps = replace(CPU, device_name="cpu-test", env={"FP8SELECT_CACHE_DIR": str(tmp_path)})
     known = {**known, "device_name": "cpu-test"}
     sel = resolve(caps, plugins=False, tuning=known)
-    table = moe_measurements(sel, CHAIN, [known])
     unseen = (8, H, INTER, K)
+    # ranked as the plan ranks: fast/a far behind under skewed routing leaves no choice to make ...
+    assert rows_at_16[("fast", "a")]["skewed_us"] > 1.25 * rows_at_16[("fast", "b")]["skewed_us"]
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, moe_measurements(sel, CHAIN, [known]), unseen) == []
+    rows_at_16[("fast", "a")]["skewed_us"] = rows_at_16[("fast", "b")]["skewed_us"]  # ... close under both: one
+    table = moe_measurements(sel, CHAIN, [known])
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, unseen) == [16]
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, SHAPE) == []  # measured: nothing to do
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, None, unseen) == list(M_BUCKETS)  # nothing known

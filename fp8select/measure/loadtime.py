@@ -17,7 +17,8 @@ show) and measures the open buckets that are left, until none are; with a proces
 measures and every rank gets its rows (the same plans everywhere).
 
 MoE experts layers the same way (``prepare_moe``): the M buckets of a shape no table holds where two
-or more routes have estimates within :data:`CLOSE` of the best (or none), timed as ``tune --moe``
+or more routes have estimates within :data:`CLOSE` of the best (or none; standings as the plan ranks them,
+under skewed routing too where the rows have it), timed as ``tune --moe``
 does with the layer's own weights as the first copy rotated through, at most two Triton
 configurations, within the same budget (:func:`measure_moe_shape`).
 """
@@ -105,10 +106,12 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
                            ) -> list[int]:
     """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends), given
     ``table`` (:class:`~fp8select.measured.moe.MoeMeasurements` or None): those with no row of the shape
-    where two or more routes' gates accept it and two or more of those have no estimate or one within
-    :data:`CLOSE` of the best; the closest contests first (the next start measures what a budget left)."""
+    where two or more routes' gates accept it and two or more of those have no estimate or a standing within
+    :data:`CLOSE` of the best, as the plan ranks them (:func:`fp8select.moe_plan.rank_routes`: under skewed
+    routing too where the estimates have it); the closest contests first (the next start measures what a
+    budget left)."""
     from fp8select.backends.moe import MoeProblem
-    from fp8select.moe_plan import route_name
+    from fp8select.moe_plan import rank_routes, route_name
 
     held = {bucket for rows in (table.times(*shape) if table else {}).values() for bucket in rows}
     estimates = table.estimates(*shape) if table else {}
@@ -117,23 +120,28 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
         if bucket in held:
             continue
         problem = MoeProblem(*shape, m=bucket)
-        contests[bucket] = {route_name(b.name, layout): estimates.get(route_name(b.name, layout), {}).get(bucket)
-                            for b in chain if b.name != "reference" for layout in b.layouts
-                            if b.supports(problem, caps, layout).ok}
-    return [bucket for bucket, _ in by_closeness(contests)]
+        runnable = {b.name: [lay for lay in b.layouts if b.supports(problem, caps, lay).ok]
+                    for b in chain if b.name != "reference"}
+        runnable = {name: layouts for name, layouts in runnable.items() if layouts}
+        rows = {r: {bucket: e.row()} for r, by_bucket in estimates.items() if (e := by_bucket.get(bucket)) is not None}
+        ranked = {route_name(t.backend, t.layout): t for t in rank_routes(bucket, runnable, rows)}
+        contests[bucket] = {route_name(name, lay): ranked.get(route_name(name, lay))
+                            for name, layouts in runnable.items() for lay in layouts}
+    return [bucket for bucket, _ in by_closeness(contests, value=lambda timed: timed.loss)]
 
 
-def by_closeness(contests: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, list[str]]]:
-    """Per M bucket, the names whose estimate (anything with ``us``, or None) is missing or within :data:`CLOSE`
-    of the best, where there are two or more; ordered by how close the contest is (the runner-up's estimate
-    over the best one's, a missing estimate counting as a tie), then by M."""
+def by_closeness(contests: Mapping[int, Mapping[str, Any]], value: Any = lambda estimate: estimate.us
+                 ) -> list[tuple[int, list[str]]]:
+    """Per M bucket, the names whose estimate (anything ``value`` reads a time from, ``us`` by default; or None)
+    is missing or within :data:`CLOSE` of the best, where there are two or more; ordered by how close the
+    contest is (the runner-up's estimate over the best one's, a missing estimate counting as a tie), then by M."""
     found = []
     for bucket, estimates in contests.items():
-        best = min((e.us for e in estimates.values() if e is not None), default=math.inf)
-        close = [name for name, e in estimates.items() if e is None or e.us <= best * CLOSE]
+        best = min((value(e) for e in estimates.values() if e is not None), default=math.inf)
+        close = [name for name, e in estimates.items() if e is None or value(e) <= best * CLOSE]
         if len(close) < 2:
             continue
-        known = sorted(estimates[name].us for name in close if estimates[name] is not None)
+        known = sorted(value(estimates[name]) for name in close if estimates[name] is not None)
         gap = 1.0 if len(known) < len(close) else known[1] / known[0]
         found.append((gap, bucket, close))
     return [(bucket, close) for _, bucket, close in sorted(found, key=lambda item: item[:2])]
