@@ -319,6 +319,7 @@ def test_load_time_tuning_times_the_closest_contests_first_and_a_bucket_once() -
                 64: {"a": est(10.0), "b": est(10.2), "c": est(11.0)}, 128: {"a": est(10.0), "b": None},
                 256: {"a": est(10.0)}}
     assert loadtime.by_closeness(contests) == [(128, ["a", "b"]), (64, ["a", "b", "c"]), (1, ["a", "b"])]
+    assert loadtime.by_closeness({1: {"a": est(10.0), "b": est(10.0 * loadtime.CLOSE)}}) == [(1, ["a", "b"])]
     table = {**new_table("cpu-test"), "groups": [{"backend": "small", "versions": {}, "shapes": {
         "512,768": {"16": {"us": 5.0}}, f"{N},{K}": {"16": {"us": 5.0}, "32": {"us": 6.0}}}}]}
     partly = Measurements("cpu-test", [table], {"small": {}})

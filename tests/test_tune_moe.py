@@ -23,6 +23,7 @@ from fp8select.measure.timing import Timing
 from fp8select.measured.moe import MOE_SHAPES, MoeMeasurements, parse_moe_shapes
 from fp8select.measured.table import merge_tables, new_table, validate_table
 from fp8select.moe_plan import MEASURED, build_moe_plan
+from fp8select.verdict import Verdict
 
 CPU = MATRIX["cpu-only"][0]
 E, H, INTER, K = 4, 256, 128, 2
@@ -354,6 +355,30 @@ def test_uniform_routing_draws_distinct_experts() -> None:
     assert counts.min() > 0.6 * 128 and counts.max() < 1.4 * 128  # 4096 slots over 32 experts: ~128 each
     assert torch.allclose(weights.sum(1), torch.ones(512))
 
+
+
+class Gated(Clocked):
+    """Layout ``a`` up to M 64 only; layout ``b`` on this snapshot's device kind only."""
+
+    name = "gated"
+
+    def supports(self, problem: MoeProblem, caps: Any, layout: str) -> Verdict:
+        if layout == "a" and (problem.m is None or problem.m > 64):
+            return Verdict.reject("a: up to M 64")
+        if layout == "b" and caps.device_kind != CPU.device_kind:
+            return Verdict.reject("b: not on this device")
+        return super().supports(problem, caps, layout)
+
+
+def test_load_time_asks_each_bucket_of_the_routes_gates() -> None:
+    """Nothing known: every bucket where two or more routes' gates take it is open, and the gates are asked
+    at that bucket on this device."""
+    from fp8select.measure import loadtime
+
+    open_buckets = loadtime.moe_buckets_to_measure((Gated(), ReferenceMoe()), CPU, None, SHAPE)
+    assert open_buckets == [b for b in M_BUCKETS if b <= 64]
+    elsewhere = replace(CPU, device_kind="xpu")
+    assert loadtime.moe_buckets_to_measure((Gated(), ReferenceMoe()), elsewhere, None, SHAPE) == []
 
 def test_the_tune_command_writes_moe_rows_and_merges(clocked: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     from fp8select import cli
