@@ -10,7 +10,7 @@ rows (:meth:`fp8select.measured.moe.MoeMeasurements.estimates`, what the plan's 
 reads); leave-one-model-out leaves out together the shapes of one model's experts where there are
 several (equal ``H, I, k``: DeepSeek-V3's at 8, 32 and 256 local experts), the harder question of a
 model none of whose experts were measured. At each left-out point the pick is the route the plan's
-ranking puts first (:func:`fp8select.moe_plan.rank_routes` over the estimates: under uniform and skewed
+ranking puts first (:func:`fp8select.moe_plan.rank_estimates`: under uniform and skewed
 routing where the rows hold both) among those with a measured time there, scored by that time over the
 fastest measured route's (``model``: ``geomean``, ``worst``, ``over_8pct``; ``model_skewed``: the same
 under skewed routing, where the rows hold it), next to what the plan did before the model: the rule
@@ -32,7 +32,7 @@ from benchmarks import moe_routes
 from benchmarks._stats import geomean
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.table import SHIPPED_DIR
-from fp8select.moe_plan import MASKED_MAX_M, rank_routes
+from fp8select.moe_plan import MASKED_MAX_M, rank_estimates
 
 RESULTS = Path(__file__).resolve().parent / "results"
 Shape = tuple[int, int, int, int]
@@ -80,7 +80,7 @@ def fold_points(table: dict[str, Any], truth: Truth, held: set[Shape], always: s
             est = {r: e[bucket] for r, e in estimates.items() if r in times and bucket in e}
             if not est:
                 continue
-            ranked = rank_routes(bucket, moe_routes.runnable(est), {r: {bucket: e.row()} for r, e in est.items()})
+            ranked = rank_estimates(bucket, moe_routes.runnable(est), estimates)
             pick = f"{ranked[0].backend}/{ranked[0].layout}"
             best = min(times.values())
             point = {"shape": shape, "m": bucket, "pick": pick, "best": min(times, key=lambda r: times[r]),

@@ -12,7 +12,7 @@ the dense layers. Per M bucket (:mod:`fp8select.buckets`; the tokens per expert 
   goes to that route: within that margin which route leads is the timings' noise;
 * **model** (where no route is measured at this bucket, for a shape no table holds or a bucket its
   rows lack): among the routes whose gate accepts, the one the estimates rank first as measured rows are
-  ranked (:func:`rank_routes`: the least estimate, or where every route's estimate has one under skewed
+  ranked (:func:`rank_estimates`: the least estimate, or where every route's estimate has one under skewed
   routing too, the least worse ratio to the fastest under the two), each estimate modelled from the
   measured shapes (:mod:`fp8select.measured.moe_model`; the detail names them), in its default launch
   configuration (a measured one belongs to another shape). A route measured at no shape on this device
@@ -57,7 +57,7 @@ from fp8select.plan import HAIR, neighbours, neighbours_share
 from fp8select.verdict import Candidate, Verdict
 
 __all__ = ["EXPLICIT", "GATE", "INVARIANT", "MASKED_MAX_M", "MEASURED", "MODEL", "RULE", "MoeEstimates", "MoePlan", "MoeRoute",
-           "MoeTimes", "build_moe_plan", "rank_routes", "route_name"]
+           "MoeTimes", "build_moe_plan", "rank_estimates", "rank_routes", "route_name"]
 
 EXPLICIT, MEASURED, MODEL, RULE, GATE, INVARIANT = "explicit", "measured", "model", "rule", "gate", "invariant"
 MASKED_MAX_M = 64
@@ -303,6 +303,13 @@ def rank_routes(bucket: int, runnable: Mapping[str, Sequence[str]], measured: Mo
     return sorted(timed, key=lambda t: (t.loss, t.us, t.rank))
 
 
+def rank_estimates(bucket: int, runnable: Mapping[str, Sequence[str]], estimated: MoeEstimates) -> list[Timed]:
+    """The routes that run ``bucket`` and have an estimate there, ranked as measured rows are
+    (:func:`rank_routes`: each estimate read as a row, :meth:`~fp8select.measured.moe_model.MoeEstimate.row`)."""
+    return rank_routes(bucket, runnable, {route: {bucket: e.row()} for route, by_bucket in estimated.items()
+                                          if (e := by_bucket.get(bucket)) is not None})
+
+
 def _all_skewed(rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether each of a bucket's rows has a time under skewed routing (then they are ranked by it too)."""
     return bool(rows) and all(isinstance(v := row.get("skewed_us"), int | float) and not isinstance(v, bool) and v > 0
@@ -367,10 +374,9 @@ def _route(bucket: int, accepted: Sequence[MoeBackend], runnable: Mapping[str, S
         others = _others(timed)
         return MoeRoute(bucket, best.backend, best.layout, MEASURED, _measured_detail(best, timed) + others,
                         _row_config(by_name[best.backend], best.row, problem, best.layout, bucket), best.us)
-    modelled = {route: e for route, by_bucket in estimated.items() if (e := by_bucket.get(bucket)) is not None}
-    if ranked := rank_routes(bucket, runnable, {route: {bucket: e.row()} for route, e in modelled.items()}):
+    if ranked := rank_estimates(bucket, runnable, estimated):
         best = ranked[0]
-        estimate = modelled[route_name(best.backend, best.layout)]
+        estimate = estimated[route_name(best.backend, best.layout)][bucket]
         return MoeRoute(bucket, best.backend, best.layout, MODEL,
                         estimate.detail + _others(ranked),
                         by_name[best.backend].default_config(problem, best.layout, bucket), best.us)

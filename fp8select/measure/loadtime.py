@@ -107,11 +107,11 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
     """The M buckets worth measuring for a MoE layer ``(E, H, I, k)`` of ``chain`` (MoE backends), given
     ``table`` (:class:`~fp8select.measured.moe.MoeMeasurements` or None): those with no row of the shape
     where two or more routes' gates accept it and two or more of those have no estimate or a standing within
-    :data:`CLOSE` of the best, as the plan ranks them (:func:`fp8select.moe_plan.rank_routes`: under skewed
+    :data:`CLOSE` of the best, as the plan ranks them (:func:`fp8select.moe_plan.rank_estimates`: under skewed
     routing too where the estimates have it); the closest contests first (the next start measures what a
     budget left)."""
     from fp8select.backends.moe import MoeProblem
-    from fp8select.moe_plan import rank_routes, route_name
+    from fp8select.moe_plan import rank_estimates, route_name
 
     held = {bucket for rows in (table.times(*shape) if table else {}).values() for bucket in rows}
     estimates = table.estimates(*shape) if table else {}
@@ -123,8 +123,7 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
         runnable = {b.name: [lay for lay in b.layouts if b.supports(problem, caps, lay).ok]
                     for b in chain if b.name != "reference"}
         runnable = {name: layouts for name, layouts in runnable.items() if layouts}
-        rows = {r: {bucket: e.row()} for r, by_bucket in estimates.items() if (e := by_bucket.get(bucket)) is not None}
-        ranked = {route_name(t.backend, t.layout): t for t in rank_routes(bucket, runnable, rows)}
+        ranked = {route_name(t.backend, t.layout): t for t in rank_estimates(bucket, runnable, estimates)}
         contests[bucket] = {route_name(name, lay): ranked.get(route_name(name, lay))
                             for name, layouts in runnable.items() for lay in layouts}
     return [bucket for bucket, _ in by_closeness(contests, value=lambda timed: timed.loss)]
