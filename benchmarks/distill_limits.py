@@ -12,6 +12,7 @@ bookkeeping and the run's output path.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,15 @@ def json_lines(head: Mapping[str, Any], lists: Mapping[str, Sequence[Any]], per_
     lines = [f' "{k}": {json.dumps(v)}' for k, v in head.items()]
     lines += [f' "{k}": [\n' + ",\n".join(rows(items)) + "\n ]" for k, items in lists.items() if items]
     return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def portable(path: str) -> str:
+    """``path`` as results and tables name it: relative to the working directory (the repository) where it lies
+    inside it, else its file name after ``.../``: the file, not the machine it was measured or written on."""
+    if not os.path.isabs(path):
+        return path
+    inside = os.path.commonpath([path, os.getcwd()]) == os.getcwd()
+    return os.path.relpath(path) if inside else ".../" + os.path.basename(path)
 
 
 def distill(report: dict[str, Any]) -> str:

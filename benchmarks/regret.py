@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import fp8select
 from benchmarks._cuda import require_cuda
-from benchmarks.distill_limits import json_lines
+from benchmarks.distill_limits import json_lines, portable
 from fp8select.measure import bench
 
 SKIP = ("auto", "bf16-matmul", "reference")
@@ -141,15 +140,6 @@ def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[
     return out
 
 
-def _portable(source: str) -> str:
-    """A table's path relative to the working directory (the repository) when it lies inside it,
-    else its file name after ``.../``: results name the file, not the machine they were measured on."""
-    if not os.path.isabs(source):
-        return source
-    inside = os.path.commonpath([source, os.getcwd()]) == os.getcwd()
-    return os.path.relpath(source) if inside else ".../" + os.path.basename(source)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="deepseek-v3")
@@ -196,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(json.dumps(summary, indent=1), flush=True)
     head = {"label": args.label, "environment": bench.environment(), "capabilities": selection.capabilities.to_dict(),
             "chain": [b.name for b in selection.chain],
-            "tuning_sources": [_portable(source) for source in selection.tuning_sources],
+            "tuning_sources": [portable(source) for source in selection.tuning_sources],
             "seconds": round(time.monotonic() - start, 1), "load_time_tuning": load_time, "summary": summary}
     per_line = 4 if chosen_points else len(bench.parse_ms(args.m))
     with open(args.out, "w", encoding="utf-8") as fh:

@@ -82,13 +82,14 @@ def test_regret_worst_starts_at_the_worst_point_summarize_regret_scores_on_the_t
         assert round(ratio, 3) == max(worsts) > 1, (prefix, shape, m)
 
 
-def test_regret_names_tables_without_the_machines_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from benchmarks import regret
+def test_results_and_tables_name_files_without_the_machines_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What benchmarks.regret names its tables by, and benchmarks.moe_routes the report a table is written from."""
+    from benchmarks.distill_limits import portable
 
     monkeypatch.chdir(tmp_path)
-    assert regret._portable(str(tmp_path / "fp8select" / "data" / "t.json")) == "fp8select/data/t.json"
-    assert regret._portable("/elsewhere/work/tuning.json") == ".../tuning.json"
-    assert regret._portable("relative/t.json") == "relative/t.json"
+    assert portable(str(tmp_path / "fp8select" / "data" / "t.json")) == "fp8select/data/t.json"
+    assert portable("/elsewhere/work/tuning.json") == ".../tuning.json"
+    assert portable("relative/t.json") == "relative/t.json"
 
 
 def test_model_check_scores_the_models_choice_against_measured_times() -> None:
