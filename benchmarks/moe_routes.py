@@ -3,10 +3,14 @@
     python -m fp8select tune --moe all --m 1,4,...,8192 --force --max-configs 1 --out T.json --json ROWS.json
     python -m benchmarks.moe_routes ROWS.json [ROWS.json ...] --out benchmarks/results/moe_routes_h100.json
     python -m benchmarks.moe_routes --table fp8select/data/tuning-nvidia-h200.json
+    python -m benchmarks.moe_routes --report benchmarks/results/moe_routes_h100.json \
+        --packages deep_gemm=2.6.1,sgl_kernel=0.4.4 --to-table fp8select/data/tuning-nvidia-h100-80gb-hbm3.json
 
 ``--table``: a tuning table's MoE rows instead, where every route of a point was timed together (the
 shipped H200 table's: `tune --moe all --force --max-configs 1`, merged with ``merge_tuning --all``); the
 table keeps no ``rel_err``, and the report is printed (the table is the kept data), or written to ``--out``.
+``--report``: a kept report of this tool, written as the tuning table to ship for its device (``--to-table``,
+:func:`shippable`).
 
 ``tune --moe`` times every route of a point together, under uniform and then skewed routing (a row's
 ``us`` and ``skewed_us``), and checks each against the reference first (``rel_err``). This distils the
@@ -25,8 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.distill_limits import json_lines
+from benchmarks.distill_limits import json_lines, portable
 from fp8select.backends.moe_builtin import MOE_BACKENDS
+from fp8select.kernels.moe_config import default_config
+from fp8select.measured.moe import parse_moe_shape
+from fp8select.measured.table import new_table, release, save_table
 from fp8select.moe_plan import rank_routes
 
 TRITON, CONTIGUOUS = "triton/sorted", "deepgemm/contiguous"
@@ -103,14 +110,59 @@ def as_table(report: Mapping[str, Any]) -> dict[str, Any]:
     return {"device_name": device if isinstance(device, str) else ", ".join(device), "moe": list(entries.values())}
 
 
+def shippable(report: Mapping[str, Any], packages: Mapping[str, str], source: str = "the report") -> dict[str, Any]:
+    """A kept report of one device's runs as the tuning table to ship for it: :func:`as_table`'s rows, each
+    route's at the versions its runs had (torch, CUDA and Triton from the report's environments, which must
+    agree; each backend's own packages from ``packages``, as their releases), Triton's at the rule's
+    configuration, which those runs timed (``tune --moe --max-configs 1`` where no table of the device holds
+    one: :func:`fp8select.kernels.moe_config.tuning_configs` starts from the rule). No dense rows; the note
+    names ``source`` (where the report is kept) and its runs' command."""
+    if not isinstance(report["device"], str):
+        raise ValueError(f"a table is one device's: the report's runs came from {', '.join(report['device'])}")
+    found = {(env["torch"], env["cuda"], env["triton"]) for env in report["environment"]}
+    if len(found) != 1:
+        raise ValueError(f"the report's runs had other torch, CUDA or Triton versions: {sorted(found)}")
+    torch_version, cuda, triton = found.pop()
+    own = {cls.name: cls.packages for cls in MOE_BACKENDS}
+    table = new_table(report["device"], note=f"MoE rows only: {source} written as a table by benchmarks.moe_routes "
+                                             f"--to-table. Its runs: {report['command']}")
+    table["moe"] = as_table(report)["moe"]
+    for entry in table["moe"]:
+        if missing := [name for name in own[entry["backend"]] if name not in packages]:
+            raise ValueError(f"--packages: {entry['backend']}'s rows need the version of {', '.join(missing)}")
+        entry["versions"] = {"cuda": cuda, "torch": torch_version, "triton": triton,
+                             **{name: release(packages[name]) for name in own[entry["backend"]]}}
+        if entry["backend"] == "triton":
+            for shape, rows in entry["shapes"].items():
+                experts, _, _, top_k = parse_moe_shape(shape)
+                for m, row in rows.items():
+                    row["config"] = default_config(int(m), top_k, experts).to_dict()
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.moe_routes", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="*", help="tune --moe --json files")
     parser.add_argument("--table", help="a tuning table whose MoE rows are one run's (instead of runs)")
     parser.add_argument("--out", help="the distilled report (required with runs)")
+    parser.add_argument("--report", help="a kept report of this tool, written as a table to ship (with --to-table)")
+    parser.add_argument("--to-table", help="where --report's table goes")
+    parser.add_argument("--packages", default="", help="NAME=VERSION,...: the backends' own packages the report's runs had")
     parser.add_argument("--command", default="python -m fp8select tune --moe ... --force --max-configs 1 --json ROWS.json",
                         help="the tune command the runs came from, as the report says it")
     args = parser.parse_args(argv)
+    if args.report or args.to_table:
+        if not (args.report and args.to_table) or args.runs or args.table:
+            parser.error("--report and --to-table go together, without runs or --table")
+        packages = dict(item.split("=", 1) for item in args.packages.split(",") if "=" in item)
+        try:
+            table = shippable(json.loads(Path(args.report).read_text()), packages, portable(args.report))
+        except ValueError as exc:
+            parser.error(str(exc))
+        save_table(args.to_table, table)
+        print(f"moe_routes: {sum(len(r) for e in table['moe'] for r in e['shapes'].values())} rows of "
+              f"{len(table['moe'])} routes to {args.to_table}")
+        return
     if bool(args.runs) == bool(args.table) or (args.runs and not args.out):
         parser.error("give tune --moe --json files and --out, or --table")
     if args.table:

@@ -190,11 +190,10 @@ def _with_tuning(selection: Selection, tuning: bool | Mapping[str, Any], given: 
         found = measure_on_one_rank(local, None if isinstance(group, str) else group)
         tables = [(f"{source} (rank 0)", table) for source, table in found["tables"]]
     selection = replace(selection, tune_at_load=bool(found["tune"]))
-    measurements = measurements_for(caps, selection.chain, [t for _, t in tables])
-    if measurements is None:
+    if not tables:
         return selection
-    return replace(selection, measurements=measurements, tuning_sources=tuple(source for source, _ in tables),
-                   tables=tuple(table for _, table in tables))
+    return replace(selection, measurements=measurements_for(caps, selection.chain, [t for _, t in tables]),
+                   tuning_sources=tuple(source for source, _ in tables), tables=tuple(table for _, table in tables))
 
 
 def _check_arguments(capabilities: object, verify: object, plugins: object, group: object, on_mismatch: object,

@@ -126,7 +126,8 @@ class Selection(Decision):
             lines.append("measurements: " + ", ".join(self.tuning_sources))
             lines.extend("  " + line for line in self.measurements.describe().splitlines())
         else:
-            lines.append("measurements: none for this device, so plans follow the priority order")
+            held = f" (its tables hold MoE rows only: {', '.join(self.tuning_sources)})" if self.tuning_sources else ""
+            lines.append(f"measurements: none for this device{held}, so plans follow the priority order")
         if caps.device_kind == "cuda":
             processes = processes_wanted(caps)
             lines.append("load-time measurement: " + (

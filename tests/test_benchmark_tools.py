@@ -320,6 +320,46 @@ def test_moe_routes_reads_a_tables_rows_as_one_run(tmp_path: Path, capsys: pytes
             moe_routes.main(argv)
 
 
+def test_moe_routes_writes_a_kept_report_as_the_table_to_ship(tmp_path: Path) -> None:
+    """``--report --to-table``: each route's rows at the runs' torch, CUDA and Triton and its own packages'
+    releases, Triton's at the rule's configuration (what ``tune --moe --max-configs 1`` timed with no table of
+    the device); refused for runs of mixed versions or devices, or a backend's package left out. The shipped
+    H100 SXM table is exactly that of its kept report."""
+    from benchmarks import moe_routes
+    from fp8select.kernels.moe_config import default_config
+    from fp8select.measured.table import SHIPPED_DIR, load_table
+
+    run = _moe_run({"triton/sorted": {128: (100.0, 200.0)}, "deepgemm/masked": {128: (102.0, 150.0)}}, {})
+    env = {"torch": "2.11.0+cu130", "cuda": "13.0", "triton": "3.6.0", "device": "NVIDIA H100 80GB HBM3"}
+    report = moe_routes.distil([{**run, "environment": env}, {**run, "environment": env}], "tune ...")
+    table = moe_routes.shippable(report, {"deep_gemm": "2.6.1+local"})
+    assert table["device_name"] == "NVIDIA H100 80GB HBM3" and table["groups"] == []
+    versions = {f"{e['backend']}/{e['layout']}": e["versions"] for e in table["moe"]}
+    assert versions == {"triton/sorted": {"cuda": "13.0", "torch": "2.11.0+cu130", "triton": "3.6.0"},
+                        "deepgemm/masked": {"cuda": "13.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
+                                            "deep_gemm": "2.6.1"}}
+    triton = next(e for e in table["moe"] if e["backend"] == "triton")["shapes"]["32,7168,2048,8"]["128"]
+    assert triton == {"us": 100.0, "skewed_us": 200.0, "config": default_config(128, 8, 32).to_dict()}
+    with pytest.raises(ValueError, match="need the version of deep_gemm"):
+        moe_routes.shippable(report, {})
+    other = moe_routes.distil([{**run, "environment": env}, {**run, "environment": {**env, "torch": "2.10.0"}}], "")
+    with pytest.raises(ValueError, match="other torch, CUDA or Triton versions"):
+        moe_routes.shippable(other, {"deep_gemm": "2.6.1"})
+    two = moe_routes.distil([{**run, "environment": env}, {**run, "environment": {**env, "device": "NVIDIA H200"}}], "")
+    with pytest.raises(ValueError, match="a table is one device's"):
+        moe_routes.shippable(two, {"deep_gemm": "2.6.1"})
+    source = Path(__file__).parents[1] / "benchmarks/results/moe_routes_h100.json"
+    kept = json.loads(source.read_text())
+    out = tmp_path / "h100.json"
+    moe_routes.main(["--report", str(source), "--packages",
+                     "deep_gemm=2.6.1,sgl_kernel=0.4.4", "--to-table", str(out)])
+    shipped = SHIPPED_DIR / "tuning-nvidia-h100-80gb-hbm3.json"
+    assert load_table(out) == load_table(shipped) == moe_routes.shippable(
+        kept, {"deep_gemm": "2.6.1", "sgl_kernel": "0.4.4"}, "benchmarks/results/moe_routes_h100.json")
+    with pytest.raises(SystemExit):
+        moe_routes.main(["--report", str(out)])  # without --to-table
+
+
 def test_moe_brief_keeps_a_line_per_shape_of_a_whole_run() -> None:
     from benchmarks import moe_brief
 

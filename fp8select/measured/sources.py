@@ -66,9 +66,9 @@ def find_tables(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:
 
 def measurements_for(caps: Capabilities, backends: Iterable[Any],
                      tables: Iterable[Mapping[str, Any]]) -> Measurements | None:
-    """The index of ``tables`` for the backends of a chain (each at its versions here), or None
-    when there is nothing to index."""
-    tables = list(tables)
+    """The index of ``tables``' dense rows for the backends of a chain (each at its versions here), or None
+    when there is nothing to index (no table, or tables of MoE rows only)."""
+    tables = [table for table in tables if table["groups"]]
     if not tables:
         return None
     installed = {b.name: backend_versions(caps, getattr(b, "packages", ())) for b in backends}
