@@ -9,7 +9,9 @@ Each MoE shape of ``--table`` is left out in turn and its routes estimated from 
 rows (:meth:`fp8select.measured.moe.MoeMeasurements.estimates`, what the plan's ``model`` reason
 reads); leave-one-model-out leaves out together the shapes of one model's experts where there are
 several (equal ``H, I, k``: DeepSeek-V3's at 8, 32 and 256 local experts), the harder question of a
-model none of whose experts were measured. At each left-out point the pick is the route the plan's
+model none of whose experts were measured; leave-one-bucket-out leaves out one M bucket of every shape, which
+the model then interpolates from the measured buckets on either side (a table timed at some M only; the first
+and last buckets, with one side, have no estimate and no points). At each left-out point the pick is the route the plan's
 ranking puts first (:func:`fp8select.moe_plan.rank_estimates`: under uniform and skewed
 routing where the rows hold both) among those with a measured time there, scored by that time over the
 fastest measured route's (``model``: ``geomean``, ``worst``, ``over_8pct``; ``model_skewed``: the same
@@ -54,10 +56,13 @@ def table_truth(table: dict[str, Any], key: str = "us") -> Truth:
     return truth
 
 
-def without(table: dict[str, Any], held: set[Shape]) -> MoeMeasurements:
-    """The table's MoE rows without the shapes ``held``, every entry at its own versions."""
+def without(table: dict[str, Any], held: set[Shape], bucket: int | None = None) -> MoeMeasurements:
+    """The table's MoE rows without the shapes ``held`` (with ``bucket``: without their rows at that M bucket
+    only), every entry at its own versions."""
     keys = {",".join(map(str, s)) for s in held}
-    entries = [{**e, "shapes": {s: b for s, b in e["shapes"].items() if s not in keys}} for e in table.get("moe", ())]
+    entries = [{**e, "shapes": {s: b if s not in keys else {m: r for m, r in b.items() if int(m) != bucket}
+                                for s, b in e["shapes"].items() if s not in keys or bucket is not None}}
+               for e in table.get("moe", ())]
     installed = {e["backend"]: e["versions"] for e in table.get("moe", ())}
     return MoeMeasurements([{"moe": entries}], installed)
 
@@ -67,15 +72,16 @@ def rule_route(bucket: int) -> str:
 
 
 def fold_points(table: dict[str, Any], truth: Truth, held: set[Shape], always: str,
-                skewed: Truth | None = None) -> list[dict[str, Any]]:
+                skewed: Truth | None = None, held_bucket: int | None = None) -> list[dict[str, Any]]:
     """Per left-out point: the model's pick and each chooser's time over the fastest (``skewed``: the times
-    under skewed routing, where every route of the point has one)."""
-    measurements = without(table, held)
+    under skewed routing, where every route of the point has one). ``held_bucket``: only that M bucket of
+    the ``held`` shapes is left out."""
+    measurements = without(table, held, held_bucket)
     out = []
     for shape in sorted(held):
         estimates = measurements.estimates(*shape)
         for (s, bucket), times in sorted(truth.items()):
-            if s != shape:
+            if s != shape or held_bucket not in (None, bucket):
                 continue
             est = {r: e[bucket] for r, e in estimates.items() if r in times and bucket in e}
             if not est:
@@ -116,21 +122,26 @@ def _where(point: dict[str, Any]) -> str:
 
 
 def cross_validation(table: dict[str, Any], always: str = "cutlass/offsets") -> dict[str, Any]:
-    """Leave-one-shape-out and leave-one-model-out: per fold its summary and picks, and the summary of each."""
+    """Leave-one-shape-out, leave-one-model-out and leave-one-bucket-out (one M bucket of every shape left out,
+    modelled from the buckets measured on either side of it, as for a table timed at some M only): per fold its
+    summary and picks, and the summary of each."""
     truth, skewed = table_truth(table), table_truth(table, "skewed_us")
     shapes = sorted({s for s, _ in truth})
     models: dict[tuple[int, int, int], set[Shape]] = {}
     for s in shapes:
         models.setdefault(s[1:], set()).add(s)
     out: dict[str, Any] = {}
-    for name, folds in (("leave_one_shape_out", [{s} for s in shapes]),
-                        ("leave_one_model_out", [g for g in models.values() if len(g) > 1])):
+    buckets = sorted({b for _, b in truth})
+    for name, folds in (("leave_one_shape_out", [({s}, None) for s in shapes]),
+                        ("leave_one_model_out", [(g, None) for g in models.values() if len(g) > 1]),
+                        ("leave_one_bucket_out", [(set(shapes), b) for b in buckets])):
         every: list[dict[str, Any]] = []
         rows = []
-        for held in folds:
-            points = fold_points(table, truth, held, always, skewed)
+        for held, bucket in folds:
+            points = fold_points(table, truth, held, always, skewed, bucket)
             every.extend(points)
-            rows.append({"held": [",".join(map(str, s)) for s in sorted(held)], **summary(points),
+            label = [f"M {bucket}"] if bucket is not None else [",".join(map(str, s)) for s in sorted(held)]
+            rows.append({"held": label, **summary(points),
                          "picks": {f"{','.join(map(str, p['shape']))} M {p['m']}": [p["pick"], round(p["model"], 4)]
                                    for p in points if p["pick"] != p["best"]}})
         out[name] = {"summary": summary(every), "folds": rows}
@@ -140,7 +151,7 @@ def cross_validation(table: dict[str, Any], always: str = "cutlass/offsets") -> 
 def text_report(report: dict[str, Any]) -> str:
     head = f"{'left out':<36} {'points':>6}  " + "  ".join(f"{n + ' geo/worst':>17}" for n in SCORED) + "  time error"
     lines = [head]
-    for name in ("leave_one_shape_out", "leave_one_model_out"):
+    for name in ("leave_one_shape_out", "leave_one_model_out", "leave_one_bucket_out"):
         part = report[name]
         for fold in [*part["folds"], {"held": [name.replace("_", "-")], **part["summary"]}]:
             if not fold["points"]:

@@ -77,9 +77,9 @@ def test_explain_moe_prints_a_plan_per_m_range_with_the_reason(capsys: pytest.Ca
 
 def test_an_h100_sxm_plans_moe_layers_from_its_shipped_rows(capsys: pytest.CaptureFixture[str], h200: Path) -> None:
     """The H100 SXM's table holds MoE rows only (every route of the five shapes at M 1-8192 but 2 and 8): a shipped
-    shape's plan is measured where a row is, the rule where none is (M 2 and 5-8: load-time measurement, on by
-    default, times those); another shape's is modelled from them; the dense layers still follow the priority
-    order, and explain says their tables hold no dense rows."""
+    shape's plan is measured where a row is, modelled from the buckets on either side where none is (M 2 and
+    5-8); another shape's is modelled from them; the dense layers still follow the priority order, and explain
+    says their tables hold no dense rows."""
     h100 = ("--capabilities", str(h200), "--set", "device_name=NVIDIA H100 80GB HBM3")
     code, out, _ = run(capsys, *h100, "--moe", "deepseek-v3-e32", "--moe", "16,7168,2048,8", "--layer", "7168,2048")
     assert code == 0
@@ -88,8 +88,8 @@ def test_an_h100_sxm_plans_moe_layers_from_its_shipped_rows(capsys: pytest.Captu
     assert "MoE measurements: " in out and "tuning-nvidia-h100-80gb-hbm3.json" in out
     shipped = out[out.index("MoE plan for E=32, H=7168, I=2048, k=8"):out.index("MoE plan for E=16")]
     assert "M 1            triton/sorted              measured" in shipped  # 1.08x DeepGEMM masked's time
-    assert "M 2            deepgemm/masked            rule" in shipped
-    assert "M 5-8          deepgemm/masked            rule" in shipped
+    assert "M 2            triton/sorted              model" in shipped and "at M 1 and 4 (none measured at M 2)" in shipped
+    assert "M 5-8          triton/sorted              model" in shipped and "at M 4 and 16 (none measured at M 8)" in shipped
     modelled = out[out.index("MoE plan for E=16"):]
     assert " model " in modelled and "from 5 measured shapes E,H,I,k (8,7168,2048,8" in modelled
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fp8select.buckets import M_BUCKETS
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.measured.moe_model import FIXED_US, MoeModel, moe_reference_us
 
@@ -47,12 +48,18 @@ def test_a_constant_ratio_between_routes_and_a_constant_level_carry_over_exactly
     fast = {s: {b: _ref(s, b, 3.0) for b in (1, 64, 4096)} for s in shapes}
     slow = {s: {b: 2 * us for b, us in buckets.items()} for s, buckets in fast.items()}
     est = _measurements(_entry("a/x", fast), _entry("b/y", slow)).estimates(64, 2048, 768, 6)
-    assert set(est) == {"a/x", "b/y"} and set(est["a/x"]) == {1, 64, 4096}  # no estimate at unmeasured buckets
-    for bucket in (1, 64, 4096):
+    # the buckets between measured ones interpolated (in log2 M) from their nearest measured neighbours, none
+    # beyond the measured range
+    assert set(est) == {"a/x", "b/y"} and set(est["a/x"]) == {b for b in M_BUCKETS if b <= 4096}
+    for bucket in est["a/x"]:
         assert est["a/x"][bucket].us == pytest.approx(_ref((64, 2048, 768, 6), bucket, 3.0))
         assert est["b/y"][bucket].us == pytest.approx(2 * est["a/x"][bucket].us)
         assert "1.00x the fastest route" in est["a/x"][bucket].detail
         assert "2.00x the fastest route" in est["b/y"][bucket].detail
+        between = bucket not in (1, 64, 4096)
+        assert ("(none measured at M " in est["a/x"][bucket].detail) == between
+    assert est["a/x"][8].detail.endswith(" at M 1 and 64 (none measured at M 8)")
+    assert est["a/x"][128].detail.endswith(" at M 64 and 4096 (none measured at M 128)")
 
 
 def test_the_nearest_shape_in_tokens_per_expert_decides_and_is_named() -> None:

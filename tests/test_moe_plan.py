@@ -66,8 +66,9 @@ def test_plan_models_the_buckets_no_row_measures() -> None:
     assert "8,7168,2048,8 " in first.detail and "32,7168,2048,8 " in first.detail
     assert "(others: deepgemm/masked " in first.detail and first.config is not None  # Triton's default configuration
     assert plan.route(64).why == MODEL and plan.route(4096).backend == "triton"
-    # buckets no shape was measured at: the rule
-    assert (plan.route(8).why, plan.route(8).layout) == (RULE, "masked") and plan.route(8192).why == RULE
+    # a bucket no shape was measured at, between measured ones: interpolated from them; beyond them: the rule
+    assert (plan.route(8).backend, plan.route(8).why) == ("triton", MODEL) and "none measured at M 8" in plan.route(8).detail
+    assert (plan.route(8192).why, plan.route(8192).layout) == (RULE, "contiguous")
     assert "model" in plan.describe() and plan.to_dict()["routes"][0]["why"] == MODEL
     # a measured row wins over every estimate, however slow; the buckets it lacks stay modelled
     measured = {"deepgemm/contiguous": {1: {"us": 1000.0}}}
@@ -108,8 +109,8 @@ def test_the_model_chooses_among_the_routes_the_gates_accept() -> None:
     chain = [DeepGemmMoe(), TritonMoe(), ReferenceMoe()]
     table = _table({"deepgemm/masked": 50.0, "deepgemm/contiguous": 60.0, "triton/sorted": 100.0})
     plan = build_moe_plan(MoeProblem(16, 7168, 2048, 8), chain, DG_MOE, estimated=table.estimates(16, 7168, 2048, 8))
-    assert plan.summary() == "M 1-64: deepgemm/masked, M 65-2048: deepgemm/contiguous, M 2049-4096: deepgemm/masked, " \
-        "M >= 4097: deepgemm/contiguous"  # modelled at M 1, 2, 64 and 4096, the rule between
+    # modelled at M 1, 2, 64 and 4096 and the buckets between (interpolated), the rule beyond 4096
+    assert plan.summary() == "M 1-4096: deepgemm/masked, M >= 4097: deepgemm/contiguous"
     assert (plan.route(4096).layout, plan.route(4096).why) == ("masked", MODEL)  # the rule would run contiguous
     # I = 200: DeepGEMM's gate rejects the layer, so its (faster) estimates are not chosen from
     odd = MoeProblem(16, 7168, 200, 8)

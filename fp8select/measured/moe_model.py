@@ -12,6 +12,13 @@ form :mod:`fp8select.measured.model` uses for the dense layers::
     log(t / best)    = sum_j w_j log(t_j / best_j)   / sum_j w_j   (the shapes j where this route ran)
     w = 1 / (d + 0.5)**2,   d = Euclidean distance between the positions
 
+A bucket no shape was measured at, between two that some were (a table timed at some M only, as the H100
+SXM's), takes the level and the standing that the nearest measured buckets on either side give, interpolated
+in ``log2 M``; none beyond the measured range (standings change with M: decode and prefill favour other
+routes). Left out one bucket at a time, that picks within 1.005x / 1.064x of the fastest route (geomean,
+worst) on the H200's rows and 1.003x / 1.043x on the H100 SXM's (``moe_model_check``'s
+``leave_one_bucket_out``).
+
 ``best`` is the fastest route's time at a point; ``t / best`` a route's *standing* there, which is
 what the plan's choice depends on (the route with the least standing has the least estimate). Where the
 rows hold times under skewed routing too, :class:`~fp8select.measured.moe.MoeMeasurements` builds a second
@@ -107,9 +114,33 @@ class MoeModel:
                 for bucket, us in buckets.items():
                     best = self._best.get((shape, bucket))
                     self._best[(shape, bucket)] = us if best is None else min(best, us)
+        self._buckets = sorted({bucket for _, bucket in self._best})  # the M buckets some shape was measured at
 
     def estimate(self, route: str, shape: MoeShape, bucket: int) -> MoeEstimate | None:
-        """``route``'s modelled time at ``shape`` and ``bucket``; None where it was measured at no shape there."""
+        """``route``'s modelled time at ``shape`` and ``bucket``; None where it was measured at no shape there.
+        At a bucket no shape was measured at but some were below and above it (a table timed at some M only),
+        from the nearest such buckets: the level and the standing each gives, interpolated in ``log2 M``, where
+        the route was measured at both (never beyond the measured range: standings change with M)."""
+        parts = self._parts(route, shape, bucket)
+        if parts is not None:
+            level, standing, shares = parts
+            return self._estimate(shape, bucket, level, standing, shares, "")
+        low = max((b for b in self._buckets if b < bucket), default=None)
+        high = min((b for b in self._buckets if b > bucket), default=None)
+        if bucket in self._buckets or low is None or high is None:
+            return None
+        below, above = self._parts(route, shape, low), self._parts(route, shape, high)
+        if below is None or above is None:
+            return None
+        t = math.log2(bucket / low) / math.log2(high / low)
+        level, standing = ((1 - t) * x + t * y for x, y in zip(below[:2], above[:2], strict=True))
+        shares = {s: (1 - t) * below[2].get(s, 0.0) + t * above[2].get(s, 0.0) for s in {*below[2], *above[2]}}
+        return self._estimate(shape, bucket, level, standing, shares,
+                              f" at M {low} and {high} (none measured at M {bucket})")
+
+    def _parts(self, route: str, shape: MoeShape, bucket: int) -> tuple[float, float, dict[MoeShape, float]] | None:
+        """The level (``log(best / ref)``) and ``route``'s standing (``log(t / best)``) modelled at ``shape`` from
+        the shapes measured at ``bucket``, and each of those shapes' share of the standing's weight."""
         train = [(s, _position(s, bucket), math.log(b[bucket] / self._best[(s, bucket)]))
                  for s, b in sorted(self._rows.get(route, {}).items()) if bucket in b]
         if not train:
@@ -118,10 +149,15 @@ class MoeModel:
         level, _ = _interpolate(at, [(s, _position(s, bucket), math.log(best / moe_reference_us(*s, bucket)))
                                      for (s, b), best in sorted(self._best.items()) if b == bucket])
         standing, shares = _interpolate(at, train)
+        return level, standing, shares
+
+    @staticmethod
+    def _estimate(shape: MoeShape, bucket: int, level: float, standing: float, shares: Mapping[MoeShape, float],
+                  where: str) -> MoeEstimate:
         us = moe_reference_us(*shape, bucket) * math.exp(level + standing)
         sources = tuple(sorted(shares.items(), key=lambda item: (-item[1], item[0])))
         named = ", ".join(f"{_shape_text(s)} {share:.0%}" for s, share in sources[:_NAMED])
         more = ", ..." if len(sources) > _NAMED else ""
         detail = (f"modelled {us:.1f} us, {math.exp(standing):.2f}x the fastest route, from {len(sources)} measured "
-                  f"shapes E,H,I,k ({named}{more})")
+                  f"shapes E,H,I,k ({named}{more}){where}")
         return MoeEstimate(us, detail, sources)
