@@ -62,6 +62,29 @@ def test_a_constant_ratio_between_routes_and_a_constant_level_carry_over_exactly
     assert est["a/x"][128].detail.endswith(" at M 64 and 4096 (none measured at M 128)")
 
 
+def test_a_bucket_between_measured_ones_mixes_their_estimates_where_the_route_ran_at_both() -> None:
+    """Halfway in log2 M (M 8 between 1 and 64): the standing, and each shape's share of it, are the two buckets'
+    means. A route without a row at one of the two nearest measured buckets gets no estimate between them, nor at
+    a bucket another route was measured at."""
+    shapes = [SMALL, LARGE, (128, 4096, 1536, 8), (16, 4096, 1536, 8)]
+    fast = {s: {b: _ref(s, b, 3.0) for b in (1, 64)} for s in shapes}
+    slow = {s: {1: 2 * fast[s][1], 64: 4 * fast[s][64]} for s in (SMALL, LARGE)}
+    slow[shapes[2]] = {1: 2 * fast[shapes[2]][1]}  # a shape at M 1 only, another at M 64 only: a share on one side
+    slow[shapes[3]] = {64: 4 * fast[shapes[3]][64]}
+    est = _measurements(_entry("a/x", fast), _entry("b/y", slow)).estimates(64, 2048, 768, 6)
+    low, high, mid = est["b/y"][1], est["b/y"][64], est["b/y"][8]
+    assert math.log(mid.us / est["a/x"][8].us) == pytest.approx((math.log(2.0) + math.log(4.0)) / 2)
+    shares = {s: (dict(low.sources).get(s, 0.0) + dict(high.sources).get(s, 0.0)) / 2 for s in shapes}
+    assert dict(mid.sources) == pytest.approx(shares) and sum(shares.values()) == pytest.approx(1.0)
+    assert shapes[2] not in dict(high.sources) and 0 < shares[shapes[2]] < dict(low.sources)[shapes[2]]
+    assert shapes[3] not in dict(low.sources) and 0 < shares[shapes[3]] < dict(high.sources)[shapes[3]]
+    # c/z measured at M 1 and 2 only: M 2 is now a measured bucket, and the buckets above it lie between 2 and 64
+    only_low = {s: {1: 5 * fast[s][1], 2: 5 * _ref(s, 2, 3.0)} for s in shapes}
+    est = _measurements(_entry("a/x", fast), _entry("b/y", slow), _entry("c/z", only_low)).estimates(64, 2048, 768, 6)
+    assert set(est["c/z"]) == {1, 2}  # nothing at 64 to interpolate towards
+    assert set(est["b/y"]) == {1, 64}  # no row at M 2 (measured by another route), so none from 2 to 64 either
+
+
 def test_the_nearest_shape_in_tokens_per_expert_decides_and_is_named() -> None:
     # route a wins with few tokens per expert (E 32), route b with many (E 8); same expert size
     a = {SMALL: {16: _ref(SMALL, 16, 6.0)}, LARGE: {16: _ref(LARGE, 16, 2.0)}}
