@@ -3,6 +3,7 @@
     python -m benchmarks.regret --shapes deepseek-v3 --label vendors --out regret_vendors_deepseek.json
     python -m benchmarks.regret --ties 0.03 --label vendors --out regret_vendors_ties.json
     python -m benchmarks.regret --worst 24 --label vendors --out regret_vendors_worst.json
+    python -m benchmarks.regret --shipped 1/2 --label vendors-fresh --out regret_vendors_fresh_1.json
 
 Times, by the recipe of docs/measurements.md, every accepted backend pinned (a selection whose chain is that
 backend alone) and the ``auto`` layer (``resolve().prepare()``: its plan), side by side for each
@@ -16,6 +17,8 @@ with always running one backend.
 ``--ties MARGIN`` times, instead of ``--shapes`` x ``--m``, the points of this device's shipped table where
 the two fastest rows of this machine's backends lie within MARGIN (a fraction) of each other: the near ties
 that one timing orders by chance, a run to fold into the table (``benchmarks/merge_tuning.py --fold``).
+``--shipped PART/PARTS`` times every shape of this device's shipped table at ``--m``, in PARTS jobs of about
+equal weight bytes (:func:`shipped_part`: part PART of them), a fresh run of every shipped shape.
 ``--worst COUNT`` times the COUNT points of the shipped table's shapes where this code's plan scores worst
 on the kept runs of this machine's chain (``benchmarks/results``, scored as ``benchmarks.summarize_regret
 --replan`` scores them): the points that decide the shipped shapes' worst figure, timed again to fold in.
@@ -119,6 +122,29 @@ def worst_points(found: dict[str, dict[str, Any]], chain: Sequence[str], shapes:
     return {shape: sorted(ms) for shape, ms in out.items()}
 
 
+def shipped_part(shapes: Sequence[tuple[int, int]], part: int, parts: int) -> list[tuple[int, int]]:
+    """Part ``part`` (1-based) of ``parts`` of ``shapes``: largest weight first, each shape to the part holding
+    the fewest weight bytes so far (ties: the lower part), so that the parts take about equal time."""
+    loads = [0] * parts
+    chosen: list[list[tuple[int, int]]] = [[] for _ in range(parts)]
+    for n, k in sorted(shapes, key=lambda s: (-s[0] * s[1], s)):
+        least = loads.index(min(loads))
+        loads[least] += n * k
+        chosen[least].append((n, k))
+    return chosen[part - 1]
+
+
+def _part(text: str) -> tuple[int, int]:
+    """``PART/PARTS`` (``1/2``), checked."""
+    try:
+        part, parts = (int(v) for v in text.split("/"))
+    except ValueError:
+        part = parts = 0
+    if not 1 <= part <= parts:
+        raise argparse.ArgumentTypeError(f"expected PART/PARTS with 1 <= PART <= PARTS, found {text!r}")
+    return part, parts
+
+
 def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
     """Where the selection measures at load time (by default where the cache directory can be written;
     ``FP8SELECT_TUNE=off`` plans from the tables alone): each shape's first ``prepare()`` (which measures it
@@ -150,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     instead = parser.add_mutually_exclusive_group()
     instead.add_argument("--ties", type=float, help="time the shipped table's near ties within this fraction instead")
     instead.add_argument("--worst", type=int, help="time the points the plan scores worst on the kept runs instead")
+    instead.add_argument("--shipped", type=_part, metavar="PART/PARTS",
+                         help="time part PART of PARTS of every shape of the shipped table instead of --shapes")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     require_cuda("regret")
@@ -172,6 +200,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"regret: no shipped table of {device or 'this device'} holds a point within {args.ties}"
                              if args.ties is not None else
                              f"regret: no kept run of the chain {' -> '.join(chain)} times a shape of the shipped table")
+    elif args.shipped:
+        from benchmarks.model_check import table_truth
+        from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
+
+        device = selection.capabilities.device_name or ""
+        shipped = load_table(table_path(SHIPPED_DIR, device)) or {"groups": []}
+        shapes = shipped_part(sorted({(n, k) for n, k, _ in table_truth(shipped)}), *args.shipped)
+        if not shapes:
+            raise SystemExit(f"regret: no shipped table of {device or 'this device'} holds a dense shape for part "
+                             f"{args.shipped[0]} of {args.shipped[1]}")
+        batches = [(shapes, bench.parse_ms(args.m))]
     else:
         batches = [(bench.parse_shapes(args.shapes), bench.parse_ms(args.m))]
     load_time = _measure_at_load(selection, [shape for shapes, _ in batches for shape in shapes])

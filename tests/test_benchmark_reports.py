@@ -46,6 +46,26 @@ def test_quantization_points_carry_the_floor_a_separate_quantizer_cannot_beat() 
     assert json.loads(distill_limits.distill(report))["quant"][0]["floor_ratio"] == point["floor_ratio"]
 
 
+def test_regret_shipped_parts_cover_the_shipped_shapes_once_in_about_equal_weight() -> None:
+    """``--shipped PART/PARTS``: every dense shape of the shipped H200 table in exactly one part, the parts'
+    weight bytes within the largest shape's of each other; a bad PART/PARTS is a usage error."""
+    from benchmarks.model_check import table_truth
+    from benchmarks.regret import main, shipped_part
+    from fp8select.measured.table import SHIPPED_DIR
+
+    table = json.loads((SHIPPED_DIR / "tuning-nvidia-h200.json").read_text())
+    shapes = sorted({(n, k) for n, k, _ in table_truth(table)})
+    for parts in (1, 2, 3):
+        got = [shipped_part(shapes, part, parts) for part in range(1, parts + 1)]
+        assert sorted(s for p in got for s in p) == shapes
+        loads = [sum(n * k for n, k in p) for p in got]
+        assert max(loads) - min(loads) <= max(n * k for n, k in shapes)
+    assert shipped_part(shapes, 1, 2)[0] == max(shapes, key=lambda s: s[0] * s[1])  # the largest first
+    for bad in ("0/2", "3/2", "1", "a/b"):
+        with pytest.raises(SystemExit):
+            main(["--shipped", bad, "--out", "unused.json"])
+
+
 def test_regret_worst_points_are_the_kept_runs_worst_of_this_chain_on_the_tables_shapes() -> None:
     from benchmarks.regret import worst_points
 
