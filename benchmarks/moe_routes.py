@@ -124,8 +124,8 @@ def shippable(report: Mapping[str, Any], packages: Mapping[str, str], source: st
         raise ValueError(f"the report's runs had other torch, CUDA or Triton versions: {sorted(found)}")
     torch_version, cuda, triton = found.pop()
     own = {cls.name: cls.packages for cls in MOE_BACKENDS}
-    table = new_table(report["device"], note=f"MoE rows only: {source} written as a table by benchmarks.moe_routes "
-                                             f"--to-table. Its runs: {report['command']}")
+    table = new_table(report["device"], note=f"MoE rows only, written by benchmarks.moe_routes --to-table from {source}, "
+                                             f"which says of its runs: {report['command']}")
     table["moe"] = as_table(report)["moe"]
     for entry in table["moe"]:
         if missing := [name for name in own[entry["backend"]] if name not in packages]:
