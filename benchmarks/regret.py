@@ -145,6 +145,16 @@ def _part(text: str) -> tuple[int, int]:
     return part, parts
 
 
+def _shipped(selection: Any) -> tuple[str, dict[str, Any], set[tuple[int, int]]]:
+    """This device's name, its shipped table (no groups where none ships) and the dense shapes the table holds."""
+    from benchmarks.model_check import table_truth
+    from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
+
+    device = selection.capabilities.device_name or ""
+    shipped = load_table(table_path(SHIPPED_DIR, device)) or {"groups": []}
+    return device, shipped, {(n, k) for n, k, _ in table_truth(shipped)}
+
+
 def _measure_at_load(selection: Any, shapes: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
     """Where the selection measures at load time (by default where the cache directory can be written;
     ``FP8SELECT_TUNE=off`` plans from the tables alone): each shape's first ``prepare()`` (which measures it
@@ -186,27 +196,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(selection.explain(), flush=True)
     chosen_points = args.ties is not None or args.worst is not None
     if chosen_points:  # each shape at its own Ms
-        from benchmarks.model_check import table_truth
         from benchmarks.summarize_regret import replan
-        from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
 
-        device = selection.capabilities.device_name or ""
-        shipped = load_table(table_path(SHIPPED_DIR, device)) or {"groups": []}
+        device, shipped, held = _shipped(selection)
         chain = [b.name for b in selection.chain]
         chosen = (near_ties(shipped, chain, args.ties) if args.ties is not None else
-                  worst_points(replan(RESULTS), chain, {(n, k) for n, k, _ in table_truth(shipped)}, args.worst))
+                  worst_points(replan(RESULTS), chain, held, args.worst))
         batches = [([shape], ms) for shape, ms in chosen.items()]
         if not batches:
             raise SystemExit(f"regret: no shipped table of {device or 'this device'} holds a point within {args.ties}"
                              if args.ties is not None else
                              f"regret: no kept run of the chain {' -> '.join(chain)} times a shape of the shipped table")
     elif args.shipped:
-        from benchmarks.model_check import table_truth
-        from fp8select.measured.table import SHIPPED_DIR, load_table, table_path
-
-        device = selection.capabilities.device_name or ""
-        shipped = load_table(table_path(SHIPPED_DIR, device)) or {"groups": []}
-        shapes = shipped_part(sorted({(n, k) for n, k, _ in table_truth(shipped)}), *args.shipped)
+        device, _, held = _shipped(selection)
+        shapes = shipped_part(sorted(held), *args.shipped)
         if not shapes:
             raise SystemExit(f"regret: no shipped table of {device or 'this device'} holds a dense shape for part "
                              f"{args.shipped[0]} of {args.shipped[1]}")
