@@ -31,9 +31,10 @@ from typing import Any
 
 from benchmarks.distill_limits import json_lines, portable
 from fp8select.backends.moe_builtin import MOE_BACKENDS
+from fp8select.capabilities import Capabilities
 from fp8select.kernels.moe_config import default_config
 from fp8select.measured.moe import parse_moe_shape
-from fp8select.measured.table import new_table, release, save_table
+from fp8select.measured.table import backend_versions, new_table, save_table
 from fp8select.moe_plan import rank_routes
 
 TRITON, CONTIGUOUS = "triton/sorted", "deepgemm/contiguous"
@@ -123,6 +124,9 @@ def shippable(report: Mapping[str, Any], packages: Mapping[str, str], source: st
     if len(found) != 1:
         raise ValueError(f"the report's runs had other torch, CUDA or Triton versions: {sorted(found)}")
     torch_version, cuda, triton = found.pop()
+    # the snapshot the runs had, as far as a row's versions read it (backend_versions: what a row depends on)
+    caps = Capabilities(device_kind="cuda", device_name=report["device"], torch_version=torch_version,
+                        cuda_version=cuda, packages={**packages, "triton": triton})
     own = {cls.name: cls.packages for cls in MOE_BACKENDS}
     table = new_table(report["device"], note=f"MoE rows only, written by benchmarks.moe_routes --to-table from {source}, "
                                              f"which says of its runs: {report['command']}")
@@ -130,8 +134,7 @@ def shippable(report: Mapping[str, Any], packages: Mapping[str, str], source: st
     for entry in table["moe"]:
         if missing := [name for name in own[entry["backend"]] if name not in packages]:
             raise ValueError(f"--packages: {entry['backend']}'s rows need the version of {', '.join(missing)}")
-        entry["versions"] = {"cuda": cuda, "torch": torch_version, "triton": triton,
-                             **{name: release(packages[name]) for name in own[entry["backend"]]}}
+        entry["versions"] = backend_versions(caps, own[entry["backend"]])
         if entry["backend"] == "triton":
             for shape, rows in entry["shapes"].items():
                 experts, _, _, top_k = parse_moe_shape(shape)
