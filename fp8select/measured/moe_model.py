@@ -125,9 +125,11 @@ class MoeModel:
         if parts is not None:
             level, standing, shares = parts
             return self._estimate(shape, bucket, level, standing, shares, "")
+        if bucket in self._buckets:  # measured there, only not for this route
+            return None
         low = max((b for b in self._buckets if b < bucket), default=None)
         high = min((b for b in self._buckets if b > bucket), default=None)
-        if bucket in self._buckets or low is None or high is None:
+        if low is None or high is None:
             return None
         below, above = self._parts(route, shape, low), self._parts(route, shape, high)
         if below is None or above is None:
