@@ -15,7 +15,8 @@ per-bucket choice gains over an engine that runs one backend. ``--table``: the t
 shipped H200 table), cross-validated two ways: leave-one-shape-out (each shape removed in turn and planned
 from the others) and leave-one-model-out (every shape of one model removed together: the model that serves
 it first in :mod:`fp8select.measured.shapes`, else the shape alone); and each shape left out with 10, 20 or 30
-of its rows put back as load-time measurement takes them (``partly_measured``). ``--regret FILE``: a ``benchmarks.regret``
+of its rows put back as load-time measurement takes them (``partly_measured``); and each M bucket left out of
+every shape at once (``leave_one_bucket_out``, :func:`bucket_fold`). ``--regret FILE``: a ``benchmarks.regret``
 result, its pinned backends' times as the truth, planned from the table without the file's shapes (one the
 table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._stats import geomean
+from fp8select.backends import DEFAULT_ORDER
 from fp8select.measure.loadtime import by_closeness
 from fp8select.measured import model
 from fp8select.measured.shapes import served_shapes
@@ -176,6 +178,30 @@ def partly_measured(table: dict[str, Any], keep: set[str] | None, budgets: Seque
     return {f"{budget}_rows_measured": summary(found) for budget, found in points.items()}
 
 
+def bucket_fold(table: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
+    """Each M bucket of ``table`` left out of every shape at once (a table timed at some M only) and its points
+    planned from the other buckets: the summary over the buckets between two measured ones (none beyond), and
+    ``rule``: the regret of the priority order's first backend there, what ran before the model interpolated."""
+    truth = _only(table_truth(table), keep)
+    points: list[dict[str, Any]] = []
+    rule = []
+    for bucket in sorted({m for _, _, m in truth}):
+        groups = [{**g, "shapes": {s: {b: r for b, r in rows.items() if b != str(bucket)} for s, rows in g["shapes"].items()}}
+                  for g in table["groups"]]
+        without = model.Measurements(table["device_name"], [{**table, "groups": groups}], _installed(table))
+        found = choice_regret({p: t for p, t in truth.items() if p[2] == bucket}, lambda _n, _k, w=without: w)
+        points += found
+        for p in found:
+            times = truth[(p["n"], p["k"], p["m"])]
+            rule.append(times[next(b for b in DEFAULT_ORDER if b in times)] / min(times.values()))
+    single = _single_best(truth)  # over every bucket, as choice_regret of the whole truth names it
+    for p in points:
+        times = truth[(p["n"], p["k"], p["m"])]
+        p["single"] = single.get((p["n"], p["k"]), p["pick"])
+        p["vs_single"] = times[p["pick"]] / times[p["single"]]
+    return {**summary(points), "rule": {"geomean": geomean(rule), "worst": round(max(rule), 4)}}
+
+
 def unseen_regret(table: dict[str, Any], truth: Truth) -> dict[str, Any]:
     """The summary of ``truth`` (another run's times) planned from ``table`` without the shapes it holds."""
     unseen = _measurements(table, {(n, k) for n, k, _ in truth})
@@ -218,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, keep in choices.items():
         report[label] = cross_validation(table, keep)
         report[label].update(partly_measured(table, keep))
+        report[label]["leave_one_bucket_out"] = bucket_fold(table, keep)
         report["models"] = report[label].pop("models")  # the same for every choice
         for path in args.regret:
             report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(

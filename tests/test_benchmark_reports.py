@@ -167,6 +167,10 @@ def test_model_check_on_the_shipped_table_is_the_kept_result(tmp_path: Path, cap
         folds = ("leave_one_shape_out", *(f"{rows}_rows_measured" for rows in model_check.PARTLY))
         regrets = [report[label][fold]["geomean"] for fold in folds]
         assert regrets == sorted(regrets, reverse=True), (label, regrets)
+        # A bucket no shape was measured at, between two that were: interpolated, far closer than the priority order
+        between = report[label]["leave_one_bucket_out"]
+        assert between["points"] == 12 * shapes and between["geomean"] < 1.03 < between["rule"]["geomean"]
+        assert between["worst"] < between["rule"]["worst"]
     assert json.loads((results / "model_check.json").read_text()) == report  # what the tool computes today
 
 

@@ -207,6 +207,30 @@ def test_no_estimate_without_rows_at_the_bucket_or_for_the_backend() -> None:
     assert meas.estimate("b", 1024, 1024, 16) is None
 
 
+def test_a_bucket_no_shape_was_measured_at_is_interpolated_between_its_measured_neighbours() -> None:
+    # "a" measured at M 16 and 256 (its own shape at 16, another shape at 256), "b" at M 16 only
+    meas = _measurements(_group("a", {(1024, 1024): {16: 5.0}, (2048, 2048): {256: 40.0}}, config=True),
+                         _group("b", {(1024, 1024): {16: 4.0}}))
+    low, high = meas.estimate("a", 1024, 1024, 16), meas.estimate("a", 1024, 1024, 256)
+    assert low is not None and high is not None and (low.source, high.source) == (MEASURED, MODEL)
+    est = meas.estimate("a", 1024, 1024, 64)  # halfway in log2 M: the geometric mean
+    assert est is not None and est.source == MODEL and est.us == pytest.approx(math.sqrt(low.us * high.us), rel=1e-12)
+    assert est.detail == (f"{est.us:.1f} us interpolated between M 16 (5.0 us, measured) and M 256 ({high.us:.1f} us, "
+                          "model): no shape measured at M 64")
+    assert (est.config, est.config_shape, est.sources) == (high.config, high.config_shape, high.sources)
+    quarter = meas.estimate("a", 1024, 1024, 32)
+    assert quarter is not None and quarter.us == pytest.approx(low.us ** 0.75 * high.us ** 0.25, rel=1e-12)
+    # beyond the measured range, or a backend measured on one side only: no estimate
+    assert meas.estimate("a", 1024, 1024, 8) is None and meas.estimate("a", 1024, 1024, 512) is None
+    assert meas.estimate("b", 1024, 1024, 64) is None
+
+
+def test_a_bucket_measured_at_other_shapes_is_modelled_from_them_not_interpolated() -> None:
+    meas = _measurements(_group("a", {(1024, 1024): {16: 5.0, 256: 50.0}, (2048, 2048): {64: 30.0}}))
+    est = meas.estimate("a", 1024, 1024, 64)
+    assert est is not None and est.source == MODEL and est.detail.startswith(f"{est.us:.1f} us modelled from 1 measured")
+
+
 def test_rows_of_the_installed_versions_win_else_the_version_measured_most() -> None:
     def dg(version: str, shapes: int, us: float) -> dict[str, Any]:
         return _group("deepgemm", {(1024 * (i + 1), 1024): {1: us} for i in range(shapes)},

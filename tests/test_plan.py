@@ -621,19 +621,20 @@ def test_when_a_bucket_must_be_lost_the_budget_loses_the_fewest() -> None:
 
 @pytest.mark.parametrize("others_us, dropped", [(1.05, "copy-b"), (1.067, "copy-b"), (1.09, "copy-a")])
 def test_an_unmeasured_route_costs_twice_the_buckets_worst_known_time(others_us: float, dropped: str) -> None:
-    """M=8 was measured for a only (2.0 us): dropping a's copy sends it by rule to b, unmeasured there,
-    counted as 2 x 2.0 us (a loss of log 2), plus log(1.2/1.0) at M=1. Dropping b's instead costs
-    12 log(others_us) at the 12 buckets b wins. M=2 is measured for nobody (it counts 0 either way)."""
+    """M=8192 was measured for a only (2.0 us), above every other backend's measured buckets (so nothing is
+    interpolated there): dropping a's copy sends it by rule to b, unmeasured there, counted as 2 x 2.0 us (a
+    loss of log 2), plus log(1.2/1.0) at M=4096. Dropping b's instead costs 12 log(others_us) at the 12
+    buckets b wins."""
     a, b, c = fake("a", layout_name="copy-a"), fake("b", layout_name="copy-b"), fake("c")
-    rest = [m for m in M_BUCKETS if m not in (1, 2, 8)]
-    rows = {"a": {(N, K): {1: 1.0, 8: 2.0}}, "b": {(N, K): {1: 1.2, **{m: 1.0 for m in rest}}},
-            "c": {(N, K): {1: 50.0, **{m: others_us for m in rest}}}}  # c's 50 us at M=1 is no time at M=8
+    rest = [m for m in M_BUCKETS if m not in (4096, 8192)]
+    rows = {"a": {(N, K): {4096: 1.0, 8192: 2.0}}, "b": {(N, K): {4096: 1.2, **{m: 1.0 for m in rest}}},
+            "c": {(N, K): {4096: 50.0, **{m: others_us for m in rest}}}}
     loss_a = math.log(1.2) + math.log(2 * 2.0 / 2.0)
     loss_b = len(rest) * math.log(others_us)
     assert (loss_b < loss_a) == (dropped == "copy-b")  # the scenario is what its name says
     plan = build_plan(_problem(), [a, b, c], CPU, estimator(measurements(rows)))
     assert plan.notes == (f"weight layout {dropped!r} left out: max_weight_copies=1",)
-    assert plan.route(8).backend == ("a" if dropped == "copy-b" else "b")
+    assert plan.route(8192).backend == ("a" if dropped == "copy-b" else "b")
 
 
 def test_to_dict_is_the_plan_as_json() -> None:
