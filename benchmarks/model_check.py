@@ -16,7 +16,8 @@ shipped H200 table), cross-validated two ways: leave-one-shape-out (each shape r
 from the others) and leave-one-model-out (every shape of one model removed together: the model that serves
 it first in :mod:`fp8select.measured.shapes`, else the shape alone); and each shape left out with 10, 20 or 30
 of its rows put back as load-time measurement takes them (``partly_measured``); and each M bucket left out of
-every shape at once (``leave_one_bucket_out``, :func:`bucket_fold`). ``--regret FILE``: a ``benchmarks.regret``
+every shape at once (``leave_one_bucket_out``, :func:`bucket_fold`); and a first start on a device no table covers,
+10, 20 or 30 rows measured a shape (``no_table``). ``--regret FILE``: a ``benchmarks.regret``
 result, its pinned backends' times as the truth, planned from the table without the file's shapes (one the
 table holds too is left out of it, so that every point tests the model).
 ``--backends a,b``: choose among those only; without it every figure comes twice, with all backends and
@@ -92,17 +93,19 @@ def _single_best(truth: Truth) -> dict[tuple[int, int], str]:
     return out
 
 
-def choice_regret(truth: Truth, measurements_for: Any) -> list[dict[str, Any]]:
+def choice_regret(truth: Truth, measurements_for: Any, *, rule: bool = False) -> list[dict[str, Any]]:
     """Per point: the model's pick among the backends with a true time, its regret against the fastest and
-    its time over the layer's best single backend's."""
+    its time over the layer's best single backend's. A point where no backend has an estimate is left out, or
+    with ``rule`` the first of them in priority order runs there, as the plan does."""
     out = []
     single = _single_best(truth)
     for (n, k, m), times in sorted(truth.items()):
         meas = measurements_for(n, k)
         est = {b: e.us for b in times if (e := meas.estimate(b, n, k, m)) is not None}
-        if not est:
+        if not est and not rule:
             continue
-        pick, best = min(est, key=lambda b: est[b]), min(times, key=lambda b: times[b])
+        pick = min(est, key=lambda b: est[b]) if est else next(b for b in DEFAULT_ORDER if b in times)
+        best = min(times, key=lambda b: times[b])
         one = single.get((n, k), pick)
         out.append({"n": n, "k": k, "m": m, "pick": pick, "best": best, "regret": times[pick] / times[best],
                     "single": one, "vs_single": times[pick] / times[one]})
@@ -202,6 +205,39 @@ def bucket_fold(table: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
     return {**summary(points), "rule": {"geomean": geomean(rule), "worst": round(max(rule), 4)}}
 
 
+def no_table(table: dict[str, Any], keep: set[str] | None, budgets: Sequence[int] = PARTLY) -> dict[str, Any]:
+    """A first start on a device no table covers: ``table``'s shapes prepared one after another (in its order), each
+    measuring as many rows as load-time measurement takes within a budget of that many (whole M buckets, as
+    :func:`fp8select.measure.loadtime.points_to_measure` orders them from the rows taken so far), then planned
+    from those rows, where a bucket no backend has an estimate at runs the priority order: a summary per budget."""
+    truth = _only(table_truth(table), keep)
+    out = {}
+    for budget in budgets:
+        rows: dict[str, dict[str, dict[str, dict[str, float]]]] = {}  # backend -> "N,K" -> bucket -> row
+        points: list[dict[str, Any]] = []
+        for n, k in sorted({(n, k) for n, k, _ in truth}):
+            at = {m: times for (pn, pk, m), times in truth.items() if (pn, pk) == (n, k)}
+            before = _from_rows(table, rows)
+            taken = 0
+            for m, names in by_closeness({m: {b: before.estimate(b, n, k, m) for b in times} for m, times in at.items()}):
+                if taken + len(names) > budget:
+                    break
+                taken += len(names)
+                for name in names:
+                    rows.setdefault(name, {}).setdefault(f"{n},{k}", {})[str(m)] = {"us": at[m][name]}
+            after = _from_rows(table, rows)
+            points += choice_regret({(n, k, m): times for m, times in at.items()}, lambda _n, _k, w=after: w, rule=True)
+        out[f"no_table_{budget}_rows"] = summary(points)
+    return out
+
+
+def _from_rows(table: dict[str, Any], rows: dict[str, dict[str, dict[str, dict[str, float]]]]) -> model.Measurements:
+    """The model's index of ``rows`` (backend -> shape -> bucket -> row) at ``table``'s versions."""
+    installed = _installed(table)
+    groups = [{"backend": b, "versions": installed[b], "shapes": shapes} for b, shapes in rows.items()]
+    return model.Measurements(table["device_name"], [{**table, "groups": groups}], installed)
+
+
 def unseen_regret(table: dict[str, Any], truth: Truth) -> dict[str, Any]:
     """The summary of ``truth`` (another run's times) planned from ``table`` without the shapes it holds."""
     unseen = _measurements(table, {(n, k) for n, k, _ in truth})
@@ -245,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         report[label] = cross_validation(table, keep)
         report[label].update(partly_measured(table, keep))
         report[label]["leave_one_bucket_out"] = bucket_fold(table, keep)
+        report[label].update(no_table(table, keep))
         report["models"] = report[label].pop("models")  # the same for every choice
         for path in args.regret:
             report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(

@@ -171,6 +171,9 @@ def test_model_check_on_the_shipped_table_is_the_kept_result(tmp_path: Path, cap
         between = report[label]["leave_one_bucket_out"]
         assert between["points"] == 12 * shapes and between["geomean"] < 1.03 < between["rule"]["geomean"]
         assert between["worst"] < between["rule"]["worst"]
+        for rows in model_check.PARTLY:  # a first start on a device no table covers: every point planned
+            first = report[label][f"no_table_{rows}_rows"]
+            assert first["points"] == 14 * shapes and first["geomean"] < 1.03 and first["vs_single_geomean"] < 1.0
     assert json.loads((results / "model_check.json").read_text()) == report  # what the tool computes today
 
 

@@ -110,7 +110,7 @@ def test_performance_md_and_the_readme_quote_the_kept_model_check() -> None:
     kept = json.loads((RESULTS / "model_check.json").read_text(encoding="utf-8"))
     for label, other in (("all", "vendors"), ("without vendors", "novendors")):
         for fold in ("leave_one_shape_out", "leave_one_model_out", "10_rows_measured", "20_rows_measured", "30_rows_measured",
-                     "leave_one_bucket_out",
+                     "leave_one_bucket_out", "no_table_10_rows", "no_table_20_rows", "no_table_30_rows",
                      f"results/regret_{other}_other_model.json", f"results/regret_{other}_unseen_model.json",
                      f"results/regret_{other}_glm_model.json"):
             s = kept[label][fold]

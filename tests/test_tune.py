@@ -3,6 +3,8 @@ what is skipped, what the rows look like, and that a tuned table makes the plan 
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
@@ -303,12 +305,27 @@ def test_nothing_is_measured_while_a_graph_is_captured_or_compiled(monkeypatch: 
     assert not selection._can_measure_now()
 
 
+def test_load_time_tuning_spreads_contests_equally_close_over_m() -> None:
+    """On a device no table covers every estimate is missing: the ends first, then the middles, so that the
+    buckets a budget leaves lie between measured ones (which the model interpolates), never above them."""
+    from fp8select.measure import loadtime
+
+    order = [bucket for bucket, _ in loadtime.by_closeness({m: {"a": None, "b": None} for m in reversed(M_BUCKETS)})]
+    assert order == [1, 8192, 64, 8, 512, 2, 16, 128, 2048, 4, 32, 256, 1024, 4096]
+    for level in range(4):  # each level of middles halves the widest span left between measured buckets
+        measured = sorted(M_BUCKETS.index(b) for b in order[:2**level + 1])
+        widest = max(b - a for a, b in itertools.pairwise(measured))
+        assert widest == -(-(len(M_BUCKETS) - 1) // 2**level), (level, measured)
+    # closer contests still come first, wherever they lie
+    assert [b for b, _ in loadtime.by_closeness({4: {"a": None, "b": None}, 4096: {"a": None, "b": None},
+                                                  2: {"a": SimpleNamespace(us=1.0), "b": SimpleNamespace(us=1.1)}})] == [
+        4, 4096, 2]
+
+
 def test_load_time_tuning_times_the_closest_contests_first_and_a_bucket_once() -> None:
     """A budget that ends early has settled the buckets where the estimates are nearest (a missing estimate
     counts as a tie); a bucket with a measured row of the shape (a table's, or an earlier start's partial
     measurement) is planned from it, not measured again; the next start measures the open ones left."""
-    from types import SimpleNamespace
-
     from fp8select.measure import loadtime
     from fp8select.measured.model import Measurements
 

@@ -376,7 +376,7 @@ def test_load_time_asks_each_bucket_of_the_routes_gates() -> None:
     from fp8select.measure import loadtime
 
     open_buckets = loadtime.moe_buckets_to_measure((Gated(), ReferenceMoe()), CPU, None, SHAPE)
-    assert open_buckets == [b for b in M_BUCKETS if b <= 64]
+    assert open_buckets == sorted((b for b in M_BUCKETS if b <= 64), key=loadtime.SPREAD.__getitem__)  # ends first
     elsewhere = replace(CPU, device_kind="xpu")
     assert loadtime.moe_buckets_to_measure((Gated(), ReferenceMoe()), elsewhere, None, SHAPE) == []
 
@@ -450,12 +450,12 @@ def test_load_time_tuning_of_a_moe_layer_measures_only_its_open_buckets(clocked:
     table = moe_measurements(sel, CHAIN, [known])
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, unseen) == [16]
     assert loadtime.moe_buckets_to_measure(CHAIN, caps, table, SHAPE) == []  # measured: nothing to do
-    assert loadtime.moe_buckets_to_measure(CHAIN, caps, None, unseen) == list(M_BUCKETS)  # nothing known
+    assert loadtime.moe_buckets_to_measure(CHAIN, caps, None, unseen) == sorted(M_BUCKETS, key=loadtime.SPREAD.__getitem__)
     partly = {**known, "moe": [{**g, "shapes": {KEY: {"16": g["shapes"][KEY]["16"]}}} for g in known["moe"]]}
     # measured at M 16 only (a budget that ended): the next start measures the other buckets (none has rows
     # anywhere now, so every one is open), never 16 again
     held = moe_measurements(sel, CHAIN, [partly])
-    assert loadtime.moe_buckets_to_measure(CHAIN, caps, held, SHAPE) == [b for b in M_BUCKETS if b != 16]
+    assert sorted(loadtime.moe_buckets_to_measure(CHAIN, caps, held, SHAPE)) == [b for b in M_BUCKETS if b != 16]
     made: list[int] = []
     monkeypatch.setattr(tune_moe, "random_experts",
                         lambda e, h, i, device, gen: made.append(e) or random_moe(e, h, i, seed=1).weights())

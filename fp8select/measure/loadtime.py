@@ -4,9 +4,9 @@
 The plan's model (:mod:`fp8select.measured.model`) picks well on average but can lose 10-25% at
 a near tie on a shape far from any measured one. So a layer whose shape no table holds is measured
 before its plan is made, but only where it matters: the M buckets whose best estimates lie within
-:data:`CLOSE` of each other (and backends with no estimate at all), the closest contests first, each
-of those backends once, Triton with at most two launch configurations, within a time budget
-(``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s and the
+:data:`CLOSE` of each other (and backends with no estimate at all), the closest contests first (equal ones
+spread over M, :data:`SPREAD`), each of those backends once, Triton with at most two launch configurations,
+within a time budget (``FP8SELECT_TUNE_BUDGET_S``, default 3 s: no point starts after it, so a shape takes 3-4 s and the
 vendors' JIT compilation on a cold cache, where their first calls at a new shape take 2-4 s each and
 a first start measures only a few rows). ``FP8SELECT_JIT_PROCESSES=N`` (for a cold JIT cache: a new
 machine, a new model) first compiles the vendors' kernels at every open point of a shape measured for
@@ -129,11 +129,32 @@ def moe_buckets_to_measure(chain: Sequence[Any], caps: Capabilities, table: Any,
     return [bucket for bucket, _ in by_closeness(contests, value=lambda timed: timed.loss)]
 
 
+def _spread(buckets: Sequence[int]) -> dict[int, int]:
+    """Each bucket's place when both ends come first, then the middle of each span between placed ones, and so on."""
+    order, spans = [0, len(buckets) - 1], [(0, len(buckets) - 1)]
+    while spans:
+        halves = []
+        for lo, hi in spans:
+            if hi - lo > 1:
+                mid = (lo + hi) // 2
+                order.append(mid)
+                halves += [(lo, mid), (mid, hi)]
+        spans = halves
+    return {buckets[i]: place for place, i in enumerate(order)}
+
+
+SPREAD = _spread(M_BUCKETS)
+"""The order of contests equally close (those with a missing estimate, on a device no table covers): M 1, 8192, 64,
+8, 512, 2, 16, ... . The buckets a budget leaves then lie between measured ones, where the plan's model
+interpolates (:meth:`fp8select.measured.model.Measurements.estimate`), not above them, where it has nothing."""
+
+
 def by_closeness(contests: Mapping[int, Mapping[str, Any]], value: Any = lambda estimate: estimate.us
                  ) -> list[tuple[int, list[str]]]:
     """Per M bucket, the names whose estimate (anything ``value`` reads a time from, ``us`` by default; or None)
     is missing or within :data:`CLOSE` of the best, where there are two or more; ordered by how close the
-    contest is (the runner-up's estimate over the best one's, a missing estimate counting as a tie), then by M."""
+    contest is (the runner-up's estimate over the best one's, a missing estimate counting as a tie), then
+    spread over M (:data:`SPREAD`)."""
     found = []
     for bucket, estimates in contests.items():
         best = min((value(e) for e in estimates.values() if e is not None), default=math.inf)
@@ -142,8 +163,8 @@ def by_closeness(contests: Mapping[int, Mapping[str, Any]], value: Any = lambda 
             continue
         known = sorted(value(estimates[name]) for name in close if estimates[name] is not None)
         gap = 1.0 if len(known) < len(close) else known[1] / known[0]
-        found.append((gap, bucket, close))
-    return [(bucket, close) for _, bucket, close in sorted(found, key=lambda item: item[:2])]
+        found.append((gap, SPREAD.get(bucket, len(SPREAD)), bucket, close))
+    return [(bucket, close) for *_, bucket, close in sorted(found, key=lambda item: item[:3])]
 
 
 def measure_moe_shape(selection: Any, chain: Sequence[Any], table: Any, experts: Sequence[Any],
