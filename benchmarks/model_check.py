@@ -93,18 +93,20 @@ def _single_best(truth: Truth) -> dict[tuple[int, int], str]:
     return out
 
 
-def choice_regret(truth: Truth, measurements_for: Any, *, rule: bool = False) -> list[dict[str, Any]]:
+def choice_regret(truth: Truth, measurements_for: Any, *, rule: bool = False,
+                  single: dict[tuple[int, int], str] | None = None) -> list[dict[str, Any]]:
     """Per point: the model's pick among the backends with a true time, its regret against the fastest and
-    its time over the layer's best single backend's. A point where no backend has an estimate is left out, or
-    with ``rule`` the first of them in priority order runs there, as the plan does."""
+    its time over the layer's best single backend's (``single``: named over other points, else over ``truth``'s).
+    A point where no backend has an estimate is left out, or with ``rule`` the first of them in priority order
+    runs there, as the plan does."""
     out = []
-    single = _single_best(truth)
+    single = _single_best(truth) if single is None else single
     for (n, k, m), times in sorted(truth.items()):
         meas = measurements_for(n, k)
         est = {b: e.us for b in times if (e := meas.estimate(b, n, k, m)) is not None}
         if not est and not rule:
             continue
-        pick = min(est, key=lambda b: est[b]) if est else next(b for b in DEFAULT_ORDER if b in times)
+        pick = min(est, key=lambda b: est[b]) if est else _first(times)
         best = min(times, key=lambda b: times[b])
         one = single.get((n, k), pick)
         out.append({"n": n, "k": k, "m": m, "pick": pick, "best": best, "regret": times[pick] / times[best],
@@ -186,23 +188,22 @@ def bucket_fold(table: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
     planned from the other buckets: the summary over the buckets between two measured ones (none beyond), and
     ``rule``: the regret of the priority order's first backend there, what ran before the model interpolated."""
     truth = _only(table_truth(table), keep)
+    single = _single_best(truth)
     points: list[dict[str, Any]] = []
-    rule = []
     for bucket in sorted({m for _, _, m in truth}):
         groups = [{**g, "shapes": {s: {b: r for b, r in rows.items() if b != str(bucket)} for s, rows in g["shapes"].items()}}
                   for g in table["groups"]]
         without = model.Measurements(table["device_name"], [{**table, "groups": groups}], _installed(table))
-        found = choice_regret({p: t for p, t in truth.items() if p[2] == bucket}, lambda _n, _k, w=without: w)
-        points += found
-        for p in found:
-            times = truth[(p["n"], p["k"], p["m"])]
-            rule.append(times[next(b for b in DEFAULT_ORDER if b in times)] / min(times.values()))
-    single = _single_best(truth)  # over every bucket, as choice_regret of the whole truth names it
-    for p in points:
-        times = truth[(p["n"], p["k"], p["m"])]
-        p["single"] = single.get((p["n"], p["k"]), p["pick"])
-        p["vs_single"] = times[p["pick"]] / times[p["single"]]
+        points += choice_regret({p: t for p, t in truth.items() if p[2] == bucket}, lambda _n, _k, w=without: w,
+                                single=single)
+    planned = [truth[(p["n"], p["k"], p["m"])] for p in points]
+    rule = [times[_first(times)] / min(times.values()) for times in planned]
     return {**summary(points), "rule": {"geomean": geomean(rule), "worst": round(max(rule), 4)}}
+
+
+def _first(times: dict[str, float]) -> str:
+    """The first backend in priority order among those timed: what the plan runs where nothing is estimated."""
+    return next(b for b in DEFAULT_ORDER if b in times)
 
 
 def no_table(table: dict[str, Any], keep: set[str] | None, budgets: Sequence[int] = PARTLY) -> dict[str, Any]:
