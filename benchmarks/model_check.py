@@ -44,6 +44,8 @@ from fp8select.measured.shapes import served_shapes
 from fp8select.measured.table import SHIPPED_DIR
 
 Truth = dict[tuple[int, int, int], dict[str, float]]
+Rows = dict[str, dict[str, dict[str, dict[str, float]]]]
+"""A table's rows: backend -> ``"N,K"`` -> M bucket -> row."""
 WITHOUT_VENDORS = ("cuda-scaled-mm", "triton")
 PARTLY = (10, 20, 30)
 """Rows of a left-out shape put back (``partly_measured``): what a load-time budget measures of a shape."""
@@ -176,9 +178,7 @@ def partly_measured(table: dict[str, Any], keep: set[str] | None, budgets: Seque
                 taken += len(names)
                 for name in names:
                     rows.setdefault(name, {})[str(m)] = {"us": at[m][name]}
-            measured = {**table, "groups": [{"backend": b, "versions": _installed(table)[b], "shapes": {f"{n},{k}": r}}
-                                            for b, r in rows.items()]}
-            partly = _measurements(table, (n, k), measured)
+            partly = _measurements(table, (n, k), _rows_table(table, {b: {f"{n},{k}": r} for b, r in rows.items()}))
             points[budget] += choice_regret({(n, k, m): times for m, times in at.items()}, lambda _n, _k, partly=partly: partly)
     return {f"{budget}_rows_measured": summary(found) for budget, found in points.items()}
 
@@ -193,7 +193,7 @@ def bucket_fold(table: dict[str, Any], keep: set[str] | None) -> dict[str, Any]:
     for bucket in sorted({m for _, _, m in truth}):
         groups = [{**g, "shapes": {s: {b: r for b, r in rows.items() if b != str(bucket)} for s, rows in g["shapes"].items()}}
                   for g in table["groups"]]
-        without = model.Measurements(table["device_name"], [{**table, "groups": groups}], _installed(table))
+        without = _measurements({**table, "groups": groups})
         points += choice_regret({p: t for p, t in truth.items() if p[2] == bucket}, lambda _n, _k, w=without: w,
                                 single=single)
     planned = [truth[(p["n"], p["k"], p["m"])] for p in points]
@@ -214,29 +214,29 @@ def no_table(table: dict[str, Any], keep: set[str] | None, budgets: Sequence[int
     truth = _only(table_truth(table), keep)
     out = {}
     for budget in budgets:
-        rows: dict[str, dict[str, dict[str, dict[str, float]]]] = {}  # backend -> "N,K" -> bucket -> row
+        rows: Rows = {}
+        known = _measurements(_rows_table(table, rows))  # the rows taken so far, indexed again as they grow
         points: list[dict[str, Any]] = []
         for n, k in sorted({(n, k) for n, k, _ in truth}):
             at = {m: times for (pn, pk, m), times in truth.items() if (pn, pk) == (n, k)}
-            before = _from_rows(table, rows)
             taken = 0
-            for m, names in by_closeness({m: {b: before.estimate(b, n, k, m) for b in times} for m, times in at.items()}):
+            for m, names in by_closeness({m: {b: known.estimate(b, n, k, m) for b in times} for m, times in at.items()}):
                 if taken + len(names) > budget:
                     break
                 taken += len(names)
                 for name in names:
                     rows.setdefault(name, {}).setdefault(f"{n},{k}", {})[str(m)] = {"us": at[m][name]}
-            after = _from_rows(table, rows)
-            points += choice_regret({(n, k, m): times for m, times in at.items()}, lambda _n, _k, w=after: w, rule=True)
+            if taken:
+                known = _measurements(_rows_table(table, rows))
+            points += choice_regret({(n, k, m): times for m, times in at.items()}, lambda _n, _k, w=known: w, rule=True)
         out[f"no_table_{budget}_rows"] = summary(points)
     return out
 
 
-def _from_rows(table: dict[str, Any], rows: dict[str, dict[str, dict[str, dict[str, float]]]]) -> model.Measurements:
-    """The model's index of ``rows`` (backend -> shape -> bucket -> row) at ``table``'s versions."""
+def _rows_table(table: dict[str, Any], rows: Rows) -> dict[str, Any]:
+    """``rows`` as a table of ``table``'s device, each backend at its versions there."""
     installed = _installed(table)
-    groups = [{"backend": b, "versions": installed[b], "shapes": shapes} for b, shapes in rows.items()]
-    return model.Measurements(table["device_name"], [{**table, "groups": groups}], installed)
+    return {**table, "groups": [{"backend": b, "versions": installed[b], "shapes": shapes} for b, shapes in rows.items()]}
 
 
 def unseen_regret(table: dict[str, Any], truth: Truth) -> dict[str, Any]:
