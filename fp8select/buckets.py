@@ -7,8 +7,11 @@ bucket. Pure Python: no torch, no triton.
 
 from __future__ import annotations
 
-__all__ = ["BUCKET_INDEX", "M_BUCKETS", "M_BUCKET_MAX", "bucket_ends", "bucket_index", "bucket_range", "m_bucket",
-           "span"]
+import math
+from collections.abc import Collection
+
+__all__ = ["BUCKET_INDEX", "M_BUCKETS", "M_BUCKET_MAX", "between", "bucket_ends", "bucket_index", "bucket_range",
+           "m_bucket", "span"]
 
 M_BUCKET_MAX = 8192
 """Largest bucket; larger M shares it."""
@@ -51,3 +54,14 @@ def span(lo: int, hi: int | None) -> str:
     if hi is None:
         return "any M" if lo == 1 else f"M >= {lo}"
     return f"M {lo}" if lo == hi else f"M {lo}-{hi}"
+
+
+def between(measured: Collection[int], bucket: int) -> tuple[int, int, float] | None:
+    """The nearest buckets of ``measured`` below and above ``bucket``, and how far ``bucket`` lies from the lower
+    toward the upper in ``log2 M`` (0 to 1): where the models interpolate a bucket no shape was measured at.
+    None where ``measured`` has none on one side."""
+    low = max((b for b in measured if b < bucket), default=None)
+    high = min((b for b in measured if b > bucket), default=None)
+    if low is None or high is None:
+        return None
+    return low, high, math.log2(bucket / low) / math.log2(high / low)

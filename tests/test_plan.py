@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from fp8select import Capabilities, InvalidInputError, UnsupportedProblemError, resolve
 from fp8select.backends.base import CHECKPOINT_LAYOUT, Backend, PreparedWeight
 from fp8select.backends.reference import ReferenceBackend
-from fp8select.buckets import M_BUCKETS, bucket_index, bucket_range, m_bucket
+from fp8select.buckets import M_BUCKETS, between, bucket_index, bucket_range, m_bucket
 from fp8select.layer import Fp8Linear
 from fp8select.measured.model import Measurements
 from fp8select.measured.table import new_table
@@ -106,6 +106,9 @@ def test_buckets() -> None:
     assert [m_bucket(m) for m in (0, 1, 2, 3, 4, 5, 16, 17, 8192, 9000)] == [1, 1, 2, 4, 4, 8, 16, 32, 8192, 8192]
     assert [bucket_range(b) for b in (1, 2, 4, 8192)] == [(1, 1), (2, 2), (3, 4), (4097, None)]
     assert all(M_BUCKETS[bucket_index(m)] == m_bucket(m) for m in range(1, 20000, 7))
+    # the nearest measured buckets on either side, and how far between them in log2 M
+    assert between([1, 16, 256, 8192], 64) == (16, 256, 0.5) and between({256, 16}, 32) == (16, 256, 0.25)
+    assert between([16, 256], 8) is None and between([16, 256], 512) is None and between([], 64) is None
 
 
 # -- the model ---------------------------------------------------------------------------------------

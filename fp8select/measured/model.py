@@ -69,7 +69,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fp8select.buckets import M_BUCKETS, bucket_index
+from fp8select.buckets import M_BUCKETS, between, bucket_index
 from fp8select.measured.deepgemm_tiles import DEVICES, deepgemm_block_n
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
@@ -236,15 +236,13 @@ class Measurements:
         """At a bucket where ``backend`` was measured at no shape, between the nearest two where it was: its
         estimates at (N, K) there, interpolated in log time over log2 M, with the upper one's launch configuration
         (its tiles take the rows of every M up to it); None beyond the measured range."""
-        held = [b for b in M_BUCKETS if self._train(backend, b)]
-        low = max((b for b in held if b < bucket), default=None)
-        high = min((b for b in held if b > bucket), default=None)
-        if low is None or high is None:
+        around = between([b for b in M_BUCKETS if self._train(backend, b)], bucket)
+        if around is None:
             return None
+        low, high, t = around
         below, above = self.estimate(backend, n, k, low), self.estimate(backend, n, k, high)
         if below is None or above is None:  # not reached: a bucket with rows estimates every shape
             return None
-        t = math.log2(bucket / low) / math.log2(high / low)
         us = below.us ** (1 - t) * above.us ** t
         detail = (f"{us:.1f} us interpolated between M {low} ({below.us:.1f} us, {below.source}) and M {high} "
                   f"({above.us:.1f} us, {above.source}): no shape measured at M {bucket}{note}")
@@ -277,12 +275,10 @@ class Measurements:
         levels = self._levels[(n, k)]
         if not levels or bucket in levels:
             return levels.get(bucket, 0.0)
-        below = [b for b in levels if b < bucket]
-        above = [b for b in levels if b > bucket]
-        if not below or not above:
-            return levels[below[-1] if below else above[0]]
-        lo, hi = below[-1], above[0]
-        f = math.log2(bucket / lo) / math.log2(hi / lo)
+        around = between(levels, bucket)
+        if around is None:  # beyond the buckets with rows: the nearest one's
+            return levels[max(levels) if bucket > max(levels) else min(levels)]
+        lo, hi, f = around
         return (1 - f) * levels[lo] + f * levels[hi]
 
     def _values(self, backend: str | None, bucket: int) -> list[tuple[tuple[int, int], float]]:

@@ -41,6 +41,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fp8select.buckets import between
 from fp8select.roofline import FP8_PEAK_FLOPS, HBM_BYTES_PER_S, weight_bytes
 
 __all__ = ["FIXED_US", "MoeEstimate", "MoeModel", "moe_reference_us"]
@@ -127,14 +128,13 @@ class MoeModel:
             return self._estimate(shape, bucket, level, standing, shares, "")
         if bucket in self._buckets:  # measured there, only not for this route
             return None
-        low = max((b for b in self._buckets if b < bucket), default=None)
-        high = min((b for b in self._buckets if b > bucket), default=None)
-        if low is None or high is None:
+        around = between(self._buckets, bucket)
+        if around is None:
             return None
+        low, high, t = around
         below, above = self._parts(route, shape, low), self._parts(route, shape, high)
         if below is None or above is None:
             return None
-        t = math.log2(bucket / low) / math.log2(high / low)
         level, standing = ((1 - t) * x + t * y for x, y in zip(below[:2], above[:2], strict=True))
         shares = {s: (1 - t) * below[2].get(s, 0.0) + t * above[2].get(s, 0.0) for s in {*below[2], *above[2]}}
         return self._estimate(shape, bucket, level, standing, shares,
