@@ -187,12 +187,17 @@ def test_large_m_search_reaches_persistent_launches_and_leaves_them_validly() ->
 
 
 def test_wgmma_path_in_the_search() -> None:
-    """The wgmma path: ranked first at M >= 1024, one step from the gemm path's tiles above M 64 (and back),
-    never split or pointer-fed, and its neighbours stay within its limits."""
+    """The wgmma path: ranked first at M >= 1024, in the first round from M 32, one step from the gemm path's
+    tiles above M 16 (and back), never at decode, never split or pointer-fed, and its neighbours stay within its
+    limits."""
     assert [c.path for c in ts.candidates(7168, 16384, 4096)[:2]] == ["wgmma", "wgmma"]
-    assert "wgmma" in {c.path for c in ts.candidates(7168, 16384, 256)}
-    assert "wgmma" not in {c.path for m in (1, 16, 64) for c in ts.candidates(7168, 16384, m, limit=64)}
-    for m in (128, 4096):
+    for m in (32, 64, 256):
+        assert "wgmma" in {c.path for c in ts.candidates(7168, 16384, m)}
+    assert "wgmma" not in {c.path for m in (1, 16) for c in ts.candidates(7168, 16384, m, limit=64)}
+    gemm = next(c for c in ts.candidates(5120, 1280, 64) if c.path == "gemm")
+    assert "wgmma" in {c.path for c in ts.neighbours(gemm, 5120, 1280, 64)}
+    assert "wgmma" not in {c.path for c in ts.neighbours(replace(gemm, BLOCK_M=16), 5120, 1280, 16)}
+    for m in (64, 128, 4096):
         heuristic = ts.heuristic_config(7168, 16384, m, "wgmma")
         assert heuristic.path == "wgmma" and heuristic.TMA == 1 and heuristic.SPLIT_K == 1
         near = ts.neighbours(heuristic, 7168, 16384, m)
