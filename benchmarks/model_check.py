@@ -66,20 +66,44 @@ def _installed(table: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def table_truth(table: dict[str, Any]) -> Truth:
-    """Per (N, K, M bucket) of ``table``'s dense rows, each backend's time."""
+    """Per (N, K, M bucket) of ``table``'s dense rows, each backend's time as a plan reads it (:func:`_as_planned`)."""
     truth: Truth = {}
     for g in table["groups"]:
         for shape, buckets in g["shapes"].items():
             n, k = (int(v) for v in shape.split(","))
             for bucket, row in buckets.items():
                 truth.setdefault((n, k, int(bucket)), {})[g["backend"]] = float(row["us"])
-    return truth
+    return _as_planned(truth, _configured(table))
 
 
-def _regret_truth(path: str) -> Truth:
+def _regret_truth(path: str, table: dict[str, Any]) -> Truth:
+    """A regret run's pinned times as a plan reads them (:func:`_as_planned`; the backends configured as in
+    ``table``: runs before the configurations were recorded ran them too)."""
     points = json.loads(Path(path).read_text())["points"]
-    return {(p["n"], p["k"], p["m"]): {b: t for b, t in p["us"].items() if b not in ("auto", "bf16-matmul", "reference")}
-            for p in points}
+    return _as_planned({(p["n"], p["k"], p["m"]): {b: t for b, t in p["us"].items()
+                                                   if b not in ("auto", "bf16-matmul", "reference")} for p in points},
+                       _configured(table))
+
+
+def _configured(table: dict[str, Any]) -> set[str]:
+    """The backends whose rows in ``table`` carry a launch configuration (Triton's)."""
+    return {g["backend"] for g in table["groups"] for rows in g["shapes"].values() for row in rows.values()
+            if row.get("config") is not None}
+
+
+def _as_planned(truth: Truth, configured: set[str]) -> Truth:
+    """``truth`` with the time of each ``configured`` backend at a bucket where a larger bucket's configuration
+    ran faster by more than :data:`~fp8select.measured.model.FEWER_ROWS` replaced by that time, as the model
+    reads rows (:func:`~fp8select.measured.model.fewer_rows`): what the plan then runs there takes no longer."""
+    rows: dict[tuple[int, int, str], dict[str, dict[str, Any]]] = {}
+    for (n, k, m), times in truth.items():
+        for backend in configured & set(times):
+            rows.setdefault((n, k, backend), {})[str(m)] = {"us": times[backend], "config": {}}
+    out = {point: dict(times) for point, times in truth.items()}
+    for (n, k, backend), buckets in rows.items():
+        for bucket, row in model.fewer_rows(buckets).items():
+            out[(n, k, int(bucket))][backend] = row["us"]
+    return out
 
 
 def _single_best(truth: Truth) -> dict[tuple[int, int], str]:
@@ -286,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         report["models"] = report[label].pop("models")  # the same for every choice
         for path in args.regret:
             report[label][f"{Path(path).parent.name}/{Path(path).name}"] = unseen_regret(
-                table, _only(_regret_truth(path), keep))
+                table, _only(_regret_truth(path, table), keep))
     text = _text(report)
     print(text)
     if args.out:

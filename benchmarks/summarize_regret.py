@@ -15,8 +15,8 @@ same for the backend ``auto`` ran then. It re-scores kept timings, measures noth
 changes on points measured once. The plan is made for the snapshot the run recorded
 (``capabilities``); runs before it did are given an H200 snapshot made from their environment and
 the table's versions, with every vendor entry point fp8select looks for (:func:`_h200_snapshot`).
-A point whose run recorded the configuration a backend ran (``configs``, runs since they were kept)
-and where today's plan picks that backend with another one is **stale**: its pinned time is not
+A point where today's plan picks a backend with another configuration than the run's (``configs``, recorded by
+runs since they were kept; before, the table's own row at that point) is **stale**: its pinned time is not
 what the pick takes now, so it is listed apart and left out of ``now``. A run whose timings were folded into
 the shipped table's rows (``benchmarks/merge_tuning.py --fold``) is planned from the table with them taken back
 out: every figure stays out of sample.
@@ -162,7 +162,8 @@ def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, di
             pick = route["backend"]
             if pick not in times or p.get("auto_ran") not in times:
                 continue
-            if pick in p.get("configs", {}) and p["configs"][pick] != route["config"]:
+            ran = p["configs"].get(pick) if "configs" in p else _own_config(table, pick, p["n"], p["k"], p["m"])
+            if ran is not None and ran != route["config"]:
                 stale.append(f"{p['n']}x{p['k']} M {p['m']}: {pick}")
                 continue
             fastest = min(times.values())
@@ -176,6 +177,15 @@ def replan(directory: Path, table: dict[str, Any] | None = None) -> dict[str, di
                               "now": [geomean(ratios), round(max(ratios), 3)], "changed": changed,
                               **({"stale": stale} if stale else {}), "ratios": now, "chain": run["chain"]}
     return out
+
+
+def _own_config(table: dict[str, Any], backend: str, n: int, k: int, m: int) -> Any:
+    """The launch configuration of ``table``'s own row of ``backend`` at (N, K, M): what a run that recorded none
+    ran there (a plan may now run another, a larger bucket's: ``fp8select.measured.model``)."""
+    for group in table["groups"]:
+        if group["backend"] == backend and (row := group["shapes"].get(f"{n},{k}", {}).get(str(m))) is not None:
+            return row.get("config")
+    return None
 
 
 def replan_sets(found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

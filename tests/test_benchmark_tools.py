@@ -159,29 +159,34 @@ def test_the_moe_rule_scores_on_the_kept_candidate_timings_as_its_docstring_says
 
 def test_a_point_timed_with_another_configuration_than_todays_is_stale(tmp_path: Path) -> None:
     """A run records the configuration each pinned backend ran; where today's plan picks that backend with
-    another one, the kept time is not the pick's: --replan lists the point as stale, not as a regret."""
+    another one, the kept time is not the pick's: --replan lists the point as stale, not as a regret. A run
+    that recorded none (the kept one) ran the table's own rows: stale where today's plan takes a larger
+    bucket's configuration."""
     from benchmarks import summarize_regret
+    from benchmarks.merge_tuning import unfold
     from fp8select import Capabilities, resolve
 
     run = json.loads((BENCHMARKS / "results" / "regret_novendors_served.json").read_text())
-    selection = resolve(Capabilities.from_dict(run["capabilities"]), plugins=False, order=run["chain"])
+    table = json.loads((ROOT / "fp8select" / "data" / "tuning-nvidia-h200.json").read_text())
+    selection = resolve(Capabilities.from_dict(run["capabilities"]), plugins=False, order=run["chain"],
+                        tuning=unfold(table, run))  # as --replan plans it: the run's own timings taken out
     todays = {}
     for p in run["points"]:
         route = selection.plan_for(p["n"], p["k"]).route(p["m"])
         if route.backend == "triton":
             todays[(p["n"], p["k"], p["m"])] = route.config.to_dict()
-    same, other = sorted(todays)[:2]
-    for p in run["points"]:
-        key = (p["n"], p["k"], p["m"])
-        if key == same:
-            p["configs"] = {"triton": todays[key]}
-        elif key == other:
-            p["configs"] = {"triton": {**todays[key], "num_stages": todays[key]["num_stages"] + 1}}
-    (tmp_path / "regret_novendors_served.json").write_text(json.dumps(run))
+    taken = [f"{n}x{k} M {m}: triton" for (n, k, m), config in todays.items()
+             if summarize_regret._own_config(table, "triton", n, k, m) != config]
     kept = summarize_regret.replan(BENCHMARKS / "results")["regret_novendors_served"]
+    assert taken and kept["stale"] == taken
+    other = next(key for key in sorted(todays) if f"{key[0]}x{key[1]} M {key[2]}: triton" not in taken)
+    for p in run["points"]:
+        if (p["n"], p["k"], p["m"]) == other:
+            p["configs"] = {"triton": {**todays[other], "num_stages": todays[other]["num_stages"] + 1}}
+    (tmp_path / "regret_novendors_served.json").write_text(json.dumps(run))
     found = summarize_regret.replan(tmp_path)["regret_novendors_served"]
-    assert found["stale"] == [f"{other[0]}x{other[1]} M {other[2]}: triton"]
-    assert found["points"] == kept["points"] - 1 and "stale" not in kept
+    assert set(found["stale"]) == {*taken, f"{other[0]}x{other[1]} M {other[2]}: triton"}
+    assert found["points"] == kept["points"] - 1
 
 
 def test_the_kept_timings_rescore_todays_plan_without_a_gpu() -> None:

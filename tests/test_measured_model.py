@@ -57,6 +57,33 @@ def test_a_measured_shape_is_its_own_row() -> None:
     assert folded is not None and folded.detail == "12.5 us measured (the mean of 3 runs)"
 
 
+def test_a_larger_buckets_configuration_that_ran_more_rows_faster_stands_in() -> None:
+    """A configured backend's row gives way to the fastest row of a larger bucket that took less than
+    1 / FEWER_ROWS of its time (its configuration runs fewer rows no slower), at every smaller bucket; a closer
+    one, or a vendor's row without a configuration, is left as measured; the modelled standings read the
+    same rows."""
+    times = {16: 6.0, 32: 9.7, 64: 10.6, 128: 8.0, 256: 9.5, 512: 14.0}
+    configured = {"backend": "a", "versions": TORCH, "shapes": {"1024,2048": {
+        str(b): {"us": us, "config": {"at": b}} for b, us in times.items()}}}
+    meas = _measurements(configured, _group("v", {(1024, 2048): times}))
+    for bucket in (32, 64):
+        est = meas.estimate("a", 1024, 2048, bucket)
+        assert est is not None and (est.us, est.source, est.config) == (8.0, MEASURED, {"at": 128})
+        assert est.detail.startswith("8.0 us measured at M 128 with its launch configuration")
+        assert f"({times[bucket]:.1f} us with this bucket's own)" in est.detail
+    for bucket in (16, 128, 256, 512):  # faster than every larger bucket, or the fastest of them
+        est = meas.estimate("a", 1024, 2048, bucket)
+        assert est is not None and (est.us, est.config) == (times[bucket], {"at": bucket})
+    assert meas.estimate("v", 1024, 2048, 64).us == 10.6  # type: ignore[union-attr]
+    close = {**configured, "shapes": {"1024,2048": {"64": {"us": 8.3, "config": {"at": 64}},
+                                                     "128": {"us": 8.0, "config": {"at": 128}}}}}
+    assert _measurements(close).estimate("a", 1024, 2048, 64).config == {"at": 64}  # type: ignore[union-attr]
+    # Another shape's estimate is modelled from the rows as read: "a" is 8.0 / 8.0 the fastest at M 64 there.
+    other = meas.estimate("a", 2048, 2048, 64)
+    assert other is not None and other.source == MODEL and other.config == {"at": 128}
+    assert "1.00x the fastest" in other.detail
+
+
 def test_a_vendor_row_below_both_neighbours_at_decode_counts_as_their_median() -> None:
     """A row without a launch configuration below both neighbouring buckets at M <= 16, by at most LUCKY,
     is taken as the median of the three (the first bucket's neighbours: the two above it); a row with one

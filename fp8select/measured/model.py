@@ -8,7 +8,11 @@ changes much between releases, and any data beats none), and says so.
 :meth:`Measurements.estimate` answers per (backend, N, K, bucket):
 
 * **measured**: the table has this shape at this bucket (at decode, a vendor kernel's row a little
-  below both neighbouring buckets' counts as the median of the three: :func:`_lucky_dip`);
+  below both neighbouring buckets' counts as the median of the three: :func:`_lucky_dip`). A row with a
+  launch configuration (Triton's) gives way to a larger bucket's that ran more rows in less time, by more
+  than :data:`FEWER_ROWS`: that configuration and time stand in (:func:`fewer_rows`; the search tried other
+  paths there, so a table holds such rows: on the H200's, Triton's ``wgmma`` path at M 128 of 5120x1280 took
+  8.0 us where M 64's own configuration took 10.6);
 * **model**: the shape was never measured. The estimate is the time of the fastest backend at
   this shape and bucket, times this backend's standing relative to the fastest, each the weighted
   median of its values at the measured shapes (in order of value, the first at which the weight
@@ -66,7 +70,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from fp8select.buckets import M_BUCKETS, between, bucket_index
@@ -74,7 +78,7 @@ from fp8select.measured.deepgemm_tiles import DEVICES, deepgemm_block_n
 from fp8select.measured.table import used_versions, versions_text
 from fp8select.roofline import floor_us
 
-__all__ = ["Estimate", "Measurements", "Row"]
+__all__ = ["FEWER_ROWS", "Estimate", "Measurements", "Row", "fewer_rows"]
 
 MEASURED, MODEL = "measured", "model"
 _EPS = 0.5
@@ -84,6 +88,10 @@ TILE_PENALTY = 0.1
 """The weight of a measured shape, relative to its distance's, where DeepGEMM picks another output tile width
 at the bucket than at the layer's shape."""
 _NAMED = 3  # measured shapes a modelled estimate's detail names
+FEWER_ROWS = 1.05
+"""How much faster a larger bucket's launch configuration must have run than a bucket's own for it to stand in
+there (:func:`fewer_rows`): beyond the spread of two timings of one kernel (up to 3% between runs), so that a row
+is not traded for a luckier timing of another."""
 DECODE_MAX = 16
 """Largest decode bucket: up to it a vendor kernel's row below both its neighbours counts as their median."""
 LUCKY = 1.15
@@ -93,11 +101,13 @@ LUCKY = 1.15
 
 class Row(NamedTuple):
     """One measurement: whole-op median time, the launch configuration it was taken with, and how many runs'
-    timings the time is the geometric mean of (made from a table's row where a plan reads it)."""
+    timings the time is the geometric mean of (made from a table's row where a plan reads it); ``taken``: where a
+    larger bucket's configuration stands in (:func:`fewer_rows`), that bucket and this bucket's own time."""
 
     us: float
     config: Mapping[str, Any] | None = None
     runs: int = 1
+    taken: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,15 +136,28 @@ class _Modelled(NamedTuple):
 class _BackendRows:
     """One backend's rows at the versions used: per shape, its buckets' rows as the table holds them
     (``{"16": {"us": ..., "config": ...}}``), made into :class:`Row` where read (a table has thousands of
-    rows, read at every resolution; a plan reads a few)."""
+    rows, read at every resolution; a plan reads a few). A shape's rows as estimates read them
+    (:meth:`buckets`: a larger bucket's launch configuration standing in where it ran faster) are made at
+    their first read and remembered."""
 
     versions: Mapping[str, str]
     exact: bool  # measured at the versions installed here
     shapes: Mapping[tuple[int, int], Mapping[str, Mapping[str, Any]]]
+    _read: dict[tuple[int, int], Mapping[str, Mapping[str, Any]]] = field(default_factory=dict, compare=False,
+                                                                           repr=False)
+
+    def buckets(self, shape: tuple[int, int]) -> Mapping[str, Mapping[str, Any]]:
+        """``shape``'s rows per bucket as estimates read them (:func:`fewer_rows`); none where it has none."""
+        if shape not in self._read:
+            self._read[shape] = fewer_rows(self.shapes.get(shape, {}))
+        return self._read[shape]
 
     def row(self, shape: tuple[int, int], bucket: int) -> Row | None:
-        found = self.shapes.get(shape, {}).get(str(bucket))
-        return None if found is None else Row(_us(found), found.get("config"), found.get("runs", 1))
+        found = self.buckets(shape).get(str(bucket))
+        if found is None:
+            return None
+        taken = (found["taken_m"], found["own_us"]) if "taken_m" in found else None
+        return Row(_us(found), found.get("config"), found.get("runs", 1), taken)
 
 
 class Measurements:
@@ -217,7 +240,9 @@ class Measurements:
                                 f"here, below both: a lucky timing of a kernel whose decode time is flat){note}",
                                 row.config, (n, k))
             runs = f" (the mean of {row.runs} runs)" if row.runs > 1 else ""
-            return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{runs}{note}", row.config, (n, k))
+            taken = "" if row.taken is None else (f" at M {row.taken[0]} with its launch configuration, which takes no "
+                                                  f"longer on fewer rows ({row.taken[1]:.1f} us with this bucket's own)")
+            return Estimate(row.us, MEASURED, f"{row.us:.1f} us measured{taken}{runs}{note}", row.config, (n, k))
         modelled = self._model_from_others(backend, n, k, bucket)
         if modelled is None:
             return self._between(backend, n, k, bucket, note)
@@ -291,7 +316,7 @@ class Measurements:
                 points = [(shape, math.log(best[(shape, b)] / floor_us(*shape, b))) for (shape, b) in best if b == bucket]
             else:
                 rows = self._rows[backend]
-                points = [(shape, math.log(_us(rows.shapes[shape][str(bucket)]) / best[(shape, bucket)]))
+                points = [(shape, math.log(_us(rows.buckets(shape)[str(bucket)]) / best[(shape, bucket)]))
                           for shape in self._train(backend, bucket)]
             self._ordered[key] = sorted(points, key=lambda point: point[1])
         return self._ordered[key]
@@ -320,8 +345,8 @@ class Measurements:
         if self._fastest is None:
             fastest: dict[tuple[tuple[int, int], int], float] = {}
             for rows in self._rows.values():
-                for shape, buckets in rows.shapes.items():
-                    for bucket, row in buckets.items():
+                for shape in rows.shapes:
+                    for bucket, row in rows.buckets(shape).items():
                         key, us = (shape, int(bucket)), _us(row)
                         fastest[key] = min(fastest.get(key, us), us)
             self._fastest = fastest
@@ -351,6 +376,27 @@ def _lucky_dip(rows: _BackendRows, shape: tuple[int, int], bucket: int, row: Row
         return None
     median = sorted((around[0].us, around[1].us, row.us))[1]
     return median if row.us < median <= row.us * LUCKY else None
+
+
+def fewer_rows(buckets: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+    """One shape's rows of a backend with launch configurations, each replaced by the fastest row of a larger
+    bucket where that one took less than ``1 / FEWER_ROWS`` of its time: that configuration, measured on more
+    rows, runs this bucket's no slower (the same programs or fewer, each with the same work). The replaced row
+    keeps its own time (``own_us``) and names the bucket it comes from (``taken_m``). Rows without a
+    configuration (a vendor's, its heuristics picking the kernel by M) are left as they are."""
+    if not any(row.get("config") is not None for row in buckets.values()):
+        return buckets
+    out = dict(buckets)
+    fastest: tuple[str, Mapping[str, Any]] | None = None  # the fastest row of the larger buckets
+    for bucket in sorted(buckets, key=int, reverse=True):
+        row = buckets[bucket]
+        if row.get("config") is None:
+            continue
+        if fastest is not None and _us(fastest[1]) * FEWER_ROWS < _us(row):
+            out[bucket] = {**fastest[1], "taken_m": int(fastest[0]), "own_us": _us(row)}
+        if fastest is None or _us(row) < _us(fastest[1]):
+            fastest = (bucket, row)
+    return out
 
 
 def _us(row: Mapping[str, Any]) -> float:
