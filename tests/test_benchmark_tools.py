@@ -23,6 +23,7 @@ NEEDS_CUDA = {
     "limits": ["--out", "OUT/limits.json"],
     "decode_anatomy": ["--out", "OUT/anatomy.json"],
     "decode_ab": ["--out", "OUT/ab.json"],
+    "fewer_rows": ["--out", "OUT/fewer_rows.json"],
     "gpu_check": ["--out", "OUT/check"],
     "h200_checks": ["--out", "OUT/checks.json"],
     "host_overhead": ["--out", "OUT/host"],
@@ -187,6 +188,25 @@ def test_a_point_timed_with_another_configuration_than_todays_is_stale(tmp_path:
     found = summarize_regret.replan(tmp_path)["regret_novendors_served"]
     assert set(found["stale"]) == {*taken, f"{other[0]}x{other[1]} M {other[2]}: triton"}
     assert found["points"] == kept["points"] - 1
+
+
+def test_fewer_rows_times_every_row_a_larger_buckets_configuration_stands_in_for() -> None:
+    """benchmarks.fewer_rows: the points where the plan takes a larger bucket's Triton configuration, with both
+    configurations, the largest gain first; its summary compares only points timed with both."""
+    from benchmarks import fewer_rows
+
+    table = {"groups": [{"backend": "triton", "versions": {}, "shapes": {
+        "512,1024": {str(m): {"us": us, "config": {"at": m}} for m, us in ((16, 5.0), (32, 9.0), (64, 7.0))},
+        "1024,1024": {str(m): {"us": us, "config": {"at": m}} for m, us in ((32, 12.0), (64, 11.9), (128, 8.0))}}},
+        {"backend": "vendor", "versions": {}, "shapes": {"512,1024": {"32": {"us": 9.0}, "64": {"us": 1.0}}}}]}
+    points = fewer_rows.stand_ins(table)
+    assert [(p["n"], p["m"], p["taken_m"]) for p in points] == [(1024, 32, 128), (1024, 64, 128), (512, 32, 64)]
+    assert points[2]["configs"] == {"own": {"at": 32}, "taken": {"at": 64}}
+    assert points[2]["table_us"] == {"own": 9.0, "taken": 7.0}
+    timed = [{"us": {"own": 10.0, "taken": 8.0}}, {"us": {"own": 10.0, "taken": 12.5}}, {"rel_err": {"own": 1.0}}]
+    assert fewer_rows.summarize(timed) == {"points": 2, "taken_faster": 1, "taken_over_own_geomean": 1.0,
+                                           "taken_over_own_worst": 1.25, "taken_over_own_best": 0.8}
+    assert fewer_rows.summarize([]) == {"points": 0}
 
 
 def test_the_kept_timings_rescore_todays_plan_without_a_gpu() -> None:
