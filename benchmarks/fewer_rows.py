@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{n}x{k} M {m}: own {point['us'].get('own')} taken (M {point['taken_m']}) {point['us'].get('taken')}",
               flush=True)
         del weights
-    Path(args.out).write_text(json_lines({**head, "summary": summarize(points)}, {"points": points}, per_line=2))
+    Path(args.out).write_text(json_lines({**head, "summary": summarize(points)}, {"points": points}, per_line=4))
 
 
 if __name__ == "__main__":
