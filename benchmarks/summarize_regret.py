@@ -63,6 +63,8 @@ SETS = {
     "no vendors, GLM-4.5's dense layers (model)": ("regret_novendors_glm_model",),
     "no vendors, models not listed (measured at load, the default)": ("regret_novendors_unseen_default",),
     "no vendors, models not listed (the default, second start)": ("regret_novendors_unseen_second",),
+    "H100 SXM (no dense table), vendors, models not listed (the default)": ("regret_h100_vendors_first",),
+    "H100 SXM, the same, second start": ("regret_h100_vendors_second",),
 }
 PLOT_SHAPES = ((2112, 7168), (7168, 2048))
 COLORS = {"deepgemm": "tab:orange", "flashinfer": "tab:green", "cutlass": "tab:purple", "cuda-scaled-mm": "tab:blue",
