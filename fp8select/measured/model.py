@@ -12,7 +12,8 @@ changes much between releases, and any data beats none), and says so.
   launch configuration (Triton's) gives way to a larger bucket's that ran more rows in less time, by more
   than :data:`FEWER_ROWS`: that configuration and time stand in (:func:`fewer_rows`; the search tried other
   paths there, so a table holds such rows: on the H200's, Triton's ``wgmma`` path at M 128 of 5120x1280 took
-  8.0 us where M 64's own configuration took 10.6);
+  8.0 us where M 64's own configuration took 10.6; at its 73 such rows, the two configurations timed together
+  by ``benchmarks/fewer_rows.py`` on an H100 SXM, the one taken was faster at 72, 0.89x the time in geomean);
 * **model**: the shape was never measured. The estimate is the time of the fastest backend at
   this shape and bucket, times this backend's standing relative to the fastest, each the weighted
   median of its values at the measured shapes (in order of value, the first at which the weight
