@@ -106,3 +106,24 @@ def test_time_graphs_columns_sharing_one_pool_keep_their_own_results() -> None:
         counts.append(round(ratio[0, 0].item()))
         assert torch.allclose(ratio, torch.full_like(ratio, counts[-1]), rtol=1e-9)
     assert counts[0] >= 7 and counts == [counts[0]] * 3
+
+
+def test_a_pinned_column_plans_from_what_auto_measured_at_load_and_measures_nothing() -> None:
+    """bench.single_backend: the pinned selection's chain is the one backend, its tables and measurements hold
+    every table the selection measured at load time so far, and it measures nothing itself (before, each pinned
+    selection measured rows of its own and could run another configuration than auto's plan)."""
+    import fp8select
+    from fp8select.measured.table import new_table
+
+    selection = fp8select.resolve()
+    reference = next(b for b in selection.chain if b.name == "reference")
+    plain = bench.single_backend(selection, reference)
+    assert plain.chain == (reference,) and not plain.tune_at_load and plain.tables == selection.tables
+    table = new_table(selection.capabilities.device_name or "cpu")
+    table["groups"] = [{"backend": "reference", "versions": {}, "shapes": {"512,1024": {"64": {"us": 9.0}}}}]
+    selection._memo.measured[(512, 1024)] = table
+    selection._memo.measured[(1024, 1024)] = {}  # a shape that needed nothing
+    pinned = bench.single_backend(selection, reference)
+    assert pinned.tables == (*selection.tables, table) and not pinned.tune_at_load
+    assert pinned.measurements is not None and pinned.measurements.buckets_held(512, 1024) == {64}
+    assert not pinned._memo.measured  # its own memo: it measures nothing, the tables carry the rows
