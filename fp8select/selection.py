@@ -57,7 +57,12 @@ def _measured_once(found: dict[Any, Mapping[str, Any]], key: Any,
     ``key`` needed nothing (remembered as an empty table, so that it is not asked again)."""
     if key not in found:
         found[key] = measure() or {}
-    return [table for table in found.values() if table] if found[key] else None
+    return _kept(found) if found[key] else None
+
+
+def _kept(found: Mapping[Any, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The tables of ``found`` that hold rows (a shape that needed nothing is remembered as an empty one)."""
+    return [table for table in found.values() if table]
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,11 @@ class Selection(Decision):
         if measured is None:
             return self.measurements
         return measurements_for(self.capabilities, self.chain, [*self.tables, *measured])
+
+    def measured_at_load(self) -> tuple[Mapping[str, Any], ...]:
+        """Every dense table this selection's ``prepare()`` measured at load time so far (each also written to the
+        cache directory): what a selection planning from the same rows adds to its ``tables``."""
+        return tuple(_kept(self._memo.measured))
 
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:

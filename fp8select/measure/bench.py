@@ -149,7 +149,7 @@ def single_backend(selection: Selection, backend: Backend) -> Selection:
     """
     from fp8select.measured.sources import measurements_for
 
-    measured = tuple(table for table in selection._memo.measured.values() if table)
+    measured = selection.measured_at_load()
     tables = (*selection.tables, *measured)
     measurements = measurements_for(selection.capabilities, selection.chain, tables) if measured else \
         selection.measurements
