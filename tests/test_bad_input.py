@@ -460,6 +460,18 @@ def test_cli_unknown_command_is_argparse_usage(capsys: pytest.CaptureFixture[str
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
+def test_every_error_class_is_exported() -> None:
+    """``except fp8select.XError`` works for every error class fp8select raises."""
+    import fp8select
+    from fp8select import errors
+
+    classes = [name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, errors.Fp8SelectError)]
+    assert len(classes) > 5
+    assert [name for name in classes if getattr(fp8select, name, None) is not getattr(errors, name)] == []
+    assert set(classes) <= set(fp8select.__all__)
+
+
 def test_docs_list_every_case() -> None:
     text = (Path(__file__).parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
     missing = [c for c in [*(c.id for c in CASES), *CLI_CASES, *PLUGIN_CASES, *VALID] if f"`{c}`" not in text]
