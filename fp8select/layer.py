@@ -283,6 +283,7 @@ class Fp8Linear:
         """A second handle on the same prepared weights and launches (registered anew for the custom op)."""
         twin = object.__new__(Fp8Linear)
         twin.__dict__.update(self.__dict__)
+        ops.register(twin)  # its own handle: the original's is freed with the original
         return twin
 
     def __repr__(self) -> str:

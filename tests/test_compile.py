@@ -63,6 +63,22 @@ def test_nn_model_compiles_fullgraph_dynamic_once_for_all_m() -> None:
     assert rel_err(up(x), expected(x, model.up.weight, model.up.weight_scale_inv, (128, 128), model.up.bias)) < 1e-2
 
 
+def test_a_shallow_copy_compiles_after_its_original_is_freed() -> None:
+    """``copy.copy`` of a layer has a custom-op handle of its own, so it outlives the original under compile too."""
+    import copy
+    import gc
+
+    torch._dynamo.reset()
+    layer = resolve(CPU, plugins=False).prepare(*random_problem(256, 384, seed=5))
+    twin = copy.copy(layer)
+    x = torch.randn(4, 384, dtype=torch.bfloat16)
+    want = layer(x)
+    del layer
+    gc.collect()
+    compiled = torch.compile(lambda a: twin(a), backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), want)
+
+
 def test_compiled_output_does_not_require_grad() -> None:
     torch._dynamo.reset()
     layer = Toy(resolve(CPU, plugins=False)).up
