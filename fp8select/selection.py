@@ -170,10 +170,12 @@ class Selection(Decision):
         CUDA layer's shape first where the tables do not settle its plan
         (:mod:`fp8select.measure.loadtime`; with a process group, on rank 0 for every rank).
         """
+        from fp8select.inputs import check_block_size
+
         copies = self.max_weight_copies if max_weight_copies is ... else max_weight_copies
         measurements = self.measurements
         if (isinstance(weight, torch.Tensor) and weight.is_cuda and weight.dim() == 2
-                and tuple(block_size) == (128, 128) and self._measures_now(tune)):
+                and check_block_size(block_size) == (128, 128) and self._measures_now(tune)):
             measurements = self._measure_at_load(int(weight.shape[0]), int(weight.shape[1]), weight.device)
         return Fp8Linear(self.chain, self.capabilities, weight, weight_scale, block_size, out_dtype=out_dtype,
                          measurements=measurements, explicit=self.explicit,

@@ -460,6 +460,19 @@ def test_cli_unknown_command_is_argparse_usage(capsys: pytest.CaptureFixture[str
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("block", [None, 128])
+def test_block_size_is_checked_before_load_time_measurement(block: object) -> None:
+    """A CUDA weight that would be measured at load time gets the block size's typed error too (``prepare`` compared
+    ``tuple(block_size)`` first: a bare TypeError). No GPU: a tensor that says it is on CUDA stands in."""
+    class LooksCuda(torch.Tensor):
+        @property
+        def is_cuda(self) -> bool:  # type: ignore[override]
+            return True
+
+    with pytest.raises(InvalidDtypeError, match="block_size: expected two positive integers"):
+        _sel().prepare(_w().as_subclass(LooksCuda), _s(), block, tune=True)  # type: ignore[arg-type]
+
+
 def test_every_error_class_is_exported() -> None:
     """``except fp8select.XError`` works for every error class fp8select raises."""
     import fp8select
