@@ -13,6 +13,7 @@ gradients.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -89,6 +90,7 @@ class Fp8Linear:
         self._checked_runs: dict[tuple[torch.dtype, torch.dtype], tuple[CheckedRun, ...]] = {}
         # Per unquantized activation dtype, each bucket's launch bound at prepare time (the fast path).
         self._launches: dict[torch.dtype, tuple[Launch, ...]] = {}
+        self._planning = threading.Lock()
         self.main_plan = self._plan_for(torch.bfloat16, out_dtype or torch.bfloat16)
         if all(use.layout != CHECKPOINT_LAYOUT for use in self.main_plan.weights):
             del self._shared[CHECKPOINT_LAYOUT]  # no backend reads it: the caller may free the checkpoint
@@ -108,6 +110,13 @@ class Fp8Linear:
         plan = self.plans.get(key)
         if plan is not None:
             return plan
+        with self._planning:  # the first call of a signature plans it; a concurrent one waits for that plan
+            plan = self.plans.get(key)
+            return plan if plan is not None else self._new_plan(act, out)
+
+    def _new_plan(self, act: torch.dtype, out: torch.dtype) -> Plan:
+        """:meth:`_plan_for` of a new signature: its plan, weights prepared and launches bound, published last."""
+        key = (act, out)
         problem = self._problem(None, act, out)
         while True:
             chain = [b for b in self.chain if b.name not in self._failed]
@@ -121,10 +130,10 @@ class Fp8Linear:
                 break
         if self._failed:  # the verdicts name what could not be prepared, and why
             plan = replace(plan, candidates=(*plan.candidates, *self._failures(len(plan.candidates))))
-        self.plans[key] = plan
         self._checked_runs[key] = tuple(self._bind(route) for route in plan.routes)
         if act in ACTIVATION_DTYPES and out == (self.out_dtype or act):
             self._launches[act] = tuple(self._launch(route, out) for route in plan.routes)
+        self.plans[key] = plan  # last: a reader that finds the plan finds its runs
         if plan.explicit is not None and any(r.why == GATE for r in plan.routes):
             others = "; ".join(f"M {r.bucket}: {r.detail}" for r in plan.routes if r.why == GATE)
             get_logger().warning("fp8select.explicit_choice_declined", backend=plan.explicit, n=self.n, k=self.k,
