@@ -19,6 +19,7 @@ returned.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -125,6 +126,7 @@ class Fp8MoE:
         self._failed: dict[str, str] = {}
         self.plans: dict[tuple[torch.dtype, int], MoePlan] = {}
         self._launches: dict[tuple[torch.dtype, int], tuple[MoeLaunch, ...]] = {}
+        self._planning = threading.Lock()
         self.main_plan = self._plan_for(torch.bfloat16, top_k or DEFAULT_TOP_K)
         moe_ops.register(self)
         get_logger().info("fp8select.moe_prepared", experts=self.experts, hidden=self.hidden,
@@ -140,6 +142,13 @@ class Fp8MoE:
         plan = self.plans.get(key)
         if plan is not None:
             return plan
+        with self._planning:  # the first call of a signature plans it; a concurrent one waits for that plan
+            plan = self.plans.get(key)
+            return plan if plan is not None else self._new_plan(act, top_k)
+
+    def _new_plan(self, act: torch.dtype, top_k: int) -> MoePlan:
+        """:meth:`_plan_for` of a new signature: its plan, weights prepared and launches bound, published last."""
+        key = (act, top_k)
         problem = self._problem(act, top_k)
         while True:
             chain = [b for b in self.backends_chain if b.name not in self._failed]
@@ -153,8 +162,8 @@ class Fp8MoE:
                 raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *failed]) from None
             if self._prepare(plan):
                 break
-        self.plans[key] = plan
         self._launches[key] = tuple(self._bind(route) for route in plan.routes)
+        self.plans[key] = plan  # last: a reader that finds the plan finds its launches
         return plan
 
     def _measured_rows(self, top_k: int) -> MoeTimes | None:
