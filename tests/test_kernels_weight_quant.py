@@ -115,12 +115,32 @@ def test_chunked_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"block_size": (True, 128)}, InvalidInputError, "block_size"),
         ({"dtype": torch.float16}, InvalidDtypeError, "dtype"),
         ({"dtype": torch.float8_e5m2}, InvalidDtypeError, "dtype"),
+        ({"weight": torch.ones(4, 128, device="meta")}, InvalidInputError, "meta device"),
+        ({"weight": torch.ones(4, 128).to_sparse()}, InvalidInputError, "dense tensor"),
     ],
 )
 def test_bad_input_is_a_typed_error(kwargs: dict, error: type[Exception], match: str) -> None:
     args = {"weight": torch.ones(4, 128), "block_size": (128, 128), "dtype": E4M3, **kwargs}
     with pytest.raises(error, match=match):
         quantize_weight(args["weight"], args["block_size"], dtype=args["dtype"])
+
+
+def test_a_parameter_quantizes_without_autograd() -> None:
+    """``quantize_weight(linear.weight)``: the outputs hold no graph (nor its fp32 temporaries alive)."""
+    weight = torch.nn.Linear(256, 128).weight
+    assert weight.requires_grad
+    w_q, scale = quantize_weight(weight)
+    assert not w_q.requires_grad and w_q.grad_fn is None and not scale.requires_grad and scale.grad_fn is None
+    assert torch.equal(w_q.view(torch.uint8), quantize_weight(weight.detach())[0].view(torch.uint8))
+
+
+def test_a_block_wider_than_the_weight_is_one_block() -> None:
+    """A block size beyond the weight's size quantizes it as one block, without padding to that size."""
+    weight = torch.randn(256, 384, generator=torch.Generator().manual_seed(3))
+    w_q, scale = quantize_weight(weight, (2**40, 2**40))
+    one_q, one_scale = quantize_weight(weight, (256, 384))
+    assert scale.shape == (1, 1) and torch.equal(scale, one_scale)
+    assert torch.equal(w_q.view(torch.uint8), one_q.view(torch.uint8))
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])

@@ -60,12 +60,13 @@ def quantize_weight(
         Dequantize as ``w_fp8.float() * scale`` expanded over the blocks.
 
     Raises:
-        InvalidInputError: ``weight`` is not 2-D, is empty, holds NaN or +-inf; ``block_size``
-            is not two positive ints.
+        InvalidInputError: ``weight`` is not 2-D, is empty, holds NaN or +-inf, is not dense or
+            is on the meta device; ``block_size`` is not two positive ints.
         InvalidDtypeError: ``weight`` is not a floating-point tensor or is fp8 already;
             ``dtype`` is not an e4m3 fp8 dtype.
 
-    On a GPU it synchronises once (to check that every value is finite).
+    On a GPU it synchronises once (to check that every value is finite). No autograd is recorded (a
+    parameter that requires grad gives outputs that do not).
     """
     if not isinstance(weight, torch.Tensor):
         raise InvalidDtypeError(f"quantize_weight: weight must be a torch.Tensor, found {type(weight).__name__}")
@@ -79,9 +80,19 @@ def quantize_weight(
     if dtype not in WEIGHT_DTYPES:
         allowed = ", ".join(str(d) for d in WEIGHT_DTYPES)
         raise InvalidDtypeError(f"quantize_weight: dtype must be one of {allowed}, found {dtype}")
+    if weight.layout != torch.strided or weight.is_meta:
+        where = "on the meta device (load its values first)" if weight.is_meta else f"of layout {weight.layout}"
+        raise InvalidInputError(f"quantize_weight: weight must be a dense tensor with values, found one {where}")
     n, k = weight.shape
     if n == 0 or k == 0:
         raise InvalidInputError(f"quantize_weight: weight is empty, shape {list(weight.shape)}")
+    with torch.no_grad():  # a parameter's weight: its outputs hold no autograd graph (nor its fp32 temporaries)
+        return _quantized(weight, min(bn, n), min(bk, k), dtype)  # a block wider than the weight is one block
+
+
+def _quantized(weight: torch.Tensor, bn: int, bk: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_weight` of a checked weight."""
+    n, k = weight.shape
     fmax = fp8_max(dtype)
     nb, kb = -(-n // bn), -(-k // bk)
     w_q = torch.empty((n, k), dtype=dtype, device=weight.device)
