@@ -9,7 +9,10 @@ on the H200, so :class:`PreparedLayers` keeps the layer prepared for each weight
   very tensors it was prepared from (held by weak references), unmodified (their version
   counters, which every in-place write bumps, and their data pointers and shapes unchanged),
   with the same block size and output dtype; anything else prepares again and replaces it. A
-  different or modified weight is never served a stale layer.
+  different weight, or one modified through its own tensor, is never served a stale layer. Two writes leave
+  no trace to see: through ``.data`` (``param.data.copy_(new)``, a tensor with a version counter of its own)
+  and into an inference tensor (it has none); after those, :meth:`PreparedLayers.clear`
+  (``Selection.forget_prepared()``) makes the next calls prepare again.
 * freed with the weight: the layer is prepared from views of the caller's tensors (sharing their
   storage, not their Python objects), so the cache never keeps the weight tensor alive, and the
   entry is dropped when that tensor is.
@@ -45,8 +48,13 @@ class _Entry:
 
 
 def _state(t: torch.Tensor) -> tuple[Any, ...]:
-    """What changes when a tensor is written in place or re-pointed: version, data pointer, shape, dtype."""
-    return t._version, t.data_ptr(), t.shape, t.dtype
+    """What changes when a tensor is written in place or re-pointed: version, data pointer, shape, dtype
+    (an inference tensor has no version: None)."""
+    try:
+        version = t._version
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        version = None
+    return version, t.data_ptr(), t.shape, t.dtype
 
 
 class PreparedLayers:
@@ -80,6 +88,10 @@ class PreparedLayers:
 
         entries[key] = _Entry(weight, weight_scale, tuple(block_size), out_dtype, layer, weakref.ref(weight, forget))
         return layer
+
+    def clear(self) -> None:
+        """Forget every kept layer: the next call with each weight prepares it again."""
+        self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

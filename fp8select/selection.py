@@ -271,6 +271,12 @@ class Selection(Decision):
         return moe_plan_for(self, chain, experts, hidden, intermediate, top_k, block_size, measured,
                             moe_measurements(self, chain, self.tables), self._invariance())
 
+    def forget_prepared(self) -> None:
+        """Forget the layers :meth:`linear` prepared, so that its next call with each weight prepares it again:
+        after writing weights in a way it cannot see (through ``.data``, or into inference tensors; see
+        :mod:`fp8select.dropin`), as a weight update does."""
+        self._memo.layers.clear()
+
     def linear(self, input: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int], weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -278,7 +284,8 @@ class Selection(Decision):
 
         The first call with a weight prepares it (:meth:`prepare`); later calls with the same,
         unmodified weight and scale tensors reuse that layer (:class:`~fp8select.dropin.PreparedLayers`
-        says when a layer is prepared again, and that it is freed with the weight). The output
+        says when a layer is prepared again, and that it is freed with the weight; after writes through
+        ``.data``, call :meth:`forget_prepared`). The output
         dtype is the activation's; a pre-quantized fp8 ``input`` needs ``out_dtype``.
         """
         dropin = self._memo.layers

@@ -132,3 +132,35 @@ def test_every_copy_of_a_selection_starts_with_no_layers() -> None:
     for twin in (copy.copy(sel), copy.deepcopy(sel), pickle.loads(pickle.dumps(sel))):
         assert len(twin._memo.layers) == 0 and twin.to_dict() == sel.to_dict()
     assert len(sel._memo.layers) == 1
+
+
+def test_inference_tensors_are_served_too(counted: tuple[Selection, list[Any]]) -> None:
+    """Weights made under ``torch.inference_mode()`` (no version counter) are prepared once and served, in and out of it."""
+    sel, prepared = counted
+    with torch.inference_mode():
+        w, s = random_problem(N, K, seed=10)
+        w, s = w.clone(), s.clone()
+        assert w.is_inference()
+        x = torch.randn(3, K, dtype=torch.bfloat16)
+        first = sel.linear(x, w, [128, 128], s)
+        assert torch.equal(sel.linear(x, w, [128, 128], s), first)
+    assert torch.equal(sel.linear(x, w, [128, 128], s), first)
+    assert len(prepared) == 1
+    assert rel_err(first, expected(x, w, s, (128, 128))) < 1e-2
+
+
+def test_forget_prepared_serves_a_weight_written_through_data(counted: tuple[Selection, list[Any]]) -> None:
+    """A write through ``.data`` leaves no trace (the version is ``.data``'s own); after ``forget_prepared()`` the next
+    call prepares the weight again and computes with the new values."""
+    sel, prepared = counted
+    w, s = random_problem(N, K, seed=11)
+    param, scale = torch.nn.Parameter(w.clone(), requires_grad=False), torch.nn.Parameter(s.clone(), requires_grad=False)
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    sel.linear(x, param, [128, 128], scale)
+    new_w, new_s = random_problem(N, K, seed=12)
+    param.data.copy_(new_w)
+    scale.data.copy_(new_s)
+    sel.forget_prepared()
+    assert len(sel._memo.layers) == 0
+    assert rel_err(sel.linear(x, param, [128, 128], scale), expected(x, new_w, new_s, (128, 128))) < 1e-2
+    assert len(prepared) == 2
