@@ -93,11 +93,12 @@ def _check_fits(layer: Layer, m: int, dtype: torch.dtype) -> None:
 
 
 def _same(layer: Layer) -> tuple[Any, ...]:
-    """What makes two layers run the same kernels: shape, dtypes, device and plan."""
+    """What makes two layers run the same kernels: shape, dtypes (the output's too), device and plan."""
     if isinstance(layer, Fp8MoE):
         plan = json.dumps(layer.main_plan.to_dict(), sort_keys=True, default=str)
         return ("moe", layer.experts, layer.hidden, layer.intermediate, layer.block_size, str(layer.device), plan)
-    return (layer.n, layer.k, layer.block_size, layer.weight_dtype, str(layer.device), layer.main_plan.fingerprint())
+    return (layer.n, layer.k, layer.block_size, layer.weight_dtype, layer.out_dtype, str(layer.device),
+            layer.main_plan.fingerprint())
 
 
 def _width(layer: Layer) -> int:

@@ -421,6 +421,19 @@ def test_warmup_runs_every_route_of_each_distinct_layer_once() -> None:
         warmup(layers, ms=[0])
 
 
+def test_warmup_runs_a_layer_of_another_output_dtype_too() -> None:
+    """Two layers that differ only in their output dtype run other kernels (an output-dtype specialization): both warm."""
+    from fp8select.warmup import warmup
+
+    a = fake("a")
+    meas = measurements({"a": {(N, K): {m: 10.0 for m in M_BUCKETS}}})
+    w, s = _weights()
+    layers = [Fp8Linear([a], CPU, w, s, measurements=meas, out_dtype=out) for out in (None, torch.float32)]
+    Fake.ran.clear()
+    report = warmup(layers, ms=[3])
+    assert (report.layers, report.distinct, report.calls) == (2, 2, 2)
+
+
 def test_triton_and_aiter_share_one_fnuz_copy_on_gfx942(monkeypatch: pytest.MonkeyPatch) -> None:
     from fakes import install
     from matrix import MATRIX
