@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from fp8select.errors import InvalidDtypeError, InvalidInputError, NotPreparedError
-from fp8select.inputs import check_block_size, check_weight
+from fp8select.inputs import FLOAT8_DTYPES, check_block_size, check_weight
 from fp8select.kernels.quant import ACTIVATION_DTYPES
 from fp8select.layer import Fp8Linear
 from fp8select.moe import Fp8MoE
@@ -153,7 +153,8 @@ class BlockFp8Linear(torch.nn.Module):
         """Lay the current weights out for the backend (load-time work, never per call).
 
         Called for you after ``load_state_dict``, ``.to()`` and in :meth:`from_linear`; call
-        it after writing ``weight`` / ``weight_scale_inv`` in place. Raises
+        it after writing ``weight`` / ``weight_scale_inv`` in place or replacing them (until then a
+        replaced one leaves the module unprepared). Raises
         :class:`~fp8select.errors.NotPreparedError` where the weights cannot run (on the meta
         device, or on a device kind other than the selection's), and the layer's typed
         errors for a bad checkpoint (non-finite scales, wrong shapes).
@@ -209,6 +210,11 @@ class BlockFp8Linear(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
                               missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        weight = state_dict.get(prefix + "weight")
+        if isinstance(weight, torch.Tensor) and weight.dtype not in FLOAT8_DTYPES:  # copy_ would cast it, unscaled
+            allowed = "/".join(dtype_name(d) for d in FLOAT8_DTYPES)
+            raise InvalidDtypeError(f"{prefix}weight: expected dtype {allowed}, found {dtype_name(weight.dtype)}: an "
+                                    "unquantized weight (quantize it first: fp8select.quantize_weight or from_linear)")
         errors_before = len(error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         if any(prefix + name in state_dict for name in _WEIGHT_NAMES):
@@ -230,6 +236,13 @@ class BlockFp8Linear(torch.nn.Module):
         super()._apply(keep_weight_dtypes, recurse)
         self._sync()
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A ``weight`` or ``weight_scale_inv`` replaced (``m.weight = Parameter(...)``) leaves the module unprepared
+        until :meth:`prepare`: it never runs the old weights."""
+        super().__setattr__(name, value)
+        if name in _WEIGHT_NAMES and self.__dict__.get("_layer") is not None:
+            self._layer, self._prepared_from = None, None
 
     def __getstate__(self) -> dict[str, Any]:
         # The prepared layer is process-local (backend state, a custom-op handle): copies and

@@ -225,3 +225,27 @@ def test_from_linear_rejects_what_is_not_a_linear(selection) -> None:  # type: i
         BlockFp8Linear.from_linear(torch.nn.Conv1d(2, 2, 1), selection=selection)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="meta"):
         BlockFp8Linear.from_linear(torch.nn.Linear(256, 128, device="meta"), selection=selection)
+
+
+def test_loading_an_unquantized_weight_is_a_typed_error(selection) -> None:  # type: ignore[no-untyped-def]
+    """A bf16 ``weight`` in the state dict raises (copy_ cast it to fp8 unscaled: every output wrong), assign or not."""
+    source = _quantized(selection, bias=False)
+    bf16 = source.weight.float().bfloat16()
+    for assign in (False, True):
+        module = BlockFp8Linear(384, 256, bias=False, selection=selection, device="meta" if assign else None)
+        with pytest.raises(InvalidDtypeError, match="weight: expected dtype float8_e4m3fn"):
+            module.load_state_dict({"weight": bf16, "weight_scale_inv": source.weight_scale_inv}, assign=assign)
+
+
+def test_replaced_weights_are_never_run_stale(selection) -> None:  # type: ignore[no-untyped-def]
+    """Parameters replaced after loading (as engines' post-load processing does): unprepared until prepare(), which then
+    runs the new weights."""
+    module, other = _quantized(selection, bias=False, seed=1), _quantized(selection, bias=False, seed=2)
+    x = torch.randn(3, 384, dtype=torch.bfloat16)
+    module(x)
+    module.weight = torch.nn.Parameter(other.weight.detach(), requires_grad=False)
+    module.weight_scale_inv = torch.nn.Parameter(other.weight_scale_inv.detach(), requires_grad=False)
+    with pytest.raises(NotPreparedError, match="call prepare"):
+        module(x)
+    module.prepare()
+    assert torch.equal(module(x), other(x))
