@@ -21,8 +21,12 @@ or compiled: an input that requires grad is detached (the product of an fp8-quan
 activation has no useful gradient, and a backward that silently returned zeros would be
 worse than none).
 
+The drop-in ``Selection.linear`` (which takes the weight and finds its layer per call) is
+``fp8select::dropin_linear`` under compilation, by the selection's handle (:func:`dropin_call`).
+
 Nothing is registered with torch when fp8select is imported: :func:`register` defines the
-op the first time a layer is created (``_define`` is idempotent).
+op the first time a layer is created, :func:`register_selection` the drop-in's when a selection
+is (both idempotent).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -47,6 +52,15 @@ class OpLayer(Protocol):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                 input_scale: torch.Tensor | None = None) -> torch.Tensor: ...
 
+class DropIn(Protocol):
+    """What the drop-in op needs of a selection (:class:`fp8select.selection.Selection`, which imports this module)."""
+
+    def linear(self, input: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int], weight_scale: torch.Tensor,
+               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor: ...
+
+
+T = TypeVar("T")
 OP_NAME = "fp8select::linear"
 SCHEMA = "(Tensor x, Tensor? bias, Tensor? input_scale, int handle, int n, int out_dtype) -> Tensor"
 OUT_DTYPES = ACTIVATION_DTYPES
@@ -54,38 +68,44 @@ OUT_DTYPES = ACTIVATION_DTYPES
 dispatcher parses in a fraction of the time a ``ScalarType`` takes (about 0.8 us a call on a CPU)."""
 _OUT_CODES = {dtype: code for code, dtype in enumerate(OUT_DTYPES)}
 HANDLE_ATTR = "_fp8select_handle"
+DROPIN_OP_NAME = "fp8select::dropin_linear"
+DROPIN_SCHEMA = ("(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, Tensor? input_scale, int[] block_size, "
+                 "int handle, int out_dtype) -> Tensor")
+"""The drop-in ``Selection.linear`` as one node: the selection by handle, the output dtype by code (-1: the input's)."""
 
 
-class _LiveLayers:
-    """Handle -> layer, by weak reference. Handles are never reused, so a stale one is an error, not another layer."""
+class _Live(Generic[T]):
+    """Handle -> object, by weak reference. Handles are never reused, so a stale one is an error, not another object."""
 
-    def __init__(self) -> None:
-        self._layers: weakref.WeakValueDictionary[int, OpLayer] = weakref.WeakValueDictionary()
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._objects: weakref.WeakValueDictionary[int, T] = weakref.WeakValueDictionary()
         self._next = itertools.count(1)
 
-    def add(self, layer: OpLayer) -> int:
+    def add(self, obj: T) -> int:
         handle = next(self._next)
-        self._layers[handle] = layer
+        self._objects[handle] = obj
         return handle
 
-    def get(self, handle: int) -> OpLayer:
-        layer = self._layers.get(handle)
-        if layer is None:
+    def get(self, handle: int) -> T:
+        obj = self._objects.get(handle)
+        if obj is None:
             raise InvalidInputError(
-                f"handle: expected the handle of a live fp8select layer, found {handle}, whose layer was freed "
-                "(a compiled graph outlived the layer it was traced with)")
-        return layer
+                f"handle: expected the handle of a live fp8select {self._what}, found {handle}, whose {self._what} was "
+                f"freed (a compiled graph outlived the {self._what} it was traced with)")
+        return obj
 
-    def holds(self, handle: int, layer: OpLayer) -> bool:
-        return self._layers.get(handle) is layer
+    def holds(self, handle: int, obj: T) -> bool:
+        return self._objects.get(handle) is obj
 
     def __len__(self) -> int:
-        return len(self._layers)
+        return len(self._objects)
 
 
-# The one process-wide registry the op's real implementation looks handles up in: ops are
-# process-global in torch, so the table they read is too. It holds no strong references.
-_LIVE = _LiveLayers()
+# The process-wide registries the ops' real implementations look handles up in: ops are
+# process-global in torch, so the tables they read are too. They hold no strong references.
+_LIVE: _Live[OpLayer] = _Live("layer")
+_SELECTIONS: _Live[DropIn] = _Live("selection")
 
 
 def register(layer: OpLayer) -> int:
@@ -97,6 +117,44 @@ def register(layer: OpLayer) -> int:
     handle = _LIVE.add(layer)  # new, or a copy that carried its original's handle
     setattr(layer, HANDLE_ATTR, handle)
     return handle
+
+
+def register_selection(selection: DropIn) -> int:
+    """A handle for ``selection``'s drop-in calls under compilation (defines the op on first use)."""
+    _define_dropin()
+    return _SELECTIONS.add(selection)
+
+
+def dropin_call(handle: int, x: torch.Tensor, weight: torch.Tensor, block_size: Sequence[int],
+                weight_scale: torch.Tensor, input_scale: torch.Tensor | None, bias: torch.Tensor | None,
+                out_dtype: torch.dtype | None) -> torch.Tensor:
+    """``Selection.linear`` as one ``fp8select::dropin_linear`` node, for a graph being compiled: its real
+    implementation makes the eager call (the weight's layer found, or prepared at the first call, as eagerly).
+    Inputs are detached: inference only. The weight and its scale only where they require grad: the eager call
+    finds a weight's layer by the tensor's identity, which a detached view (a new tensor per call) would not keep."""
+    code = -1 if out_dtype is None else _OUT_CODES.get(out_dtype)
+    if code is None:
+        raise InvalidDtypeError(f"out_dtype: expected one of {', '.join(map(str, OUT_DTYPES))} or None, found {out_dtype}")
+    return torch.ops.fp8select.dropin_linear.default(  # type: ignore[no-any-return]
+        x.detach(), _undifferentiated(weight), _undifferentiated(weight_scale), None if bias is None else bias.detach(),
+        None if input_scale is None else input_scale.detach(), list(block_size), handle, code)
+
+
+def _undifferentiated(t: torch.Tensor) -> torch.Tensor:
+    return t.detach() if t.requires_grad else t
+
+
+def _dropin_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                   input_scale: torch.Tensor | None, block_size: list[int], handle: int, out_dtype: int) -> torch.Tensor:
+    out = _SELECTIONS.get(handle).linear(x, weight, block_size, weight_scale, input_scale, bias,
+                                         out_dtype=None if out_dtype < 0 else OUT_DTYPES[out_dtype])
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _dropin_linear_fake(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                        input_scale: torch.Tensor | None, block_size: list[int], handle: int,
+                        out_dtype: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype if out_dtype < 0 else OUT_DTYPES[out_dtype])
 
 
 def live_layers() -> int:
@@ -137,9 +195,19 @@ def _define() -> Any:
     than ``torch.library.custom_op``, whose autograd and dispatch wrappers cost about 10 us more
     per call (measured on CPU: 3 us against 13 us for an op that returns its input). No autograd
     kernel: the layer detaches what it passes (inference only)."""
-    name = OP_NAME.split("::")[1]
-    lib = torch.library.Library(OP_NAME.split("::")[0], "DEF")
-    lib.define(name + SCHEMA)
-    lib.impl(name, _linear, "CompositeExplicitAutograd")
-    torch.library.register_fake(OP_NAME, _linear_fake, lib=lib)
+    return _library(OP_NAME, SCHEMA, _linear, _linear_fake)
+
+
+@functools.cache
+def _define_dropin() -> Any:
+    """Define ``fp8select::dropin_linear`` (once per process), as :func:`_define` does ``fp8select::linear``."""
+    return _library(DROPIN_OP_NAME, DROPIN_SCHEMA, _dropin_linear, _dropin_linear_fake)
+
+
+def _library(op_name: str, schema: str, kernel: Any, fake: Any) -> Any:
+    namespace, name = op_name.split("::")
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.define(name + schema)
+    lib.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(op_name, fake, lib=lib)
     return lib

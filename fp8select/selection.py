@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fp8select import ops
 from fp8select.decision import Decision
 from fp8select.dropin import PreparedLayers
 from fp8select.jit_processes import processes_wanted
@@ -31,6 +32,7 @@ class SelectionMemo:
     ``copy``, ``deepcopy``, a pickle) starts with an empty one."""
 
     def __init__(self) -> None:
+        self.handle = 0  # the selection's, for drop-in calls under compilation (fp8select.ops.register_selection)
         self.layers = PreparedLayers()
         self.measured: dict[tuple[int, int], Mapping[str, Any]] = {}
         self.measured_moe: dict[tuple[int, int, int, int], Mapping[str, Any]] = {}  # (E, H, I, k)
@@ -95,6 +97,14 @@ class Selection(Decision):
     load_time_measure_moe: Callable[..., Mapping[str, Any] | None] | None = field(default=None, repr=False,
                                                                                   compare=False)
     _memo: SelectionMemo = field(default_factory=SelectionMemo, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._memo.handle = ops.register_selection(self)  # before any tracing: a compiled graph's linear() calls need it
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled or deep-copied: the state (with an empty memo), and a handle of its own."""
+        self.__dict__.update(state)
+        self.__post_init__()
 
     def __copy__(self) -> Selection:
         return replace(self)  # the same decision, with an empty memo of its own
@@ -288,6 +298,9 @@ class Selection(Decision):
         ``.data``, call :meth:`forget_prepared`). The output
         dtype is the activation's; a pre-quantized fp8 ``input`` needs ``out_dtype``.
         """
+        if torch.compiler.is_compiling():  # one opaque node, whose real implementation is the eager call below
+            return ops.dropin_call(self._memo.handle, input, weight, block_size, weight_scale, input_scale, bias,
+                                   out_dtype)
         dropin = self._memo.layers
         layer = dropin.get(weight, weight_scale, block_size, out_dtype)
         if layer is None:

@@ -164,3 +164,31 @@ def test_forget_prepared_serves_a_weight_written_through_data(counted: tuple[Sel
     assert len(sel._memo.layers) == 0
     assert rel_err(sel.linear(x, param, [128, 128], scale), expected(x, new_w, new_s, (128, 128))) < 1e-2
     assert len(prepared) == 2
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_drop_in_compiles_fullgraph_and_prepares_each_weight_once(counted: tuple[Selection, list[Any]],
+                                                                      backend: str) -> None:
+    """``sel.linear`` in a forward compiled with ``fullgraph=True`` (as engines compile theirs): one opaque node whose
+    real implementation is the eager call, so each weight is still prepared once, at its first call."""
+    sel, prepared = counted
+    w, s = random_problem(N, K, seed=13)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(w, requires_grad=False)
+            self.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return sel.linear(x, self.weight, [128, 128], self.weight_scale_inv, out_dtype=torch.float32) * 2
+
+    torch._dynamo.reset()
+    model = Model()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    for m in (7, 33, 1):
+        x = torch.randn(m, K, dtype=torch.bfloat16)
+        out = compiled(x)
+        assert out.dtype == torch.float32 and torch.equal(out, model(x))
+    assert len(prepared) == 1
+    assert rel_err(out / 2, expected(x, w, s, (128, 128))) < 1e-2
