@@ -11,13 +11,11 @@ defined the first time a MoE layer is made. Inference only: inputs are detached.
 from __future__ import annotations
 
 import functools
-import itertools
-import weakref
 from typing import Any, Protocol
 
 import torch
 
-from fp8select.errors import InvalidInputError
+from fp8select.ops import Live, define_op
 
 __all__ = ["OP_NAME", "compiled_call", "register"]
 
@@ -30,18 +28,16 @@ class MoeOpLayer(Protocol):
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor: ...
 
 
-_LAYERS: weakref.WeakValueDictionary[int, MoeOpLayer] = weakref.WeakValueDictionary()
-_NEXT = itertools.count(1)
+_LAYERS: Live[MoeOpLayer] = Live("MoE layer")
 
 
 def register(layer: MoeOpLayer) -> int:
     """Give ``layer`` a handle (once; defines the op on first use) and return it."""
     _define()
     handle = layer.__dict__.get(HANDLE_ATTR)
-    if isinstance(handle, int) and _LAYERS.get(handle) is layer:
+    if isinstance(handle, int) and _LAYERS.holds(handle, layer):
         return handle
-    handle = next(_NEXT)
-    _LAYERS[handle] = layer
+    handle = _LAYERS.add(layer)
     setattr(layer, HANDLE_ATTR, handle)
     return handle
 
@@ -53,11 +49,7 @@ def compiled_call(layer: MoeOpLayer, x: torch.Tensor, topk_weights: torch.Tensor
 
 
 def _experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, handle: int) -> torch.Tensor:
-    layer = _LAYERS.get(handle)
-    if layer is None:
-        raise InvalidInputError(f"handle: expected the handle of a live fp8select MoE layer, found {handle}, whose "
-                                "layer was freed (a compiled graph outlived the layer it was traced with)")
-    out = layer.forward(x, topk_weights, topk_ids)
+    out = _LAYERS.get(handle).forward(x, topk_weights, topk_ids)
     return out if out.is_contiguous() else out.contiguous()
 
 
@@ -68,9 +60,4 @@ def _experts_fake(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
 @functools.cache
 def _define() -> Any:
     """Define ``fp8select::moe_experts`` with torch (once per process) and return its library."""
-    namespace, name = OP_NAME.split("::")
-    lib = torch.library.Library(namespace, "FRAGMENT")
-    lib.define(name + SCHEMA)
-    lib.impl(name, _experts, "CompositeExplicitAutograd")
-    torch.library.register_fake(OP_NAME, _experts_fake, lib=lib)
-    return lib
+    return define_op(OP_NAME, SCHEMA, _experts, _experts_fake)

@@ -74,7 +74,7 @@ DROPIN_SCHEMA = ("(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, T
 """The drop-in ``Selection.linear`` as one node: the selection by handle, the output dtype by code (-1: the input's)."""
 
 
-class _Live(Generic[T]):
+class Live(Generic[T]):
     """Handle -> object, by weak reference. Handles are never reused, so a stale one is an error, not another object."""
 
     def __init__(self, what: str) -> None:
@@ -104,8 +104,8 @@ class _Live(Generic[T]):
 
 # The process-wide registries the ops' real implementations look handles up in: ops are
 # process-global in torch, so the tables they read are too. They hold no strong references.
-_LIVE: _Live[OpLayer] = _Live("layer")
-_SELECTIONS: _Live[DropIn] = _Live("selection")
+_LIVE: Live[OpLayer] = Live("layer")
+_SELECTIONS: Live[DropIn] = Live("selection")
 
 
 def register(layer: OpLayer) -> int:
@@ -195,16 +195,17 @@ def _define() -> Any:
     than ``torch.library.custom_op``, whose autograd and dispatch wrappers cost about 10 us more
     per call (measured on CPU: 3 us against 13 us for an op that returns its input). No autograd
     kernel: the layer detaches what it passes (inference only)."""
-    return _library(OP_NAME, SCHEMA, _linear, _linear_fake)
+    return define_op(OP_NAME, SCHEMA, _linear, _linear_fake)
 
 
 @functools.cache
 def _define_dropin() -> Any:
     """Define ``fp8select::dropin_linear`` (once per process), as :func:`_define` does ``fp8select::linear``."""
-    return _library(DROPIN_OP_NAME, DROPIN_SCHEMA, _dropin_linear, _dropin_linear_fake)
+    return define_op(DROPIN_OP_NAME, DROPIN_SCHEMA, _dropin_linear, _dropin_linear_fake)
 
 
-def _library(op_name: str, schema: str, kernel: Any, fake: Any) -> Any:
+def define_op(op_name: str, schema: str, kernel: Any, fake: Any) -> Any:
+    """Define ``op_name`` (``fp8select::name``) with one ``CompositeExplicitAutograd`` kernel and its fake; its library."""
     namespace, name = op_name.split("::")
     lib = torch.library.Library(namespace, "FRAGMENT")
     lib.define(name + schema)
