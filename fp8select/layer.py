@@ -85,6 +85,7 @@ class Fp8Linear:
         # The [N, K] weight of each layout prepared so far, which later backends of that layout share.
         self._shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {CHECKPOINT_LAYOUT: (weight, weight_scale)}
         self.prepared: dict[str, PreparedWeight] = {}
+        self._held: set[str] = set()  # the weight layouts prepared (max_weight_copies bounds them over every plan)
         self._failed: dict[str, str] = {}
         self.plans: dict[tuple[torch.dtype, torch.dtype], Plan] = {}
         self._checked_runs: dict[tuple[torch.dtype, torch.dtype], tuple[CheckedRun, ...]] = {}
@@ -122,7 +123,8 @@ class Fp8Linear:
             chain = [b for b in self.chain if b.name not in self._failed]
             try:
                 plan = build_plan(problem, chain, self.caps, self._estimate, explicit=self.explicit,
-                                  max_weight_copies=self.max_weight_copies, invariance=self.invariance)
+                                  max_weight_copies=self.max_weight_copies, invariance=self.invariance,
+                                  held=self._held)
             except UnsupportedProblemError as exc:
                 raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *self._failures(len(exc.candidates))]) \
                     from None
@@ -169,6 +171,7 @@ class Fp8Linear:
                 get_logger().warning("fp8select.prepare_failed", backend=name, n=self.n, k=self.k, error=self._failed[name])
                 return False
             prepared = self.prepared[name] = outcome.value
+            self._held.add(layout)
             if layout not in self._shared and prepared.weight_nk is not None:
                 self._shared[layout] = (prepared.weight_nk, prepared.scale_nk if prepared.scale_nk is not None else scale)
         return True

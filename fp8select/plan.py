@@ -41,7 +41,7 @@ backend (a near tie is the measurements' noise; the plan switches backends less)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -91,9 +91,10 @@ def gate(backend: Backend, problem: Problem, caps: Capabilities) -> Verdict:
 
 def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, estimate: EstimateFn, *,
                explicit: str | None = None, max_weight_copies: int | None = 1,
-               invariance: Invariance | None = None) -> Plan:
+               invariance: Invariance | None = None, held: Collection[str] = ()) -> Plan:
     """The plan for ``problem`` (``m`` None) over ``chain`` (accepted backends, priority order);
-    batch-invariant with ``invariance`` (the records that apply here).
+    batch-invariant with ``invariance`` (the records that apply here). ``held``: the weight layouts the layer
+    holds already (for its other dtype signatures), which count toward ``max_weight_copies`` at no cost.
 
     Raises :class:`UnsupportedProblemError` when no backend of the chain accepts the layer, and
     :class:`BatchInvariantError` when none runs it batch-invariant.
@@ -120,7 +121,7 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     explicit_backend = explicit if explicit in layouts else None
     if invariance is not None:
         return _invariant_plan(problem, accepted, candidates, rejects, estimates, layouts, invariance, explicit_backend,
-                               max_weight_copies)
+                               max_weight_copies, held)
 
     def choose(allowed: Sequence[Backend]) -> tuple[Route, ...]:
         return tuple(_route(bucket, allowed, explicit_backend, rejects, estimates, preferred) for bucket in M_BUCKETS)
@@ -136,12 +137,13 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
     if max_weight_copies is not None:
         while True:
             used = {layouts[r.backend] for r in routes if r.backend is not None} - {CHECKPOINT_LAYOUT}
-            if len(used) <= max_weight_copies:
+            if len(used | set(held) - {CHECKPOINT_LAYOUT}) <= max_weight_copies:
                 break
-            droppable = [lay for lay in used if explicit_backend is None or layouts[explicit_backend] != lay]
+            droppable = [lay for lay in used - set(held) if explicit_backend is None or layouts[explicit_backend] != lay]
             if not droppable:
-                notes.append(f"the explicit choice {explicit_backend!r} needs more weight copies than "
-                             f"max_weight_copies={max_weight_copies}; kept")
+                if explicit_backend is not None:
+                    notes.append(f"the explicit choice {explicit_backend!r} needs more weight copies than "
+                                 f"max_weight_copies={max_weight_copies}; kept")
                 break
             options = []
             for lay in sorted(droppable):
@@ -166,7 +168,7 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
 def _invariant_plan(problem: Problem, accepted: Sequence[Backend], candidates: tuple[Candidate, ...],
                     rejects: Mapping[tuple[str, int], str], estimates: Mapping[tuple[str, int], Estimate | None],
                     layouts: Mapping[str, str], invariance: Invariance, explicit: str | None,
-                    max_weight_copies: int | None) -> Plan:
+                    max_weight_copies: int | None, held: Collection[str]) -> Plan:
     """The batch-invariant plan (the module docstring): the cheapest option of one backend and schedule."""
     options, refused = [], []
     for rank, b in enumerate(accepted):
@@ -176,8 +178,9 @@ def _invariant_plan(problem: Problem, accepted: Sequence[Backend], candidates: t
             found, why = (), f"not the explicit choice ({explicit})"
         elif found and gated:
             found, why = (), f"rejects {span(*bucket_range(gated[0]))} ({rejects[(b.name, gated[0])]})"
-        elif found and max_weight_copies == 0 and layouts[b.name] != CHECKPOINT_LAYOUT:
-            found, why = (), f"needs a weight copy ({layouts[b.name]}), found max_weight_copies=0"
+        elif found and max_weight_copies is not None and layouts[b.name] not in {*held, CHECKPOINT_LAYOUT} \
+                and len(set(held) - {CHECKPOINT_LAYOUT}) >= max_weight_copies:
+            found, why = (), f"needs a weight copy ({layouts[b.name]}), found max_weight_copies={max_weight_copies}"
         for option in found:
             routes = tuple(_invariant_route(bucket, b, option, estimates) for bucket in M_BUCKETS)
             options.append((_cost(routes, estimates), rank, routes, option.backs(problem.n, problem.k)))

@@ -236,6 +236,24 @@ def test_the_weight_budget() -> None:
     assert "a" in explicit.backends and any("explicit choice 'a'" in note for note in explicit.notes)
 
 
+def test_the_weight_budget_counts_the_copies_a_layer_holds_for_other_dtypes() -> None:
+    """``max_weight_copies`` bounds a layer over all its plans: a later dtype's plan adds no copy past it."""
+    a = fake("a", layout_name="copy-a", activation_dtypes=(torch.bfloat16,))
+    b = fake("b", layout_name="copy-b", activation_dtypes=(torch.float16,))
+    c = fake("c")  # the checkpoint's bytes
+    meas = measurements({"a": {(N, K): {m: 1.0 for m in M_BUCKETS}}, "b": {(N, K): {m: 1.0 for m in M_BUCKETS}},
+                         "c": {(N, K): {m: 3.0 for m in M_BUCKETS}}})
+    fp16 = replace(_problem(), act_dtype=torch.float16, out_dtype=torch.float16)
+    assert build_plan(fp16, [a, b, c], CPU, estimator(meas), held={"copy-a"}).backends == ("c",)
+    assert build_plan(fp16, [a, b, c], CPU, estimator(meas), held={"copy-b"}).backends == ("b",)  # held: no cost
+    w, s = _weights()
+    layer = Fp8Linear([a, b, c], CPU, w, s, measurements=meas)
+    assert layer.backends == ("a",) and layer.memory()["copies"] == 1
+    x = torch.randn(3, K, dtype=torch.float16)
+    assert rel_err(layer(x), expected(x, w, s, (128, 128))) < 1e-2
+    assert layer.memory()["copies"] == 1 and "b" not in layer.prepared
+
+
 def test_backends_of_one_layout_share_one_copy() -> None:
     a = fake("a", layout_name="fnuz")
     b = fake("b", layout_name="fnuz")
