@@ -215,8 +215,12 @@ class Selection(Decision):
     def plan_for(self, n: int, k: int, block_size: Sequence[int] = (128, 128), *,
                  out_dtype: torch.dtype | None = None) -> Plan:
         """The plan a layer of this shape would get (no weights needed: what ``explain --layer`` prints)."""
+        from fp8select.errors import InvalidInputError
         from fp8select.inputs import check_block_size
 
+        for name, value in (("n", n), ("k", k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidInputError(f"{name}: expected a positive integer, found {value!r}")
         block = check_block_size(block_size)
         problem = Problem(n, k, block, None, torch.float8_e4m3fn, torch.bfloat16, out_dtype or torch.bfloat16)
         estimate = estimator(self.measurements, n, k, block)

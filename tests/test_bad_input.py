@@ -473,6 +473,12 @@ def test_block_size_is_checked_before_load_time_measurement(block: object) -> No
         _sel().prepare(_w().as_subclass(LooksCuda), _s(), block, tune=True)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("n", "k"), [(0, 384), (-256, 384), (256.5, 384), ("256", 384), (True, 384), (256, 0)])
+def test_plan_for_takes_positive_integer_sizes(n: object, k: object) -> None:
+    with pytest.raises(InvalidInputError, match="expected a positive integer"):
+        _sel().plan_for(n, k)  # type: ignore[arg-type]
+
+
 def test_every_error_class_is_exported() -> None:
     """``except fp8select.XError`` works for every error class fp8select raises."""
     import fp8select
