@@ -210,11 +210,7 @@ class BlockFp8Linear(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
                               missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
-        weight = state_dict.get(prefix + "weight")
-        if isinstance(weight, torch.Tensor) and weight.dtype not in FLOAT8_DTYPES:  # copy_ would cast it, unscaled
-            allowed = "/".join(dtype_name(d) for d in FLOAT8_DTYPES)
-            raise InvalidDtypeError(f"{prefix}weight: expected dtype {allowed}, found {dtype_name(weight.dtype)}: an "
-                                    "unquantized weight (quantize it first: fp8select.quantize_weight or from_linear)")
+        _check_quantized(state_dict, prefix, ("weight",))
         errors_before = len(error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         if any(prefix + name in state_dict for name in _WEIGHT_NAMES):
@@ -359,17 +355,43 @@ class BlockFp8MoE(torch.nn.Module):
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
                               missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        _check_quantized(state_dict, prefix, ("w13_weight", "w2_weight"))
+        errors_before = len(error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-        self._loaded = all(prefix + name in state_dict for name in _MOE_NAMES)
+        if len(error_msgs) == errors_before and any(prefix + name in state_dict for name in _MOE_NAMES):
+            # Prepared again by _prepare_after_load: every weight loaded now, or some over weights loaded before.
+            self._loaded = self._loaded or all(prefix + name in state_dict for name in _MOE_NAMES)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> BlockFp8MoE:
         def keep_dtypes(t: torch.Tensor) -> torch.Tensor:  # fp8 weights and fp32 scales are moved, never cast
-            return t.to(device=fn(t.new_empty(0)).device)
+            target = fn(t.new_empty(0))  # where, and as what, fn puts a tensor like t
+            return fn(t) if target.dtype == t.dtype else t.to(device=target.device)
 
         super()._apply(keep_dtypes, recurse)
-        if self._loaded:
+        if any(getattr(self, name).is_meta for name in _MOE_NAMES):
+            self._loaded = False  # whatever comes off the meta device (to_empty) is not a checkpoint
+            self._moe = None
+        elif self._loaded:
             self._sync()
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A weight or scale replaced (``m.w2_weight = Parameter(...)``) leaves the module unprepared until
+        :meth:`prepare`: it never runs the old weights."""
+        super().__setattr__(name, value)
+        if name in _MOE_NAMES and self.__dict__.get("_moe") is not None:
+            self._moe = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The prepared layer is process-local: copies and pickles carry the weights and prepare their own.
+        state = dict(self.__dict__)
+        state["_moe"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self._loaded:
+            self._sync()
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         moe = self._moe
@@ -389,6 +411,16 @@ class BlockFp8MoE(torch.nn.Module):
         plan = "None (not prepared)" if self._moe is None else repr(self._moe.main_plan.summary())
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, plan={plan}")
+
+
+def _check_quantized(state_dict: Any, prefix: str, names: Sequence[str]) -> None:
+    """A typed error for a state dict's unquantized weight: ``copy_`` into the fp8 parameter would cast it, unscaled."""
+    for name in names:
+        weight = state_dict.get(prefix + name)
+        if isinstance(weight, torch.Tensor) and weight.dtype not in FLOAT8_DTYPES:
+            allowed = "/".join(dtype_name(d) for d in FLOAT8_DTYPES)
+            raise InvalidDtypeError(f"{prefix}{name}: expected dtype {allowed}, found {dtype_name(weight.dtype)}: an "
+                                    "unquantized weight (quantize it first: fp8select.quantize_weight)")
 
 
 def _prepare_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None:

@@ -18,7 +18,7 @@ from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 from structlog.testing import capture_logs
 
-from fp8select import InvalidDtypeError, InvalidInputError, NotPicklableError, UnsupportedProblemError, resolve
+from fp8select import InvalidDtypeError, InvalidInputError, NotPicklableError, NotPreparedError, UnsupportedProblemError, resolve
 from fp8select.backends.moe import ReferenceMoe
 from fp8select.kernels.moe_routing import block_capacity, masked_rows, route, row_of_slot
 from fp8select.nn import BlockFp8MoE
@@ -195,6 +195,70 @@ def test_module_loads_a_state_dict_and_compiles(problem) -> None:  # type: ignor
     for m in (5, 9):
         w, ids = random_routing(m, K, E, seed=m)
         assert torch.equal(compiled(_x(m), w, ids), module(_x(m), w, ids) * 2)
+
+
+def _state(problem) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    return dict(zip(("w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv"), problem.weights(), strict=True))
+
+
+def test_module_refuses_an_unquantized_checkpoint(problem) -> None:  # type: ignore[no-untyped-def]
+    """A bf16 expert weight in the state dict raises (copy_ cast it to fp8 unscaled: every output wrong, unsaid)."""
+    for name in ("w13_weight", "w2_weight"):
+        state = _state(problem)
+        state[name] = state[name].float().bfloat16()
+        with pytest.raises(InvalidDtypeError, match=f"{name}: expected dtype float8_e4m3fn"):
+            BlockFp8MoE(E, H, INTER, selection=resolve(CPU, plugins=False)).load_state_dict(state)
+
+
+def test_module_never_runs_replaced_weights_stale(problem) -> None:  # type: ignore[no-untyped-def]
+    """Weights replaced by assignment leave it unprepared until prepare(); a partial reload prepares it again."""
+    other = random_moe(E, H, INTER, seed=5)
+    w, ids = random_routing(5, K, E, seed=3)
+    want = expected_moe(_x(5), *problem.weights()[:2], *other.weights()[2:], w, ids)
+    module = BlockFp8MoE(E, H, INTER, selection=resolve(CPU, plugins=False))
+    module.load_state_dict(_state(problem))
+    module.w2_weight = torch.nn.Parameter(other.weights()[2], requires_grad=False)
+    module.w2_weight_scale_inv = torch.nn.Parameter(other.weights()[3], requires_grad=False)
+    with pytest.raises(NotPreparedError, match="not prepared"):
+        module(_x(5), w, ids)
+    module.prepare()
+    assert rel_err(module(_x(5), w, ids), want) < TOL
+    reloaded = BlockFp8MoE(E, H, INTER, selection=resolve(CPU, plugins=False))
+    reloaded.load_state_dict(_state(problem))
+    reloaded.load_state_dict({"w2_weight": other.weights()[2].clone(), "w2_weight_scale_inv": other.weights()[3].clone()},
+                             strict=False, assign=True)
+    assert torch.equal(reloaded(_x(5), w, ids), module(_x(5), w, ids))
+
+
+def test_module_materializes_from_meta_and_deep_copies(problem) -> None:  # type: ignore[no-untyped-def]
+    """``to_empty`` from the meta device (unprepared, then loaded), and deepcopy / torch.save of a prepared module."""
+    import copy
+    import io
+
+    module = BlockFp8MoE(E, H, INTER, selection=resolve(CPU, plugins=False), device="meta")
+    module.to_empty(device="cpu")
+    with pytest.raises(NotPreparedError):
+        module(_x(2), *random_routing(2, K, E, seed=1))
+    module.load_state_dict(_state(problem))
+    w, ids = random_routing(4, K, E, seed=6)
+    y = module(_x(4), w, ids)
+    saved = io.BytesIO()
+    torch.save(module, saved)  # (pickle itself cannot dump fp8 tensors in torch 2.13; torch.save can)
+    saved.seek(0)
+    for twin in (copy.deepcopy(module), torch.load(saved, weights_only=False)):
+        assert twin.fp8_moe is not module.fp8_moe and torch.equal(twin(_x(4), w, ids), y)
+
+
+def test_a_failed_load_prepares_nothing(problem) -> None:  # type: ignore[no-untyped-def]
+    """A state dict with a mismatched shape: torch's size-mismatch error, not one from preparing uncopied memory."""
+    state = _state(problem)
+    state["w2_weight_scale_inv"] = state["w2_weight_scale_inv"][:, :, :0]
+    module = BlockFp8MoE(E, H, INTER, selection=resolve(CPU, plugins=False))
+    with torch.no_grad():
+        module.w2_weight_scale_inv.fill_(float("nan"))  # uncopied memory, as a GPU allocator may hand out
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        module.load_state_dict(state)
+    assert module.fp8_moe is None
 
 
 def test_warmup_runs_each_distinct_moe_layer_at_every_route_once(problem, monkeypatch) -> None:  # type: ignore[no-untyped-def]
