@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import torch
@@ -157,14 +158,20 @@ class Fp8MoE:
                                       estimated=self._estimates(top_k), explicit=self.explicit,
                                       invariance=self._invariance)
             except UnsupportedProblemError as exc:
-                failed = [Candidate(len(exc.candidates) + i, n, False, f"prepare() raised {why}")
-                          for i, (n, why) in enumerate(self._failed.items(), 1)]
-                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *failed]) from None
+                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *self._failures(len(exc.candidates))]) \
+                    from None
             if self._prepare(plan):
                 break
+        if self._failed:  # the verdicts name what could not be prepared, and why (an explicit choice, say)
+            plan = replace(plan, candidates=(*plan.candidates, *self._failures(len(plan.candidates))))
         self._launches[key] = tuple(self._bind(route) for route in plan.routes)
         self.plans[key] = plan  # last: a reader that finds the plan finds its launches
         return plan
+
+    def _failures(self, ranked: int) -> list[Candidate]:
+        """A rejected verdict per backend whose ``prepare()`` failed, ranked after ``ranked`` others."""
+        return [Candidate(ranked + i, name, False, f"prepare() raised {why}")
+                for i, (name, why) in enumerate(self._failed.items(), 1)]
 
     def _measured_rows(self, top_k: int) -> MoeTimes | None:
         """The rows given to ``prepare_moe``, else the tables' for this shape and ``top_k``."""

@@ -386,6 +386,8 @@ def test_a_backend_whose_prepare_fails_gives_its_buckets_to_the_next_and_is_name
     with capture_logs() as logs:
         moe = Fp8MoE([_Named("broken", ran, fail=True), _Named("spare", ran)], CPU, *problem.weights(), top_k=K)
     assert moe.backends == ("spare",) and moe.main_plan.summary() == "any M: spare/sorted" and "broken" not in moe.prepared
+    assert moe.main_plan.candidates[-1].name == "broken" and not moe.main_plan.candidates[-1].accepted
+    assert "not for this layer: broken: prepare() raised RuntimeError: no memory" in moe.describe()
     failed, prepared = logs
     assert failed == {"event": "fp8select.moe_prepare_failed", "log_level": "warning", "backend": "broken",
                       "error": "RuntimeError: no memory"}
