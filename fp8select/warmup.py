@@ -162,7 +162,7 @@ def warmup(target: Any, *, ms: Sequence[int] | None = None, dtype: torch.dtype =
         with torch.no_grad():
             if isinstance(layer, Fp8MoE):
                 top_k = layer.main_plan.problem.top_k or 1
-                weights, ids = uniform_routing(m, min(top_k, layer.experts), layer.experts, layer.device)
+                weights, ids = uniform_routing(m, top_k, layer.experts, layer.device)  # -1 past E local experts
                 layer.forward(x[:m], weights, ids)
             else:
                 layer.forward(x[:m])

@@ -490,3 +490,13 @@ def test_concurrent_first_calls_of_a_new_dtype_wait_for_its_plan(problem, monkey
         thread.join()
     assert errors == [] and len(outs) == 2 and torch.equal(outs[0], outs[1])
     assert rel_err(outs[0], expected_moe(x, *problem.weights(), w, ids)) < TOL
+
+
+def test_warmup_of_fewer_local_experts_than_top_k_runs_the_plans_top_k(problem) -> None:  # type: ignore[no-untyped-def]
+    """A layer of 4 local experts planned for top-6 (expert parallelism) warms the top-6 signature, -1 for the rest
+    (it ran top-4: another signature, planned then)."""
+    from fp8select.warmup import warmup
+
+    moe = resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=6)
+    assert warmup([moe], ms=[3]).calls == 1
+    assert set(moe.plans) == {(torch.bfloat16, 6)}

@@ -195,3 +195,13 @@ def test_the_routings_of_the_measurements_are_reproducible_and_the_skew_is_the_d
         read.append(int((counts > 0).sum()))
         busiest.append(int(counts.max()))
     assert 15 <= sum(read) / len(read) <= 21 and min(busiest) >= 56
+
+
+def test_the_routings_of_fewer_local_experts_than_top_k_route_the_rest_nowhere() -> None:
+    """Expert parallelism leaves a rank fewer experts than ``k`` (4 of DeepSeek-V3's top-8): every local expert once
+    per token and -1 (another rank's) for the rest, so measuring and warming such a layer works (topk raised)."""
+    for draw in (uniform_routing, skewed_routing):
+        weights, ids = draw(6, 8, 4, "cpu", torch.Generator().manual_seed(1))
+        assert weights.shape == ids.shape == (6, 8) and ids.dtype == torch.int32 and weights.dtype == torch.float32
+        assert torch.equal(ids[:, 4:], torch.full((6, 4), -1, dtype=torch.int32))
+        assert torch.equal(ids[:, :4].sort(dim=1).values, torch.arange(4, dtype=torch.int32).expand(6, 4))

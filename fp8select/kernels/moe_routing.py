@@ -214,11 +214,17 @@ def _slot_expert(routing: Routing) -> torch.Tensor:
 def uniform_routing(m: int, k: int, e: int, device: torch.device | str,
                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(topk_weights fp32 [M, k], topk_ids int32 [M, k])``: each token's ``k`` experts distinct and drawn
-    uniformly (the top-k of uniform noise), weights a softmax of random logits over them."""
+    uniformly (the top-k of uniform noise), weights a softmax of random logits over them. With fewer experts
+    than ``k`` (a rank's local experts under expert parallelism), every one of them and -1 for the rest."""
     noise = torch.rand(m, e, generator=generator, device=device)
-    ids = noise.topk(k, dim=1).indices.to(torch.int32)
+    ids = _remote(noise.topk(min(k, e), dim=1).indices.to(torch.int32), k)
     weights = torch.softmax(torch.randn(m, k, generator=generator, device=device), dim=1)
     return weights, ids
+
+
+def _remote(ids: torch.Tensor, k: int) -> torch.Tensor:
+    """``ids`` ``[M, j]`` widened to ``k`` columns with -1 (experts on other ranks)."""
+    return ids if ids.shape[1] == k else torch.cat([ids, ids.new_full((ids.shape[0], k - ids.shape[1]), -1)], dim=1)
 
 
 SKEW = 8.0
@@ -230,8 +236,9 @@ def skewed_routing(m: int, k: int, e: int, device: torch.device | str,
     """``(topk_weights fp32 [M, k], topk_ids int32 [M, k])`` of a load-imbalanced batch: random logits with
     expert ``j``'s lowered by ``SKEW * j / E``, each token's ``k`` distinct experts and their weights the top-k
     of their softmax. The first experts draw most tokens (at M 64, k 8 of 32 experts: about 18 experts read,
-    the busiest with nearly every token)."""
+    the busiest with nearly every token). With fewer experts than ``k``, every one of them and -1 for the rest."""
     logits = torch.randn(m, e, generator=generator, device=device)
     logits -= torch.arange(e, device=device, dtype=torch.float32) * (SKEW / e)
-    weights, ids = torch.softmax(logits, dim=1).topk(k, dim=1)
-    return weights.float(), ids.to(torch.int32)
+    weights, ids = torch.softmax(logits, dim=1).topk(min(k, e), dim=1)
+    pad = weights.new_zeros((m, k - weights.shape[1]))
+    return torch.cat([weights.float(), pad], dim=1), _remote(ids.to(torch.int32), k)
