@@ -17,6 +17,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from fp8select.capabilities import Capabilities
@@ -293,12 +294,15 @@ def _tune(args: argparse.Namespace) -> int:
     from fp8select.measure import bench
     from fp8select.measure.tune import tune
     from fp8select.measured.sources import find_tables
-    from fp8select.measured.table import cache_dir, load_table, merge_tables, new_table, save_table, table_path
+    from fp8select.measured.table import add_rows, cache_dir, load_table, merge_tables, new_table, table_path
 
-    shapes = bench.parse_shapes(args.shapes or "deepseek-v3") if args.shapes or not args.moe else []
+    # An empty --shapes or --moe (an unset variable) is an error, not the default shapes.
+    shapes = bench.parse_shapes("deepseek-v3" if args.shapes is None else args.shapes) \
+        if args.shapes is not None or args.moe is None else []
     ms = bench.parse_ms(args.m)
-    if args.moe:
+    if args.moe is not None:
         parse_moe_shapes(args.moe)  # malformed input fails before anything else
+    args.out = args.out and str(Path(args.out).expanduser())  # --out=~/t.json: the shell leaves the ~
     if args.replays < 1 or args.max_configs < 1:
         raise Fp8SelectError(f"--replays/--max-configs: expected positive integers, found {args.replays}/{args.max_configs}")
     _check_budget(args)
@@ -324,16 +328,16 @@ def _tune(args: argparse.Namespace) -> int:
         known = merge_tables(known, found)
     print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
     existing = load_table(path, device)
+    if existing is None and args.out and os.path.lexists(path):
+        raise Fp8SelectError(f"--out {path}: holds no tuning table of {device} (the warning above says why); "
+                             "pass another file, or move that one")
     if existing is not None:  # what the output file holds is known too: a run cut short by --budget-s goes on
         known = merge_tables(known, existing)
     done = existing if args.resume else None  # ... and with --force --resume, a forced run too
 
-    def merged(measured: dict[str, Any]) -> dict[str, Any]:
-        return merge_tables(existing, measured) if existing is not None else measured
-
     def save_so_far(measured: dict[str, Any]) -> None:  # after every shape: an interrupted run keeps what it measured
         with contextlib.suppress(OSError):
-            save_table(path, merged(measured))
+            add_rows(path, device, measured)
 
     table, rows = new_table(device), list[dict[str, Any]]()
     if shapes:
@@ -346,14 +350,12 @@ def _tune(args: argparse.Namespace) -> int:
         table, moe_rows = tune_moe_command(args, selection, known, done,
                                            lambda moe: save_so_far(merge_tables(dense, moe)))
         table, rows = merge_tables(dense, table), rows + moe_rows
-    final = merged(table)
-    saved = save_or_rescue(path, lambda target: save_table(target, final), final, "tuning table")
+    saved = save_or_rescue(path, lambda target: add_rows(target, device, table), table, "tuning table")
     groups = [*table["groups"], *table.get("moe", ())]
     measured = sum(len(b) for g in groups for b in g["shapes"].values())
     if saved:
         names = ", ".join(g["backend"] + (f"/{g['layout']}" if "layout" in g else "") for g in groups)
-        print(f"{measured} new measurements ({names or 'none missing'}) "
-              f"written to {path}")
+        print(f"{measured} new measurements ({names or 'nothing measured'}) written to {path}")
     else:
         print("fp8select: a rescued table is used when FP8SELECT_TUNING_TABLE names it, or once copied to "
               f"{path!r}", file=sys.stderr)

@@ -18,8 +18,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -256,14 +254,7 @@ def remembered(caps: Capabilities) -> dict[str, str]:
 def remember(caps: Capabilities, passed: dict[str, str]) -> None:
     """Add ``passed`` to the remembered verifications (atomic replace; a cache that cannot be
     written is left alone: verification then simply runs again next time)."""
-    path = _verified_path(caps)
-    merged = {**remembered(caps), **passed}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"schema": 1, "passed": merged}, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(tmp)
+    from fp8select.measured.table import write_json
+
+    with contextlib.suppress(OSError):
+        write_json(_verified_path(caps), {"schema": 1, "passed": {**remembered(caps), **passed}})

@@ -14,6 +14,7 @@ from fp8select import Capabilities, InvalidInputError
 from fp8select.measured.table import (
     SCHEMA,
     TuningCacheWarning,
+    add_rows,
     backend_versions,
     cache_dir,
     check_table,
@@ -56,6 +57,42 @@ def test_round_trip(tmp_path: Path) -> None:
     loaded, caught = _load(path)
     assert loaded == table and caught == []
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
+
+
+def test_a_saved_table_keeps_the_files_mode_and_a_symlink(tmp_path: Path) -> None:
+    """A new table gets a new file's mode (readable by a service account under umask 022; a temporary file is
+    0600), a replaced one keeps its mode, and a table reached through a symlink is written through it."""
+    import os
+
+    path = tmp_path / "t.json"
+    save_table(path, _table())
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+    path.chmod(0o640)
+    save_table(path, _table(writer=1))
+    assert path.stat().st_mode & 0o777 == 0o640
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    save_table(link, _table(writer=2))
+    assert link.is_symlink() and _load(path)[0] == _table(writer=2)
+
+
+def test_add_rows_sets_aside_a_table_it_cannot_read(tmp_path: Path) -> None:
+    """Another device's table, or a newer schema's, is moved aside, not overwritten; a usable one is merged into."""
+    path = tmp_path / "t.json"
+    for foreign in ({**_table("NVIDIA H100 80GB HBM3")}, {**_table(), "schema": SCHEMA + 1}):
+        path.write_text(json.dumps(foreign))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            add_rows(path, DEVICE, _table())
+        assert [("ignored" in str(w.message), "moved to" in str(w.message)) for w in caught] == [(True, False), (False, True)]
+        assert json.loads((tmp_path / "t.json.set-aside").read_text()) == foreign
+        assert _load(path)[0] == _table()
+    more = new_table(DEVICE)
+    more["groups"] = [{"backend": "triton", "versions": dict(VERSIONS), "shapes": {"7168,2048": {"1": {"us": 9.0}}}}]
+    add_rows(path, DEVICE, more)
+    assert _load(path)[0] == merge_tables(_table(), more)
 
 
 def test_a_saved_table_has_one_line_per_shape(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ what is skipped, what the rows look like, and that a tuned table makes the plan 
 from __future__ import annotations
 
 import itertools
+import os
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -145,6 +146,50 @@ def test_the_tune_command_saves_after_every_shape_and_merges_into_the_table(
     merged = json.loads(out.read_text())
     shapes = {s for g in merged["groups"] for s in g["shapes"]}
     assert shapes == {"256,384", "128,384", "512,384"}, "a second run adds to the table"
+
+
+def test_the_tune_command_keeps_what_it_cannot_read_and_what_others_add(
+        clocked: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """``--out`` naming another device's table is refused before measuring (it was replaced by the new rows); rows
+    another process adds to the table during a run stay (it wrote what it read at the start); ``--out=~/...`` is the
+    home directory's file; an empty ``--shapes`` or ``--moe`` is an error, not the default shapes."""
+    import json
+    import os
+
+    from fp8select import cli
+    from fp8select.measure import tune as tune_module
+    from fp8select.measured.table import add_rows, new_table
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "resolve", lambda **kw: clocked)
+    real = tune_module.tune
+    device = clocked.capabilities.device_name
+
+    def on_cpu(*args: Any, **kwargs: Any) -> Any:
+        other = {**new_table(device), "groups": [{"backend": "large", "versions": {"torch": "2.13.0+cpu"},
+                                                   "shapes": {"999,384": {"1": {"us": 9.0}}}}]}
+        add_rows(out, device, other)  # a server's load-time measurement, meanwhile
+        return real(*args, **kwargs, device="cpu")
+
+    monkeypatch.setattr(tune_module, "tune", on_cpu)
+    foreign = tmp_path / "h100.json"
+    foreign.write_text(json.dumps({**new_table("NVIDIA H100 80GB HBM3"), "note": "keep me"}))
+    with pytest.warns(Warning, match="another device"):
+        assert cli.main(["tune", "--shapes", "256,384", "--m", "1", "--out", str(foreign)]) == 2
+    assert json.loads(foreign.read_text())["note"] == "keep me"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", "--shapes", "256,384", "--m", "1", "--out=~/t.json"]) == 0
+    assert {s for g in json.loads(out.read_text())["groups"] for s in g["shapes"]} == {"256,384", "999,384"}
+    assert os.stat(out).st_mode & 0o777 == 0o666 & ~_umask()
+    for flag in ("--shapes", "--moe"):
+        assert cli.main(["tune", flag, "", "--out", str(out)]) == 2
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_load_time_tuning_measures_only_where_the_choice_is_open(clocked: Any, tmp_path: Any) -> None:

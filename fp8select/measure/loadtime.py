@@ -38,7 +38,7 @@ from fp8select.capabilities import Capabilities
 from fp8select.guard import PASS_THROUGH
 from fp8select.jit_processes import compile_in_processes, processes_wanted, split_jobs
 from fp8select.measured.model import Measurements
-from fp8select.measured.table import cache_dir, load_table, merge_tables, save_table, table_path
+from fp8select.measured.table import add_rows, cache_dir, table_path
 from fp8select.plan import gate
 from fp8select.problem import Problem
 
@@ -263,8 +263,6 @@ def _save(caps: Capabilities, table: Mapping[str, Any]) -> None:
     only means the next start measures again)."""
     if not caps.device_name:
         return
-    path = table_path(cache_dir(caps.env), caps.device_name)
-    existing = load_table(path, caps.device_name)
     with contextlib.suppress(OSError, ValueError):
-        save_table(path, merge_tables(existing, table) if existing is not None else table)
+        add_rows(table_path(cache_dir(caps.env), caps.device_name), caps.device_name, table)
 

@@ -51,6 +51,7 @@ __all__ = [
     "SCHEMA",
     "SHIPPED_DIR",
     "TuningCacheWarning",
+    "add_rows",
     "backend_versions",
     "cache_dir",
     "cache_writable",
@@ -345,6 +346,23 @@ def save_table(path: Path | str, table: Mapping[str, Any]) -> None:
     write_json(path, check_table(table, "table"), _table_text)
 
 
+def add_rows(path: Path | str, device_name: str, table: Mapping[str, Any]) -> None:
+    """Merge ``table``'s rows into the tuning table of ``device_name`` at ``path`` and write it (:func:`save_table`).
+
+    The file is read just before it is written, so rows another process added since (a server's load-time
+    measurement during a long ``tune``) stay. A file there that holds no usable table of this device (another
+    device's, a newer fp8select's schema, corrupt: :func:`load_table` warns why) is moved aside to
+    ``<name>.set-aside``, never overwritten."""
+    target = Path(path).expanduser()
+    existing = load_table(target, device_name)
+    if existing is None and os.path.lexists(target):
+        aside = target.with_name(target.name + ".set-aside")
+        os.replace(target, aside)
+        warnings.warn(f"fp8select tuning table {str(target)!r} moved to {str(aside)!r}: it holds no usable table of "
+                      f"{device_name}, and the new rows are written in its place", TuningCacheWarning, stacklevel=2)
+    save_table(target, merge_tables(existing, table) if existing is not None else table)
+
+
 def _table_text(table: Mapping[str, Any]) -> str:
     """``table`` as JSON with one line per shape (its M buckets' rows together): half the bytes of one
     line per value, quicker to read, and a diff shows which shapes a measurement changed."""
@@ -377,14 +395,16 @@ def write_json(path: Path | str, data: Mapping[str, Any],
                text: Callable[[Mapping[str, Any]], str] | None = None) -> None:
     """Write ``data`` as JSON to ``path`` atomically (:func:`save_table` says how); ``text`` renders it
     (default: indented, keys sorted)."""
-    target = Path(path)
+    target = Path(os.path.realpath(Path(path).expanduser()))  # through a symlink: its file is written, the link kept
     target.parent.mkdir(parents=True, exist_ok=True)
     rendered = (text or _indented)(data)
+    mode = _file_mode(target)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(rendered)
             fh.flush()
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
@@ -392,6 +412,21 @@ def write_json(path: Path | str, data: Mapping[str, Any],
             os.unlink(tmp)
         raise
     _fsync_dir(target.parent)
+
+
+def _file_mode(target: Path) -> int:
+    """The permissions a written file gets: the file's it replaces, else a new file's under the umask (a temporary
+    file is made 0600, which other users, a service account reading a table tuned as root say, cannot read)."""
+    try:
+        return os.stat(target).st_mode & 0o777
+    except OSError:
+        pass
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = 0o022
+    return 0o666 & ~umask
 
 
 def _indented(data: Mapping[str, Any]) -> str:
