@@ -84,7 +84,7 @@ def _differences(alone: Any, row_at: Callable[[int, int], Any], ms: Sequence[int
             row = row_at(m, at)
             if not torch.equal(row, alone):
                 diff = (row.double() - alone.double()).abs().max() / alone.double().abs().max().clamp_min(1e-30)
-                differs.append({"m": m, "position": name, "max_rel": float(diff)})
+                differs.append({"m": m, "position": name, "max_rel": float(diff) if math.isfinite(diff) else None})
     return differs
 
 
@@ -152,7 +152,7 @@ def measure_rows(selection: Any, shapes: Sequence[tuple[int, int]], ms: Sequence
                     found = check_rows(layer, k, here, device)
                 except Exception as exc:  # noqa: BLE001 - a backend that fails a call is a finding, not a crash
                     raw.append({"backend": backend.name, "schedule": schedule, "shape": [n, k], "error": repr(exc)[:300]})
-                    found = [{"m": 0, "position": "error", "max_rel": math.inf}]
+                    found = [{"m": 0, "position": "error", "max_rel": None}]  # (JSON has no inf)
                 measured.append((n, k))
                 runs &= set(here)
                 differs += [{"shape": f"{n},{k}", **d} for d in found]
@@ -233,7 +233,7 @@ def measure_moe_rows(selection: Any, names: Sequence[str], ms: Sequence[int]) ->
                         found = check_moe_rows(launch, shape, here, device)
                     except Exception as exc:  # noqa: BLE001 - a backend that fails a call is a finding
                         raw.append({"backend": f"{backend.name}/{layout}", "shape": list(shape), "error": repr(exc)[:300]})
-                        found = [{"m": 0, "position": "error", "max_rel": math.inf}]
+                        found = [{"m": 0, "position": "error", "max_rel": None}]
                     measured.append(shape)
                     runs &= set(here)
                     differs += [{"shape": ",".join(map(str, shape)), **d} for d in found]

@@ -90,6 +90,8 @@ def test_a_full_record_qualifies_and_others_say_why_not() -> None:
     assert "not batch-invariant: differs at 256x384 M 7 (last, max relative 2.2e-03)" in str(bad.shortfall())
     options, why = index(bad, backends=[a]).options(a)
     assert options == () and "differs at 256x384 M 7" in why
+    failed = record("a", invariant=False, differs=({"shape": "256,384", "m": 0, "position": "error", "max_rel": None},))
+    assert "differs at 256x384 M 0 (error)" in str(failed.shortfall())  # a call that raised: no number to give
 
 
 def test_only_the_installed_versions_count() -> None:
@@ -118,6 +120,9 @@ def test_a_later_file_replaces_a_record_of_the_same_backend_versions_and_schedul
     (lambda d: d["records"][0].update(schedule=[{"from_m": 1, "config": {"BLOCK_M": 16}}]), "configuration"),
     (lambda d: d["records"][0].update(shapes=["7168x2048"]), "shapes: expected"),
     (lambda d: d["records"][0].pop("invariant"), "expected an object with keys"),
+    (lambda d: d["records"][0].update(differs=[{"max_rel": "big"}]), "differs: expected"),
+    (lambda d: d["records"][0].update(differs=[{"shape": 7168}]), "differs: expected"),
+    (lambda d: d["records"][0].update(differs=[{"m": "7"}]), "differs: expected"),
 ])
 def test_malformed_records_are_named(change: Any, fragment: str) -> None:
     data = merge_records(None, [record("triton")], "cpu")

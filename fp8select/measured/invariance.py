@@ -120,7 +120,8 @@ class Record:
         """Why this record does not make its backend invariant for every M and position, or None."""
         if not self.invariant:
             where = ", ".join(f"{d.get('shape', '?').replace(',', 'x')} M {d.get('m', '?')} ({d.get('position', '?')}"
-                              f", max relative {d.get('max_rel', float('nan')):.1e})" for d in self.differs[:3])
+                              + (f", max relative {d['max_rel']:.1e})" if d.get("max_rel") is not None else ")")
+                              for d in self.differs[:3])
             return f"measured not batch-invariant{': differs at ' + where if where else ''} ({self.measured()})"
         missing = [p for p in POSITIONS if p not in self.positions]
         if self.m[0] > 1 or self.m[1] < M_BUCKET_MAX or missing:
@@ -259,9 +260,20 @@ def _check_record(where: str, r: object) -> str | None:
         return f"{where}.positions: expected a list of {', '.join(POSITIONS)}, found {r['positions']!r}"
     if not isinstance(r["invariant"], bool):
         return f"{where}.invariant: expected true or false, found {r['invariant']!r}"
-    if not isinstance(r.get("differs", []), list) or not all(isinstance(d, dict) for d in r.get("differs", [])):
-        return f"{where}.differs: expected a list of objects, found {r.get('differs')!r:.120}"
+    if not isinstance(r.get("differs", []), list) or not all(_difference(d) for d in r.get("differs", [])):
+        return (f"{where}.differs: expected a list of objects of an N,K 'shape', an int 'm', a 'position' and a "
+                f"number or null 'max_rel' (each optional), found {r.get('differs')!r:.120}")
     return None
+
+
+def _difference(d: object) -> bool:
+    """Whether ``d`` is one entry of a record's ``differs`` (what :meth:`Record.shortfall` formats)."""
+    def number(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return (isinstance(d, dict) and isinstance(d.get("shape", ""), str) and isinstance(d.get("position", ""), str)
+            and (number(d.get("m", 0)) and not isinstance(d.get("m", 0), float))
+            and (d.get("max_rel") is None or number(d["max_rel"])))
 
 
 def validate_records(data: object) -> str | None:
