@@ -13,6 +13,7 @@ import pytest
 from fp8select import Capabilities, InvalidInputError
 from fp8select.measured.table import (
     SCHEMA,
+    SHIPPED_DIR,
     TuningCacheWarning,
     add_rows,
     backend_versions,
@@ -339,6 +340,20 @@ def test_the_shipped_tables_pass_every_check_so_resolve_reads_only_their_header(
     assert validate_header(bad_row) is None and validate_table(bad_row) is not None
     for broken in ({**bad_row, "schema": 1}, {**bad_row, "groups": {}}, {**bad_row, "moe": "x"}, []):
         assert validate_header(broken) is not None
+
+
+def test_a_named_table_that_is_missing_is_warned_of(tmp_path: Path) -> None:
+    """FP8SELECT_TUNING_TABLE naming no file (a typo) says so; the cache directory's table, missing, stays silent."""
+    from fp8select.measured.sources import find_tables
+
+    caps = Capabilities(device_kind="cuda", device_name=DEVICE,
+                        env={"FP8SELECT_CACHE_DIR": str(tmp_path), "FP8SELECT_TUNING_TABLE": str(tmp_path / "typo.json")})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = find_tables(caps)
+    assert [str(w.message) for w in caught] == [
+        f"fp8select tuning table {str(tmp_path / 'typo.json')!r} (FP8SELECT_TUNING_TABLE) ignored: no such file"]
+    assert [where for where, _ in found] == [str(table_path(SHIPPED_DIR, DEVICE))]
 
 
 def test_resolve_reads_the_shipped_table_in_about_the_time_of_parsing_its_json() -> None:

@@ -10,6 +10,7 @@ and bucket, so a local re-measurement refines the shipped table without discardi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from fp8select.measured.model import Measurements
 from fp8select.measured.table import (
     ENV_TABLE,
     SHIPPED_DIR,
+    TuningCacheWarning,
     backend_versions,
     cache_dir,
     cache_writable,
@@ -55,6 +57,9 @@ def find_tables(caps: Capabilities) -> list[tuple[str, dict[str, Any]]]:
     explicit = caps.env.get(ENV_TABLE, "").strip()
     if explicit:
         paths.append(Path(explicit).expanduser())
+        if not paths[-1].exists():  # a cache that is not there yet is silent; a file the user named is not
+            warnings.warn(f"fp8select tuning table {explicit!r} ({ENV_TABLE}) ignored: no such file",
+                          TuningCacheWarning, stacklevel=2)
     found = []
     for path in dict.fromkeys(paths):
         # fp8select's own tables are checked row by row by its tests, so only their header is here
