@@ -27,6 +27,7 @@ from fp8select.detect import detect_capabilities
 from fp8select.errors import BackendRejectedError, BatchInvariantError, Fp8SelectError, NoBackendError
 from fp8select.measure.bench import DEFAULT_M
 from fp8select.measured.moe import parse_moe_shapes
+from fp8select.names import canonical
 from fp8select.resolver import parse_names, resolve
 
 DESCRIPTION = "Choose, explain and run the kernel for block-wise FP8 linear layers."
@@ -288,6 +289,27 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed or not saved else 0
 
 
+def _tune_backends(args: argparse.Namespace, selection: Any) -> tuple[str, ...]:
+    """``--backends`` as canonical names (``backend/layout`` routes for MoE layers too), each one this machine's
+    ``tune`` can measure, else an error before anything is measured (a typo measured nothing and said so only as
+    "0 new measurements")."""
+    names = tuple(dict.fromkeys(
+        "/".join((canonical(head), *(part.strip().lower() for part in rest)))
+        for head, *rest in (n.split("/") for n in parse_names(args.backends or ""))))
+    valid = {b.name for b in selection.chain} - {"reference"} if args.shapes is not None or args.moe is None else set()
+    if args.moe is not None:
+        from fp8select.moe_select import moe_chain
+
+        with contextlib.suppress(NoBackendError):  # (tune --moe says so itself)
+            moe = [b for b in moe_chain(selection) if b.name != "reference"]
+            valid |= {b.name for b in moe} | {f"{b.name}/{layout}" for b in moe for layout in b.layouts}
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise Fp8SelectError(f"--backends: {', '.join(unknown)}: not among what tune measures here "
+                             f"({', '.join(sorted(valid)) or 'nothing'})")
+    return names
+
+
 def _tune(args: argparse.Namespace) -> int:
     import torch
 
@@ -326,6 +348,7 @@ def _tune(args: argparse.Namespace) -> int:
     known = new_table(device)
     for _, found in find_tables(caps):
         known = merge_tables(known, found)
+    backends = _tune_backends(args, selection)
     print(f"fp8select tune on {device}: chain {' -> '.join(b.name for b in selection.chain)}", flush=True)
     existing = load_table(path, device)
     if existing is None and args.out and os.path.lexists(path):
@@ -343,12 +366,12 @@ def _tune(args: argparse.Namespace) -> int:
     if shapes:
         table, rows = tune(selection, shapes, ms, known=known, force=args.force, done=done, replays=args.replays,
                            max_configs=args.max_configs, budget_s=args.budget_s,
-                           backends=parse_names(args.backends) or None,
+                           backends=backends or None,
                            progress=lambda line: print(line, flush=True), on_shape=save_so_far)
-    if args.moe:
+    if args.moe is not None:
         dense = table
         table, moe_rows = tune_moe_command(args, selection, known, done,
-                                           lambda moe: save_so_far(merge_tables(dense, moe)))
+                                           lambda moe: save_so_far(merge_tables(dense, moe)), backends)
         table, rows = merge_tables(dense, table), rows + moe_rows
     saved = save_or_rescue(path, lambda target: add_rows(target, device, table), table, "tuning table")
     groups = [*table["groups"], *table.get("moe", ())]

@@ -75,8 +75,10 @@ def explain_moe(selection: Selection, shapes: Sequence[tuple[int, int, int, int]
 
 
 def tune_moe_command(args: argparse.Namespace, selection: Selection, known: dict[str, Any], done: dict[str, Any] | None,
-                     save_so_far: Callable[[dict[str, Any]], None]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``tune --moe``: measure the MoE shapes the tables lack (:func:`fp8select.measure.tune_moe.tune_moe`)."""
+                     save_so_far: Callable[[dict[str, Any]], None],
+                     backends: Sequence[str] = ()) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``tune --moe``: measure the MoE shapes the tables lack (:func:`fp8select.measure.tune_moe.tune_moe`);
+    ``backends``: the canonical names and routes of ``--backends``."""
     from fp8select.measure.bench import parse_ms
     from fp8select.measure.tune_moe import tune_moe
 
@@ -85,7 +87,7 @@ def tune_moe_command(args: argparse.Namespace, selection: Selection, known: dict
     try:
         return tune_moe(selection, shapes, ms, known=known, force=args.force, done=done, replays=args.replays,
                         max_configs=args.max_configs, budget_s=args.budget_s,
-                        backends=[n.strip() for n in args.backends.split(",") if n.strip()] or None,
+                        backends=list(backends) or None,
                         progress=lambda line: print(line, flush=True), on_shape=save_so_far)
     except NoBackendError as exc:
         raise Fp8SelectError(f"tune --moe: {str(exc).splitlines()[0]}") from None

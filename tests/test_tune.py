@@ -186,6 +186,29 @@ def test_the_tune_command_keeps_what_it_cannot_read_and_what_others_add(
         assert cli.main(["tune", flag, "", "--out", str(out)]) == 2
 
 
+def test_the_tune_command_refuses_backends_it_cannot_measure(
+        clocked: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--backends`` names a backend of the chain (any spelling) or is an error before measuring: a typo measured
+    nothing and exited 0."""
+    import json
+
+    from fp8select import cli
+    from fp8select.measure import tune as tune_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "resolve", lambda **kw: clocked)
+    real = tune_module.tune
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **kw: real(*a, **kw, device="cpu"))
+    out = tmp_path / "t.json"
+    for bad in ("cublas", "reference", "small,typo"):
+        assert cli.main(["tune", "--shapes", "256,384", "--m", "1", "--backends", bad, "--out", str(out)]) == 2
+        assert "--backends:" in capsys.readouterr().err and not out.exists()
+    assert cli.main(["tune", "--moe", "deepseek-v3-e8", "--backends", "deep_gemm/masked", "--out", str(out)]) == 2
+    assert "deepgemm/masked: not among what tune measures here" in capsys.readouterr().err
+    assert cli.main(["tune", "--shapes", "256,384", "--m", "1", "--backends", " SMALL ", "--out", str(out)]) == 0
+    assert [g["backend"] for g in json.loads(out.read_text())["groups"]] == ["small"]
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
