@@ -6,6 +6,7 @@ import pytest
 import torch
 from fp64_reference import expected, random_problem, rel_err
 from matrix import MATRIX
+from threads import slowed, two_threads
 
 from fp8select import InvalidDtypeError, InvalidInputError, UnsupportedProblemError, resolve
 
@@ -163,35 +164,12 @@ def test_nn_is_an_attribute_of_the_package() -> None:
 def test_concurrent_first_calls_of_a_new_dtype_wait_for_its_plan(selection, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Two threads making a layer's first fp16 call: the second waits for the first's plan and its runs (it used to
     find the plan published before them: a bare KeyError)."""
-    import threading
-    import time
-
     from fp8select.layer import Fp8Linear
 
     w, s = random_problem(128, 256, seed=13)
     layer = selection.prepare(w, s)
-    bind = Fp8Linear._bind
-
-    def slow_bind(self, route):  # type: ignore[no-untyped-def]
-        time.sleep(0.05)  # the window in which the other thread calls
-        return bind(self, route)
-
-    monkeypatch.setattr(Fp8Linear, "_bind", slow_bind)
+    monkeypatch.setattr(Fp8Linear, "_bind", slowed(Fp8Linear._bind))
     x = torch.randn(3, 256, dtype=torch.float16)
-    outs: list[torch.Tensor] = []
-    errors: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            outs.append(layer(x))
-        except BaseException as exc:  # noqa: BLE001 - any error fails the test below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=call) for _ in range(2)]
-    threads[0].start()
-    time.sleep(0.02)
-    threads[1].start()
-    for thread in threads:
-        thread.join()
+    outs, errors = two_threads(lambda: layer(x))
     assert errors == [] and len(outs) == 2 and torch.equal(outs[0], outs[1])
     assert rel_err(outs[0], expected(x, w, s, (128, 128))) < 1e-2

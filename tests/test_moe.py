@@ -17,6 +17,7 @@ import torch
 from fp64_moe_reference import expected_moe, random_moe, random_routing, rel_err
 from matrix import MATRIX
 from structlog.testing import capture_logs
+from threads import slowed, two_threads
 
 from fp8select import InvalidDtypeError, InvalidInputError, NotPicklableError, NotPreparedError, UnsupportedProblemError, resolve
 from fp8select.backends.moe import ReferenceMoe
@@ -458,36 +459,13 @@ def test_unchecked_calls_never_check_ids_on_either_path_and_checked_ones_name_on
 def test_concurrent_first_calls_of_a_new_dtype_wait_for_its_plan(problem, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Two threads making a MoE layer's first fp16 call: the second waits for the first's plan and its launches (it
     used to find the plan published before them: a bare KeyError)."""
-    import threading
-    import time
-
     from fp8select.moe import Fp8MoE
 
     moe = resolve(CPU, plugins=False).prepare_moe(*problem.weights(), top_k=K)
-    bind = Fp8MoE._bind
-
-    def slow_bind(self, route):  # type: ignore[no-untyped-def]
-        time.sleep(0.05)  # the window in which the other thread calls
-        return bind(self, route)
-
-    monkeypatch.setattr(Fp8MoE, "_bind", slow_bind)
+    monkeypatch.setattr(Fp8MoE, "_bind", slowed(Fp8MoE._bind))
     w, ids = random_routing(5, K, E, seed=9)
     x = _x(5, dtype=torch.float16)
-    outs: list[torch.Tensor] = []
-    errors: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            outs.append(moe(x, w, ids))
-        except BaseException as exc:  # noqa: BLE001 - any error fails the test below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=call) for _ in range(2)]
-    threads[0].start()
-    time.sleep(0.02)
-    threads[1].start()
-    for thread in threads:
-        thread.join()
+    outs, errors = two_threads(lambda: moe(x, w, ids))
     assert errors == [] and len(outs) == 2 and torch.equal(outs[0], outs[1])
     assert rel_err(outs[0], expected_moe(x, *problem.weights(), w, ids)) < TOL
 
