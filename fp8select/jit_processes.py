@@ -58,7 +58,7 @@ class JitJob:
 def processes_wanted(caps: Capabilities) -> int:
     """:data:`ENV_PROCESSES` of the snapshot as a count (0 when unset or not a count)."""
     value = caps.env.get(ENV_PROCESSES, "").strip()
-    return int(value) if value.isdigit() else 0
+    return int(value) if value.isascii() and value.isdigit() else 0
 
 
 def jit_jobs(calls: Iterable[tuple[Any, int]], act_dtype: torch.dtype, processes: int) -> list[JitJob]:

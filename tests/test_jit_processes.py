@@ -59,3 +59,12 @@ def test_warmup_with_processes_compiles_first_then_calls(interpreted: None, monk
     assert warmup(asked, ms=[2], processes=0).workers == ()
     with pytest.raises(InvalidInputError, match="processes"):
         warmup(layer, processes=-1)
+
+
+@pytest.mark.parametrize(("value", "count"), [("4", 4), (" 8 ", 8), ("", 0), ("abc", 0), ("-2", 0), ("²", 0), ("٣", 0)])
+def test_the_process_count_is_read_as_an_ascii_count_else_none(value: str, count: int) -> None:
+    """FP8SELECT_JIT_PROCESSES: a count of ASCII digits, else 0 (``'²'.isdigit()`` is true, and int() of it raised)."""
+    from fp8select import Capabilities
+    from fp8select.jit_processes import processes_wanted
+
+    assert processes_wanted(Capabilities(env={"FP8SELECT_JIT_PROCESSES": value})) == count

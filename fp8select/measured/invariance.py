@@ -250,7 +250,7 @@ def _check_record(where: str, r: object) -> str | None:
             return f"{where}.schedule: configuration {s['config']!r:.80}: {problem}"
     shapes, parts = r["shapes"], 4 if moe else 2
     if not isinstance(shapes, list) or not all(isinstance(s, str) and len(s.split(",")) == parts
-                                               and all(p.isdigit() and int(p) > 0 for p in s.split(",")) for s in shapes):
+                                               and all(p.isascii() and p.isdigit() and int(p) > 0 for p in s.split(",")) for s in shapes):
         return f"{where}.shapes: expected a list of {'E,H,I,k' if moe else 'N,K'!r} strings, found {shapes!r:.120}"
     m = r["m"]
     if (not isinstance(m, list) or len(m) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in m)
