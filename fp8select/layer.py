@@ -34,7 +34,7 @@ from fp8select.measured.invariance import Invariance
 from fp8select.measured.model import Measurements
 from fp8select.plan import GATE, Plan, Route, build_plan, estimator
 from fp8select.problem import Problem, dtype_name
-from fp8select.verdict import Candidate
+from fp8select.verdict import Candidate, prepare_failures
 
 CheckedRun = Callable[..., torch.Tensor]
 """A route's ``run`` with its prepared weight bound: what the checked path calls (any input a backend takes)."""
@@ -126,12 +126,12 @@ class Fp8Linear:
                                   max_weight_copies=self.max_weight_copies, invariance=self.invariance,
                                   held=self._held)
             except UnsupportedProblemError as exc:
-                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *self._failures(len(exc.candidates))]) \
+                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *prepare_failures(self._failed, len(exc.candidates))]) \
                     from None
             if self._prepare(plan):
                 break
         if self._failed:  # the verdicts name what could not be prepared, and why
-            plan = replace(plan, candidates=(*plan.candidates, *self._failures(len(plan.candidates))))
+            plan = replace(plan, candidates=(*plan.candidates, *prepare_failures(self._failed, len(plan.candidates))))
         self._checked_runs[key] = tuple(self._bind(route) for route in plan.routes)
         if act in ACTIVATION_DTYPES and out == (self.out_dtype or act):
             self._launches[act] = tuple(self._launch(route, out) for route in plan.routes)
@@ -141,11 +141,6 @@ class Fp8Linear:
             get_logger().warning("fp8select.explicit_choice_declined", backend=plan.explicit, n=self.n, k=self.k,
                                  act=dtype_name(act), out=dtype_name(out), routes=others)
         return plan
-
-    def _failures(self, ranked: int) -> list[Candidate]:
-        """A rejected verdict per backend whose ``prepare()`` failed, ranked after ``ranked`` others."""
-        return [Candidate(ranked + i, name, False, f"prepare() raised {why}")
-                for i, (name, why) in enumerate(self._failed.items(), 1)]
 
     def _prepare(self, plan: Plan) -> bool:
         """Prepare the plan's backends not prepared yet; False (and the backend marked failed) when one raises."""

@@ -40,7 +40,7 @@ from fp8select.measured.invariance import Invariance
 from fp8select.measured.moe import MoeMeasurements
 from fp8select.moe_plan import MoeEstimates, MoePlan, MoeTimes, build_moe_plan
 from fp8select.problem import dtype_name
-from fp8select.verdict import Candidate
+from fp8select.verdict import Candidate, prepare_failures
 
 __all__ = ["DEFAULT_TOP_K", "Fp8MoE", "check_moe_weights"]
 
@@ -158,20 +158,15 @@ class Fp8MoE:
                                       estimated=self._estimates(top_k), explicit=self.explicit,
                                       invariance=self._invariance)
             except UnsupportedProblemError as exc:
-                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *self._failures(len(exc.candidates))]) \
+                raise UnsupportedProblemError(problem.describe(), [*exc.candidates, *prepare_failures(self._failed, len(exc.candidates))]) \
                     from None
             if self._prepare(plan):
                 break
         if self._failed:  # the verdicts name what could not be prepared, and why (an explicit choice, say)
-            plan = replace(plan, candidates=(*plan.candidates, *self._failures(len(plan.candidates))))
+            plan = replace(plan, candidates=(*plan.candidates, *prepare_failures(self._failed, len(plan.candidates))))
         self._launches[key] = tuple(self._bind(route) for route in plan.routes)
         self.plans[key] = plan  # last: a reader that finds the plan finds its launches
         return plan
-
-    def _failures(self, ranked: int) -> list[Candidate]:
-        """A rejected verdict per backend whose ``prepare()`` failed, ranked after ``ranked`` others."""
-        return [Candidate(ranked + i, name, False, f"prepare() raised {why}")
-                for i, (name, why) in enumerate(self._failed.items(), 1)]
 
     def _measured_rows(self, top_k: int) -> MoeTimes | None:
         """The rows given to ``prepare_moe``, else the tables' for this shape and ``top_k``."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,3 +51,9 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "backend": self.name, "accepted": self.accepted, "reason": self.reason, "origin": self.origin}
+
+
+def prepare_failures(failed: Mapping[str, str], ranked: int) -> list[Candidate]:
+    """A rejected verdict per backend whose ``prepare()`` failed (``failed``: name -> error), ranked after
+    ``ranked`` others: what a layer's plans add to their verdicts, dense and MoE alike."""
+    return [Candidate(ranked + i, name, False, f"prepare() raised {why}") for i, (name, why) in enumerate(failed.items(), 1)]
