@@ -34,12 +34,7 @@ _LAYERS: Live[MoeOpLayer] = Live("MoE layer")
 def register(layer: MoeOpLayer) -> int:
     """Give ``layer`` a handle (once; defines the op on first use) and return it."""
     _define()
-    handle = layer.__dict__.get(HANDLE_ATTR)
-    if isinstance(handle, int) and _LAYERS.holds(handle, layer):
-        return handle
-    handle = _LAYERS.add(layer)
-    setattr(layer, HANDLE_ATTR, handle)
-    return handle
+    return _LAYERS.register(layer, HANDLE_ATTR)
 
 
 def compiled_call(layer: MoeOpLayer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:

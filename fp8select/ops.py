@@ -95,8 +95,14 @@ class Live(Generic[T]):
                 f"freed (a compiled graph outlived the {self._what} it was traced with)")
         return obj
 
-    def holds(self, handle: int, obj: T) -> bool:
-        return self._objects.get(handle) is obj
+    def register(self, obj: T, attr: str) -> int:
+        """``obj``'s handle, kept in its attribute ``attr``: the one it has, else a new one (it is new, or a copy
+        that carried its original's handle)."""
+        handle = obj.__dict__.get(attr)
+        if not isinstance(handle, int) or self._objects.get(handle) is not obj:
+            handle = self.add(obj)
+            setattr(obj, attr, handle)
+        return handle
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -111,12 +117,7 @@ _SELECTIONS: Live[DropIn] = Live("selection")
 def register(layer: OpLayer) -> int:
     """Give ``layer`` a handle for the custom op (once; defines the op on first use) and return it."""
     _define()
-    handle = layer.__dict__.get(HANDLE_ATTR)
-    if isinstance(handle, int) and _LIVE.holds(handle, layer):
-        return handle
-    handle = _LIVE.add(layer)  # new, or a copy that carried its original's handle
-    setattr(layer, HANDLE_ATTR, handle)
-    return handle
+    return _LIVE.register(layer, HANDLE_ATTR)
 
 
 def register_selection(selection: DropIn) -> int:
