@@ -217,14 +217,14 @@ def uniform_routing(m: int, k: int, e: int, device: torch.device | str,
     uniformly (the top-k of uniform noise), weights a softmax of random logits over them. With fewer experts
     than ``k`` (a rank's local experts under expert parallelism), every one of them and -1 for the rest."""
     noise = torch.rand(m, e, generator=generator, device=device)
-    ids = _remote(noise.topk(min(k, e), dim=1).indices.to(torch.int32), k)
+    ids = _widened(noise.topk(min(k, e), dim=1).indices.to(torch.int32), k, -1)
     weights = torch.softmax(torch.randn(m, k, generator=generator, device=device), dim=1)
     return weights, ids
 
 
-def _remote(ids: torch.Tensor, k: int) -> torch.Tensor:
-    """``ids`` ``[M, j]`` widened to ``k`` columns with -1 (experts on other ranks)."""
-    return ids if ids.shape[1] == k else torch.cat([ids, ids.new_full((ids.shape[0], k - ids.shape[1]), -1)], dim=1)
+def _widened(t: torch.Tensor, k: int, fill: float) -> torch.Tensor:
+    """``t`` ``[M, j]`` widened to ``k`` columns of ``fill``: a token's slots on experts of other ranks (id -1)."""
+    return t if t.shape[1] == k else torch.cat([t, t.new_full((t.shape[0], k - t.shape[1]), fill)], dim=1)
 
 
 SKEW = 8.0
@@ -240,5 +240,4 @@ def skewed_routing(m: int, k: int, e: int, device: torch.device | str,
     logits = torch.randn(m, e, generator=generator, device=device)
     logits -= torch.arange(e, device=device, dtype=torch.float32) * (SKEW / e)
     weights, ids = torch.softmax(logits, dim=1).topk(min(k, e), dim=1)
-    pad = weights.new_zeros((m, k - weights.shape[1]))
-    return torch.cat([weights.float(), pad], dim=1), _remote(ids.to(torch.int32), k)
+    return _widened(weights.float(), k, 0.0), _widened(ids.to(torch.int32), k, -1)
