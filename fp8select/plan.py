@@ -135,11 +135,12 @@ def build_plan(problem: Problem, chain: Sequence[Backend], caps: Capabilities, e
         routes = choose(allowed)
         notes.append(note)
     if max_weight_copies is not None:
+        held_copies = set(held) - {CHECKPOINT_LAYOUT}
         while True:
             used = {layouts[r.backend] for r in routes if r.backend is not None} - {CHECKPOINT_LAYOUT}
-            if len(used | set(held) - {CHECKPOINT_LAYOUT}) <= max_weight_copies:
+            if len(used | held_copies) <= max_weight_copies:
                 break
-            droppable = [lay for lay in used - set(held) if explicit_backend is None or layouts[explicit_backend] != lay]
+            droppable = [lay for lay in used - held_copies if explicit_backend is None or layouts[explicit_backend] != lay]
             if not droppable:
                 if explicit_backend is not None:
                     notes.append(f"the explicit choice {explicit_backend!r} needs more weight copies than "
@@ -171,6 +172,7 @@ def _invariant_plan(problem: Problem, accepted: Sequence[Backend], candidates: t
                     max_weight_copies: int | None, held: Collection[str]) -> Plan:
     """The batch-invariant plan (the module docstring): the cheapest option of one backend and schedule."""
     options, refused = [], []
+    held_copies = set(held) - {CHECKPOINT_LAYOUT}
     for rank, b in enumerate(accepted):
         found, why = invariance.options(b, explicit=b.name == explicit)
         gated = [bucket for bucket in M_BUCKETS if (b.name, bucket) in rejects]
@@ -178,8 +180,8 @@ def _invariant_plan(problem: Problem, accepted: Sequence[Backend], candidates: t
             found, why = (), f"not the explicit choice ({explicit})"
         elif found and gated:
             found, why = (), f"rejects {span(*bucket_range(gated[0]))} ({rejects[(b.name, gated[0])]})"
-        elif found and max_weight_copies is not None and layouts[b.name] not in {*held, CHECKPOINT_LAYOUT} \
-                and len(set(held) - {CHECKPOINT_LAYOUT}) >= max_weight_copies:
+        elif found and max_weight_copies is not None and layouts[b.name] not in {*held_copies, CHECKPOINT_LAYOUT} \
+                and len(held_copies) >= max_weight_copies:
             found, why = (), f"needs a weight copy ({layouts[b.name]}), found max_weight_copies={max_weight_copies}"
         for option in found:
             routes = tuple(_invariant_route(bucket, b, option, estimates) for bucket in M_BUCKETS)
